@@ -1,0 +1,208 @@
+"""Model configuration: one frozen dataclass for every Llama-family decoder, built from a HF config.json.
+
+Supported Hugging Face architectures and what each adds to plain Llama:
+
+| model_type | architectures                          | difference                                  |
+|------------|----------------------------------------|---------------------------------------------|
+| llama      | LlamaForCausalLM (Llama 2, Llama 3.x)  | rope_scaling type "llama3" (3.1+), GQA      |
+| mistral    | MistralForCausalLM                     | sliding window (must not bind: see below)   |
+| qwen2      | Qwen2ForCausalLM (Qwen2, Qwen2.5)      | bias on q/k/v projections                   |
+| qwen3      | Qwen3ForCausalLM                       | RMSNorm on q and k per head, before rope    |
+
+A sliding window only matters when a sequence can grow past it; the engine refuses a config whose window is
+shorter than its ``max_seq_len`` (see :meth:`ModelConfig.check_max_seq_len`) instead of silently attending
+too far back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Rope frequency scaling. ``rope_type`` "default" (none), "linear" or "llama3" (Llama 3.1+)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a Llama-family decoder; hashable, so it can be a static argument under jit."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling()
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelConfig.{name}={value!r}: expected a positive integer")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim}: rotary embeddings need an even head_dim")
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type={self.model_type!r}: expected one of {SUPPORTED_MODEL_TYPES}")
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def check_max_seq_len(self, max_seq_len: int) -> None:
+        """Refuses a sliding window that would bind within ``max_seq_len`` tokens (we attend to all of them)."""
+        if self.sliding_window is not None and self.sliding_window < max_seq_len:
+            raise ValueError(
+                f"sliding_window={self.sliding_window} is shorter than max_seq_len={max_seq_len}; jspec attends "
+                f"to the whole sequence, so use max_seq_len <= {self.sliding_window}")
+
+    def rope_inv_freq(self) -> np.ndarray:
+        """f32[head_dim // 2] inverse frequencies, with the configured scaling (numpy: trace-time constant)."""
+        dim = self.head_dim
+        inv_freq = 1.0 / (self.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+        scaling = self.rope_scaling
+        if scaling.rope_type == "linear":
+            inv_freq = inv_freq / scaling.factor
+        elif scaling.rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, scaling)
+        return inv_freq.astype(np.float32)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        data = dict(data)
+        data["rope_scaling"] = RopeScaling(**data.get("rope_scaling", {}))
+        data["eos_token_ids"] = tuple(data.get("eos_token_ids", ()))
+        return cls(**data)
+
+
+def _llama3_inv_freq(inv_freq: np.ndarray, scaling: RopeScaling) -> np.ndarray:
+    """Llama 3.1 rope scaling: long wavelengths divided by ``factor``, short kept, smooth in between."""
+    low_freq_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_freq_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(is_medium, smoothed, scaled)
+
+
+def _rope_scaling_from_hf(hf: dict[str, Any]) -> RopeScaling:
+    raw = hf.get("rope_scaling") or hf.get("rope_parameters")
+    if not raw:
+        return RopeScaling()
+    rope_type = raw.get("rope_type", raw.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope_scaling.rope_type={rope_type!r} is not supported; expected one of "
+                         f"{SUPPORTED_ROPE_TYPES}")
+    if rope_type == "default":
+        return RopeScaling()
+    return RopeScaling(
+        rope_type=rope_type,
+        factor=float(raw.get("factor", 1.0)),
+        low_freq_factor=float(raw.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(raw.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(raw.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _rope_theta_from_hf(hf: dict[str, Any]) -> float:
+    # transformers >= 5 may nest rope_theta inside rope_parameters.
+    params = hf.get("rope_parameters") or {}
+    return float(hf.get("rope_theta", params.get("rope_theta", 10000.0)))
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
+    """Builds a :class:`ModelConfig` from the dict of a Hugging Face ``config.json``.
+
+    Raises ValueError naming the field for unsupported architectures, rope types or missing sizes.
+    """
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"config.json model_type={model_type!r} (architectures={hf.get('architectures')}) is "
+                         f"not supported; expected one of {SUPPORTED_MODEL_TYPES}")
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        if field not in hf:
+            raise ValueError(f"config.json has no {field!r}, which a {model_type} model needs")
+    num_heads = int(hf["num_attention_heads"])
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+    # HF Llama and Qwen3 put attention_bias on q/k/v/o; Qwen2 always biases q/k/v only; Mistral has none.
+    attention_bias = model_type in ("llama", "qwen3") and bool(hf.get("attention_bias", False))
+    sliding_window = hf.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+        sliding_window = None
+    return ModelConfig(
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta_from_hf(hf),
+        rope_scaling=_rope_scaling_from_hf(hf),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or attention_bias,
+        o_bias=attention_bias,
+        mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
+        qk_norm=model_type == "qwen3",
+        sliding_window=int(sliding_window) if sliding_window else None,
+        model_type=model_type,
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=_eos_ids(hf.get("eos_token_id")),
+    )
+
+
+def load_hf_config(model_dir: str | os.PathLike) -> ModelConfig:
+    """Reads ``model_dir/config.json`` (Hugging Face format) into a :class:`ModelConfig`."""
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config.json in {os.fspath(model_dir)!r}")
+    with open(path) as f:
+        return from_hf_config(json.load(f))

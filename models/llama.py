@@ -1,0 +1,207 @@
+"""Llama-family decoder in Flax (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3): numerics as in HF transformers.
+
+The module only describes the network. The KV cache is explicit arrays passed in and returned; which new tokens
+see each other is an argument (causal continuation or an arbitrary tree mask, see ``models/attention.py``);
+the attention function is injected, so a tree-attention kernel can replace the default without this file
+knowing. Layers run under ``nn.scan`` (parameters stacked on a leading ``num_layers`` axis), so compile time does
+not grow with depth.
+
+Parameter tree (HF names; Dense kernels are HF weights transposed, [in, out])::
+
+    embed_tokens/embedding              [V, H]
+    layers/input_layernorm/weight       [L, H]
+    layers/self_attn/{q,k,v,o}_proj/kernel (+bias)   [L, in, out]
+    layers/self_attn/{q,k}_norm/weight  [L, D]          (Qwen3)
+    layers/post_attention_layernorm/weight  [L, H]
+    layers/mlp/{gate,up,down}_proj/kernel   [L, in, out]
+    norm/weight                         [H]
+    lm_head/kernel                      [H, V]          (absent when embeddings are tied)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
+from models.config import ModelConfig
+
+
+class DecoderOutput(NamedTuple):
+    """logits: f32[B, T', V] (T' = T, or K when logits_index is given); cache: the updated KVCache;
+    taps: [len(tap_layers), B, T, H] residual-stream inputs of the requested layers (None if none)."""
+
+    logits: jax.Array
+    cache: KVCache
+    taps: jax.Array | None
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis; statistics in f32, the weight applied in the input dtype (as HF does)."""
+
+    eps: float
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return weight * normed.astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, dtype) -> tuple[jax.Array, jax.Array]:
+    """positions: i32[B, T] -> cos, sin: [B, T, 1, D] (HF's concatenated-halves layout)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x: [B, T, heads, D] rotated by position (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+    attention_fn: AttentionFn
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x, cos, sin, k_cache, v_cache, cache_len, local_mask):
+        cfg = self.config
+        batch, num_new, _ = x.shape
+
+        def proj(features, bias, name):
+            return nn.Dense(features, use_bias=bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
+
+        q = proj(cfg.num_heads * cfg.head_dim, cfg.qkv_bias, "q_proj")(x)
+        k = proj(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "k_proj")(x)
+        v = proj(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "v_proj")(x)
+        q = q.reshape(batch, num_new, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(batch, num_new, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(batch, num_new, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = RMSNorm(cfg.rms_norm_eps, self.dtype, name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, self.dtype, name="k_norm")(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache = write_new_tokens(k_cache, k, cache_len)
+        v_cache = write_new_tokens(v_cache, v, cache_len)
+        out = self.attention_fn(q, k_cache, v_cache, k, v, cache_len, local_mask, scale=cfg.head_dim ** -0.5)
+        out = out.reshape(batch, num_new, cfg.num_heads * cfg.head_dim).astype(self.dtype)
+        return proj(cfg.hidden_size, cfg.o_bias, "o_proj")(out), k_cache, v_cache
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+
+        def proj(features, name):
+            return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
+
+        gate = proj(cfg.intermediate_size, "gate_proj")(x)
+        up = proj(cfg.intermediate_size, "up_proj")(x)
+        return proj(cfg.hidden_size, "down_proj")(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm block. Scanned: carry = (hidden [B,T,H], taps), xs = (k_cache, v_cache, tap_slot)."""
+
+    config: ModelConfig
+    attention_fn: AttentionFn
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, carry, layer_xs, cos, sin, cache_len, local_mask):
+        cfg = self.config
+        x, taps = carry
+        k_cache, v_cache, tap_slot = layer_xs
+        if taps is not None:
+            taps = jax.lax.dynamic_update_index_in_dim(taps, x.astype(taps.dtype), tap_slot, 0)
+        h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="input_layernorm")(x)
+        attn, k_cache, v_cache = Attention(cfg, self.attention_fn, self.dtype, name="self_attn")(
+            h, cos, sin, k_cache, v_cache, cache_len, local_mask)
+        x = x + attn
+        h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
+        x = x + MLP(cfg, self.dtype, name="mlp")(h)
+        return (x, taps), (k_cache, v_cache)
+
+
+class LlamaModel(nn.Module):
+    """Llama-family causal LM.
+
+    Call: ``tokens`` i32[B, T], ``positions`` i32[B, T] (rope positions), ``cache`` KVCache with S slots,
+    ``cache_len`` i32[B] (where the T new tokens are written; cache_len + T <= S), ``local_mask``
+    bool[B, T, T] or None (causal), ``logits_index`` i32[B, K] or None (which of the T rows get logits; None: all),
+    ``tap_layers``: static tuple of layer indices whose residual-stream input is returned (HF
+    ``hidden_states[i]``).
+    """
+
+    config: ModelConfig
+    dtype: jnp.dtype = jnp.float32
+    attention_fn: AttentionFn = dense_attention
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, cache_len: jax.Array,
+                 local_mask: jax.Array | None = None, logits_index: jax.Array | None = None,
+                 tap_layers: Sequence[int] = ()) -> DecoderOutput:
+        cfg = self.config
+        embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
+                         name="embed_tokens")
+        x = embed(tokens)
+        cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
+
+        tapped = sorted(set(tap_layers))
+        tap_slot = _tap_slots(tapped, cfg.num_layers)
+        taps = None
+        if tapped:
+            taps = jnp.zeros((len(tapped) + 1,) + x.shape, self.dtype)  # last slot: untapped layers
+        layers = nn.scan(
+            DecoderLayer,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+            length=cfg.num_layers,
+        )(cfg, self.attention_fn, self.dtype, name="layers")
+        (x, taps), (k, v) = layers((x, taps), (cache.k, cache.v, jnp.asarray(tap_slot)), cos, sin, cache_len,
+                                   local_mask)
+        if taps is not None:
+            taps = taps[np.asarray([tapped.index(layer) for layer in tap_layers])]
+
+        x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
+        if logits_index is not None:
+            x = jnp.take_along_axis(x, logits_index[:, :, None], axis=1)
+        if cfg.tie_word_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                              name="lm_head")(x)
+        return DecoderOutput(logits.astype(jnp.float32), KVCache(k, v), taps)
+
+
+def _tap_slots(tap_layers: Sequence[int], num_layers: int) -> np.ndarray:
+    """i32[num_layers]: for each layer, its slot in the taps buffer, or len(tap_layers) when not tapped."""
+    slots = np.full((num_layers,), len(tap_layers), np.int32)
+    for slot, layer in enumerate(tap_layers):
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"tap layer {layer} is outside 0..{num_layers - 1}")
+        slots[layer] = slot
+    return slots
+
+
+def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random parameters of the right shapes (tests, synthetic benchmarks)."""
+    model = LlamaModel(config, dtype)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    cache = KVCache.zeros(config.num_layers, 1, 1, config.num_kv_heads, config.head_dim, dtype)
+    return model.init(key, tokens, tokens, cache, jnp.zeros((1,), jnp.int32))["params"]
