@@ -1,0 +1,10 @@
+"""jspec: speculative decoding in JAX, the whole draft/verify loop in one XLA program."""
+
+from jspec.config import SamplingParams, SpecConfig
+from jspec.engine import GenerateOutput, GenerateStats, SpecEngine
+from jspec.generate import GenerateResult, generate
+from jspec.generate_setup import GenerateSetup
+from jspec.sampling import SamplingArrays
+
+__all__ = ["GenerateOutput", "GenerateResult", "GenerateSetup", "GenerateStats", "SamplingArrays",
+           "SamplingParams", "SpecConfig", "SpecEngine", "generate"]

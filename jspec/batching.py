@@ -1,0 +1,72 @@
+"""Host-side batching: validate prompts, pad them into power-of-two buckets, and cut the outputs back out.
+
+Buckets keep the number of compilations small: batch is padded to the next power of two (at most
+max_batch_size), prompt width to the next power of two (at least 16, at most max_seq_len), the stop-id list to
+the next power of two. Padding rows are finished after their first token and cost only masked compute.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+MIN_PROMPT_BUCKET = 16
+
+
+def next_power_of_two(n: int, minimum: int = 1) -> int:
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+class PaddedBatch(NamedTuple):
+    prompt_ids: np.ndarray      # i32[B_bucket, P_bucket] right-padded with 0
+    prompt_lens: np.ndarray     # i32[B_bucket]
+    max_new_tokens: np.ndarray  # i32[B_bucket]
+    stop_ids: np.ndarray        # i32[B_bucket, K_bucket] padded with -1
+    batch_size: int             # real rows
+
+
+def validate_prompts(prompts: Sequence[Sequence[int]], *, vocab_size: int, max_batch_size: int,
+                     max_seq_len: int, max_new_tokens: int) -> None:
+    """Raises ValueError naming the first bad value: batch size, empty prompt, bad id, too long a prompt."""
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: expected at least one prompt")
+    if len(prompts) > max_batch_size:
+        raise ValueError(f"batch of {len(prompts)} prompts exceeds max_batch_size={max_batch_size}")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty: expected at least one token")
+        ids = np.asarray(prompt)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"prompt {i} holds {ids.dtype} values: expected integer token ids")
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        if bad.size:
+            raise ValueError(f"prompt {i} has token id {int(bad[0])}, outside the vocabulary [0, {vocab_size})")
+        if len(prompt) + max_new_tokens > max_seq_len:
+            raise ValueError(f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} that "
+                             f"exceeds max_seq_len={max_seq_len}")
+
+
+def pad_batch(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_ids: Sequence[int],
+              max_batch_size: int, max_seq_len: int) -> PaddedBatch:
+    """Right-pads validated prompts into bucketed arrays (see the module docstring)."""
+    batch = len(prompts)
+    rows = min(next_power_of_two(batch), max_batch_size)
+    width = min(next_power_of_two(max(len(p) for p in prompts), MIN_PROMPT_BUCKET), max_seq_len)
+    prompt_ids = np.zeros((rows, width), np.int32)
+    prompt_lens = np.ones((rows,), np.int32)
+    for i, prompt in enumerate(prompts):
+        prompt_ids[i, :len(prompt)] = prompt
+        prompt_lens[i] = len(prompt)
+    new_tokens = np.ones((rows,), np.int32)  # padding rows stop after their first token
+    new_tokens[:batch] = max_new_tokens
+    unique_stop = sorted(set(int(t) for t in stop_ids))
+    stops = np.full((rows, next_power_of_two(len(unique_stop))), -1, np.int32)
+    stops[:, :len(unique_stop)] = unique_stop
+    return PaddedBatch(prompt_ids, prompt_lens, new_tokens, stops, batch)
+
+
+def unpad_outputs(tokens: np.ndarray, prompt_lens: np.ndarray, num_generated: np.ndarray,
+                  batch_size: int) -> list[list[int]]:
+    """The new tokens of each real row: tokens[b, prompt_len : prompt_len + num_generated]."""
+    return [tokens[b, prompt_lens[b]:prompt_lens[b] + num_generated[b]].tolist() for b in range(batch_size)]

@@ -1,0 +1,110 @@
+"""User-facing configuration: how to speculate (SpecConfig) and how to sample (SamplingParams).
+
+Both are frozen and validated in ``__post_init__``, before anything is traced: a bad value raises ValueError
+naming it. SpecConfig is static under jit (it fixes every buffer's shape); SamplingParams become per-sequence
+arrays, so changing them never recompiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Sequence
+
+TreeKind = Literal["chain", "static", "dynamic"]
+TREE_KINDS = ("chain", "static", "dynamic")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """Shape of the draft each step proposes.
+
+    tree: "chain" (num_steps tokens in a row), "static" (the paths in ``tree_choices``) or "dynamic"
+      (EAGLE-2: per depth keep the ``topk`` best frontier nodes by cumulative log-prob, expand each by ``topk``,
+      keep the ``num_draft_tokens - 1`` best candidates).
+    num_steps: drafter forwards per step (the tree's maximum depth).
+    topk: children per expanded node (dynamic trees).
+    num_draft_tokens: T, tree nodes per sequence including the root (dynamic/static trees).
+    tree_choices: static trees: paths of child ranks, e.g. ((0,), (1,), (0, 0)); every prefix must be present.
+    """
+
+    tree: TreeKind = "dynamic"
+    num_steps: int = 5
+    topk: int = 4
+    num_draft_tokens: int = 16
+    tree_choices: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self):
+        if self.tree not in TREE_KINDS:
+            raise ValueError(f"tree={self.tree!r}: expected one of {TREE_KINDS}")
+        for name in ("num_steps", "topk", "num_draft_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SpecConfig.{name}={value!r}: expected a positive integer")
+        if self.tree == "dynamic":
+            pool = self.topk + (self.num_steps - 1) * self.topk ** 2
+            if self.num_draft_tokens - 1 > pool:
+                raise ValueError(f"num_draft_tokens={self.num_draft_tokens} exceeds the candidate pool of "
+                                 f"topk={self.topk} x num_steps={self.num_steps} ({pool} candidates + root)")
+        if self.tree == "static":
+            if not self.tree_choices:
+                raise ValueError("tree='static' needs tree_choices, e.g. ((0,), (1,), (0, 0))")
+            object.__setattr__(self, "tree_choices", _validated_choices(self.tree_choices))
+        elif self.tree_choices is not None:
+            raise ValueError(f"tree_choices is only used with tree='static', not tree={self.tree!r}")
+
+    @property
+    def tree_size(self) -> int:
+        """T: tree nodes per sequence, root included."""
+        if self.tree == "chain":
+            return self.num_steps + 1
+        if self.tree == "static":
+            return len(self.tree_choices) + 1
+        return self.num_draft_tokens
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest draft node; a step commits at most max_depth + 1 tokens."""
+        if self.tree == "static":
+            return max(len(path) for path in self.tree_choices)
+        return self.num_steps
+
+
+def _validated_choices(choices: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    paths = tuple(tuple(int(c) for c in path) for path in choices)
+    seen = set(paths)
+    if len(seen) != len(paths):
+        raise ValueError(f"tree_choices has duplicate paths: {sorted(p for p in seen if paths.count(p) > 1)}")
+    for path in paths:
+        if not path or any(c < 0 for c in path):
+            raise ValueError(f"tree_choices path {path}: expected a non-empty tuple of child ranks >= 0")
+        if len(path) > 1 and path[:-1] not in seen:
+            raise ValueError(f"tree_choices path {path} has no parent path {path[:-1]} in the tree")
+    return paths
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn from the target. temperature 0 = greedy; top_k 0 and top_p 1.0 disable those."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature={self.temperature!r}: expected a number >= 0 (0 = greedy)")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r}: expected an integer >= 0 (0 = disabled)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = disabled)")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r}: expected an integer")
+        stop = tuple(self.stop_token_ids or ())
+        if any(not isinstance(t, int) or t < 0 for t in stop):
+            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: expected non-negative integers")
+        object.__setattr__(self, "stop_token_ids", stop)

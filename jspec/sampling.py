@@ -1,0 +1,74 @@
+"""The target's sampling distribution: temperature, then top-k, then top-p (the order of HF and vLLM).
+
+This is the one definition of "the target's distribution" in jspec: plain decoding draws from it and lossless
+verification must reproduce it. Parameters are per-sequence arrays (changing them never recompiles):
+temperature f32[B] (0 = greedy: all mass on the argmax), top_k i32[B] (0 = off), top_p f32[B] (1 = off).
+Ties at the top-k threshold are kept, as in HF's TopKLogitsWarper; top-p keeps the smallest prefix of the
+sorted distribution whose mass reaches top_p (at least one token).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class SamplingArrays(NamedTuple):
+    """Per-sequence sampling parameters: temperature f32[B], top_k i32[B], top_p f32[B]."""
+
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+
+    @property
+    def is_greedy(self) -> jax.Array:
+        """bool[]: every sequence is greedy (lets a step skip the sort)."""
+        return jnp.all(self.temperature <= 0.0)
+
+
+def _per_row(value: jax.Array, logits: jax.Array) -> jax.Array:
+    """value: [B] broadcast against logits: [B, ..., V]."""
+    return value.reshape(value.shape + (1,) * (logits.ndim - 1))
+
+
+def filtered_logits(logits: jax.Array, params: SamplingArrays) -> jax.Array:
+    """logits: f32[B, ..., V] -> temperature-scaled logits with tokens outside top-k/top-p set to -inf.
+
+    Greedy rows (temperature 0) keep only their argmax.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    greedy = _per_row(params.temperature <= 0.0, logits)
+    scaled = logits / jnp.where(greedy, 1.0, _per_row(params.temperature, logits))
+    sorted_desc = -jnp.sort(-scaled, axis=-1)
+    k = jnp.where(params.top_k <= 0, vocab, jnp.minimum(params.top_k, vocab))
+    kth_index = jnp.broadcast_to(_per_row(k - 1, logits), sorted_desc.shape[:-1] + (1,))
+    kth = jnp.take_along_axis(sorted_desc, kth_index, axis=-1)
+    sorted_desc = jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf)
+    probs_desc = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(probs_desc, axis=-1) - probs_desc
+    keep_sorted = (mass_before < _per_row(params.top_p, logits)) & (sorted_desc > -jnp.inf)
+    keep_sorted = keep_sorted.at[..., 0].set(True)
+    threshold = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    sampled = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    is_max = jnp.arange(vocab) == jnp.argmax(logits, axis=-1, keepdims=True)
+    argmax_only = jnp.where(is_max, 0.0, -jnp.inf)
+    return jnp.where(greedy, argmax_only, sampled)
+
+
+def sampling_probs(logits: jax.Array, params: SamplingArrays) -> jax.Array:
+    """logits: f32[B, ..., V] -> probabilities f32[B, ..., V] of the target's sampling distribution."""
+    return jax.nn.softmax(filtered_logits(logits, params), axis=-1)
+
+
+def sample_tokens(logits: jax.Array, params: SamplingArrays, key: jax.Array) -> jax.Array:
+    """logits: f32[B, V] -> i32[B], one draw per row; the argmax when every row is greedy (no sort paid)."""
+    def draw(_):
+        return jax.random.categorical(key, filtered_logits(logits, params), axis=-1).astype(jnp.int32)
+
+    def argmax(_):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    return jax.lax.cond(params.is_greedy, argmax, draw, None)
