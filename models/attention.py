@@ -65,6 +65,10 @@ def dense_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new:
     """Attention over the whole cache through ``jax.nn.dot_product_attention`` (GQA native; cuDNN on GPU)."""
     del k_new, v_new  # already in the cache
     mask = visibility_mask(cache_len, local_mask, q.shape[1], k_cache.shape[1])
+    # A masked score's weight is exactly 0, but 0 * NaN is NaN: zero the values of slots no query reads, so
+    # garbage in unused slots can never reach the output.
+    read = jnp.any(mask, axis=1)[:, :, None, None]  # [B, S, 1, 1]
+    v_cache = jnp.where(read, v_cache, jnp.zeros((), v_cache.dtype))
     return jax.nn.dot_product_attention(q, k_cache, v_cache, mask=mask[:, None], scale=scale)
 
 

@@ -4,8 +4,9 @@
     python scripts/bench_kernels.py --impl interpret --small           # CPU smoke check, tiny sizes
 
 Sweep: B in {1, 8, 32}, T in {16, 64}, L in {1k, 8k, 32k}; bf16; Llama-3-8B heads (Hq=32, Hkv=8,
-D=128); every sequence's cache full (cache_len = L). Bandwidth = KV bytes read (2 * B * L * Hkv * D *
-itemsize) / time, against the device's copy bandwidth (read + write of a large array / time).
+D=128); every sequence's cache full (cache_len = L). Bandwidth = KV bytes read
+(2 * B * L * Hkv * D * itemsize) / time, against the device's copy bandwidth (read + write of a
+large array / time).
 Configurations whose estimated footprint exceeds device memory, or that run out of it, are skipped.
 """
 

@@ -20,3 +20,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+    """family -> (transformers model, HF dir, converted dir); each family built and converted once a session."""
+    from tests.hf_models import make_hf_model, save_and_convert
+
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            model = make_hf_model(family)
+            hf_dir, out_dir = save_and_convert(model, str(tmp_path_factory.mktemp(family)))
+            made[family] = (model, hf_dir, out_dir)
+        return made[family]
+
+    return get
