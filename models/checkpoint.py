@@ -185,12 +185,17 @@ def load_params(directory: str, abstract_params: Any) -> Any:
         return checkpointer.restore(os.path.abspath(directory), abstract_params)
 
 
+def check_destination(dst: str, overwrite: bool) -> None:
+    if os.path.exists(dst) and not overwrite:
+        raise FileExistsError(f"destination {os.path.abspath(dst)!r} already exists (pass overwrite/--overwrite "
+                              f"to replace it)")
+
+
 @contextlib.contextmanager
 def atomic_directory(dst: str, overwrite: bool = False) -> Iterator[str]:
     """Yields a temp dir beside ``dst``; renames it to ``dst`` on success, deletes it on failure."""
     dst = os.path.abspath(dst)
-    if os.path.exists(dst) and not overwrite:
-        raise FileExistsError(f"destination {dst!r} already exists (pass overwrite/--overwrite to replace it)")
+    check_destination(dst, overwrite)
     parent = os.path.dirname(dst)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.tmp-", dir=parent)
@@ -233,6 +238,7 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     """Converts a HF Llama-family checkpoint directory at ``src`` into a jspec directory at ``dst``."""
     from models.llama import init_params
 
+    check_destination(dst, overwrite)
     hf_config = read_hf_config(src)
     config = from_hf_config(hf_config)
     dtype = resolve_dtype(dtype, hf_config)

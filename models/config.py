@@ -166,8 +166,9 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         raise ValueError(f"config.json model_type={model_type!r} (architectures={hf.get('architectures')}) is "
                          f"not supported; expected one of {SUPPORTED_MODEL_TYPES}")
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-        if field not in hf:
-            raise ValueError(f"config.json has no {field!r}, which a {model_type} model needs")
+        value = hf.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.json {field}={value!r}: a {model_type} model needs a positive integer")
     num_heads = int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
     # HF Llama and Qwen3 put attention_bias on q/k/v/o; Qwen2 always biases q/k/v only; Mistral has none.

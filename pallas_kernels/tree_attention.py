@@ -17,17 +17,18 @@ The kernel is flash-decoding (split-k) with the GQA trick::
     grid (row_block, split, h, b):  online softmax over the split's blocks -> partial (o, m, l)
     jnp epilogue:  the tree keys (T of them, tree mask) as one more partial, then a logsumexp merge
 
-so the cache is read once per KV head (not once per query head), and a long cache keeps the GPU busy
-even at batch 1. The loop stops at ``cache_len[b]``: unused cache slots are never read except inside
-the last partial block, where scores are masked (``jnp.where``) and V rows zeroed, because
-``0 * NaN = NaN`` and unused slots may hold anything.
+so the cache is read once per KV head, not once per query head (once per row block when
+T * G > block_rows; those programs run side by side and share the blocks through L2), and a long
+cache keeps the GPU busy even at batch 1. The loop stops at ``cache_len[b]``: unused cache slots
+are never read except inside the last partial block, where scores are masked (``jnp.where``) and
+V rows zeroed, because ``0 * NaN = NaN`` and unused slots may hold anything.
 
-Lowering: Pallas Triton (``pallas.triton.CompilerParams``). It is simple, handles dynamic loop bounds
-and strided [block_k, D] loads straight out of the ``[B, L, Hkv, D]`` cache (no transpose or copy of
-the cache), and works on both JAX 0.10 and 0.11; Mosaic GPU would buy TMA/wgmma pipelining on Hopper
-at the price of a much larger kernel. Triton wants power-of-two tiles of at least 16 for ``dot``:
-rows are padded to that, and so is D (the one case that copies the cache; Llama/Qwen/Mistral have
-D = 128).
+Lowering: Pallas Triton (``pallas.triton.CompilerParams``). It is simple, handles dynamic loop
+bounds and strided [block_k, D] loads straight out of the ``[B, L, Hkv, D]`` cache (no transpose
+or copy of the cache), and works on both JAX 0.10 and 0.11; Mosaic GPU would buy TMA/wgmma
+pipelining on Hopper at the price of a much larger kernel. Triton wants power-of-two tiles of at
+least 16 for ``dot``: rows are padded to that, and so is D (the one case that copies the cache;
+Llama/Qwen/Mistral have D = 128).
 
 bf16 in, f32 accumulation, output dtype = ``q.dtype``.
 """
@@ -56,7 +57,7 @@ def _next_pow2(n: int) -> int:
 
 
 def _precision(dtype) -> lax.Precision:
-    """f32 inputs get true f32 dots (no TF32); bf16/f16 dots are exact in f32 accumulation anyway."""
+    """f32 inputs get true f32 dots (no TF32); bf16 products are exact in f32 accumulation."""
     return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else lax.Precision.DEFAULT
 
 
@@ -176,8 +177,8 @@ def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, bloc
         num_splits = _default_num_splits(batch, kv_heads, row_blocks, rows, cache_size, block_k)
     split_size = -(-(-(-cache_size // num_splits)) // block_k) * block_k  # whole blocks per split
     num_splits = -(-cache_size // split_size)  # drop splits that would start past L
-    if num_warps is None:
-        num_warps = 4 if block_rows * max(block_k, head_dim) <= 64 * 128 else 8
+    if num_warps is None:  # as jax's pallas/ops/gpu/attention.py: more warps for bigger tiles
+        num_warps = 4 if block_rows * head_dim <= 64 * 64 else 8
     kernel = functools.partial(_cache_split_kernel, scale=scale, block_k=block_k,
                                split_size=split_size)
     out_shape = [
@@ -248,7 +249,10 @@ def _tree_partial(q_rows, k_new, v_new, mask, *, scale):
 
 
 def _merge_partials(o, m, l):
-    """Logsumexp merge over axis 2. o: f32[B, Hkv, S, R, D]; m, l: f32[B, Hkv, S, R] -> [B, Hkv, R, D]."""
+    """Logsumexp merge over axis 2.
+
+    o: f32[B, Hkv, S, R, D] (unnormalised); m, l: f32[B, Hkv, S, R] -> f32[B, Hkv, R, D].
+    """
     m_all = m.max(axis=2, keepdims=True)
     weight = jnp.exp(m - m_all)  # [B, Hkv, S, R]
     l_all = (l * weight).sum(axis=2)
@@ -322,7 +326,8 @@ def _validate(q, k_cache, v_cache, cache_len, k_new, v_new, mask):
         raise ValueError(f"mask must be bool[{batch}, {num_tokens}, {num_tokens}], got "
                          f"{mask.dtype}{list(mask.shape)}")
     if cache_len.shape != (batch,) or not jnp.issubdtype(cache_len.dtype, jnp.integer):
-        raise ValueError(f"cache_len must be int[{batch}], got {cache_len.dtype}{list(cache_len.shape)}")
+        raise ValueError(f"cache_len must be int[{batch}], got "
+                         f"{cache_len.dtype}{list(cache_len.shape)}")
 
 
 def _validate_knobs(block_k: int, block_rows: int, num_splits: int | None):
@@ -350,7 +355,8 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
       block_k: cache keys per inner-loop step (power of two >= 16).
       block_rows: stacked (token, head) rows per program (power of two >= 16).
       num_splits: cache splits per (b, KV head); None picks one from the shapes.
-      num_warps, num_stages: Triton launch parameters (None: 4, or 8 for big tiles).
+      num_warps, num_stages: Triton launch parameters (num_warps None: 4, or 8 for tiles bigger
+        than 64 x 64). Defaults are reasoned, not yet tuned on a GPU (scripts/bench_kernels.py).
 
     Returns:
       [B, T, Hq, D] in q.dtype. Every query must see at least one key (node t sees itself).
