@@ -1,22 +1,24 @@
 """The attention a decoder layer calls, and the KV cache it reads.
 
-The model writes the K/V of its T new tokens into the cache at slots ``cache_len[b] .. cache_len[b] + T - 1``
-before it attends, then calls an injectable ``AttentionFn``. Which new tokens a query sees is ``local_mask``:
+The model writes the K/V of its T new tokens into the cache at slots ``cache_len[b] + write_offset ..
+cache_len[b] + write_offset + T - 1`` before it attends, then calls an injectable ``AttentionFn``. Every query
+sees all committed slots ``< cache_len[b]``; which slots of the *window* ``[cache_len[b], cache_len[b] + W)``
+it sees is ``local_mask``:
 
-- ``None``: a causal continuation (prefill, plain decode): new token i sees new tokens 0..i.
-- ``bool[B, T, T]``: an arbitrary mask over the new tokens (a draft tree: node j visible to node i iff j is i or
-  an ancestor of i).
+- ``None``: a causal continuation (prefill, plain decode; W = T, write_offset 0): new token i sees new tokens 0..i.
+- ``bool[B, T, W]``: an arbitrary mask over the window. A target verify pass has W = T (node j visible to node
+  i iff j is i or an ancestor); a drafter growing a tree depth by depth writes each depth at its own offset in
+  a window of W > T slots and lets each node see its ancestors from earlier depths.
 
-Every query sees all cache slots ``< cache_len[b]``. Cache slots at or past ``cache_len[b] + T`` hold garbage and
-are never read. Cache layout of one layer, one sequence::
+Slots past the window hold garbage and are never read. Cache layout of one layer, one sequence::
 
-    slot:   0 ........ cache_len-1 | cache_len ... cache_len+T-1 | ... S-1
-            committed tokens        | the T new tokens            | unused (garbage)
+    slot:   0 ........ cache_len-1 | cache_len ......... cache_len+W-1 | ... S-1
+            committed tokens        | the window (tree / draft tokens) | unused (garbage)
 
 ``AttentionFn(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, *, scale) -> out`` with
 q: [B, T, Hq, D]; k_cache, v_cache: [B, S, Hkv, D] (already holding the new tokens); k_new, v_new:
-[B, T, Hkv, D]; cache_len: i32[B]; out: [B, T, Hq, D]. An implementation may read the new tokens from the cache
-or from k_new/v_new (the tree-attention kernel does the latter).
+[B, T, Hkv, D]; cache_len: i32[B]; out: [B, T, Hq, D]. An implementation may read the window from the cache or,
+when W = T and the offset is 0, from k_new/v_new (the tree-attention kernel does the latter).
 """
 
 from __future__ import annotations
@@ -48,16 +50,15 @@ class AttentionFn(Protocol):
 
 def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new: int,
                     cache_size: int) -> jax.Array:
-    """bool[B, T, S]: whether query i may read cache slot s (committed, or a new token its mask allows)."""
+    """bool[B, T, S]: whether query i may read cache slot s (committed, or a window slot its mask allows)."""
     rel = jnp.arange(cache_size)[None, None, :] - cache_len[:, None, None]  # [B, 1, S]
     committed = rel < 0
-    query = jnp.arange(num_new)[None, :, None]  # [1, T, 1]
     if local_mask is None:
-        new = (rel >= 0) & (rel <= query)
-    else:
-        column = jnp.broadcast_to(jnp.clip(rel, 0, num_new - 1), (cache_len.shape[0], num_new, cache_size))
-        new = (rel >= 0) & (rel < num_new) & jnp.take_along_axis(local_mask, column, axis=2)
-    return committed | new
+        query = jnp.arange(num_new)[None, :, None]  # [1, T, 1]
+        return committed | ((rel >= 0) & (rel <= query))
+    window = local_mask.shape[2]
+    column = jnp.broadcast_to(jnp.clip(rel, 0, window - 1), (cache_len.shape[0], num_new, cache_size))
+    return committed | ((rel >= 0) & (rel < window) & jnp.take_along_axis(local_mask, column, axis=2))
 
 
 def dense_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
@@ -72,12 +73,12 @@ def dense_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new:
     return jax.nn.dot_product_attention(q, k_cache, v_cache, mask=mask[:, None], scale=scale)
 
 
-def write_new_tokens(cache: jax.Array, new: jax.Array, cache_len: jax.Array) -> jax.Array:
-    """Writes new: [B, T, H, D] into cache: [B, S, H, D] at slots cache_len[b] .. cache_len[b] + T - 1.
+def write_new_tokens(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """Writes new: [B, T, H, D] into cache: [B, S, H, D] at slots start[b] .. start[b] + T - 1.
 
-    The caller guarantees cache_len[b] + T <= S (dynamic_update_slice would clamp, not fail).
+    The caller guarantees start[b] + T <= S (dynamic_update_slice would clamp, not fail).
     """
     def one(c, n, start):
         return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (start, 0, 0))
 
-    return jax.vmap(one)(cache, new, cache_len)
+    return jax.vmap(one)(cache, new, start)

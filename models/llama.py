@@ -74,7 +74,7 @@ class Attention(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, k_cache, v_cache, cache_len, local_mask):
+    def __call__(self, x, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset=0):
         cfg = self.config
         batch, num_new, _ = x.shape
 
@@ -91,8 +91,8 @@ class Attention(nn.Module):
             q = RMSNorm(cfg.rms_norm_eps, self.dtype, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, self.dtype, name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache = write_new_tokens(k_cache, k, cache_len)
-        v_cache = write_new_tokens(v_cache, v, cache_len)
+        k_cache = write_new_tokens(k_cache, k, cache_len + write_offset)
+        v_cache = write_new_tokens(v_cache, v, cache_len + write_offset)
         out = self.attention_fn(q, k_cache, v_cache, k, v, cache_len, local_mask, scale=cfg.head_dim ** -0.5)
         out = out.reshape(batch, num_new, cfg.num_heads * cfg.head_dim).astype(self.dtype)
         return proj(cfg.hidden_size, cfg.o_bias, "o_proj")(out), k_cache, v_cache
@@ -122,7 +122,7 @@ class DecoderLayer(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, carry, layer_xs, cos, sin, cache_len, local_mask):
+    def __call__(self, carry, layer_xs, cos, sin, cache_len, local_mask, write_offset):
         cfg = self.config
         x, taps = carry
         k_cache, v_cache, tap_slot = layer_xs
@@ -130,7 +130,7 @@ class DecoderLayer(nn.Module):
             taps = jax.lax.dynamic_update_index_in_dim(taps, x.astype(taps.dtype), tap_slot, 0)
         h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="input_layernorm")(x)
         attn, k_cache, v_cache = Attention(cfg, self.attention_fn, self.dtype, name="self_attn")(
-            h, cos, sin, k_cache, v_cache, cache_len, local_mask)
+            h, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset)
         x = x + attn
         h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
         x = x + MLP(cfg, self.dtype, name="mlp")(h)
@@ -142,7 +142,8 @@ class LlamaModel(nn.Module):
 
     Call: ``tokens`` i32[B, T], ``positions`` i32[B, T] (rope positions), ``cache`` KVCache with S slots,
     ``cache_len`` i32[B] (where the T new tokens are written; cache_len + T <= S), ``local_mask``
-    bool[B, T, T] or None (causal), ``logits_index`` i32[B, K] or None (which of the T rows get logits; None: all),
+    bool[B, T, W] or None (causal; see models/attention.py), ``write_offset`` (new tokens go to slots
+    cache_len + write_offset ..; a drafter growing a tree), ``logits_index`` i32[B, K] or None (which of the T rows get logits; None: all),
     ``tap_layers``: static tuple of layer indices whose residual-stream input is returned (HF
     ``hidden_states[i]``).
     """
@@ -154,7 +155,7 @@ class LlamaModel(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, cache_len: jax.Array,
                  local_mask: jax.Array | None = None, logits_index: jax.Array | None = None,
-                 tap_layers: Sequence[int] = ()) -> DecoderOutput:
+                 tap_layers: Sequence[int] = (), write_offset: jax.Array | int = 0) -> DecoderOutput:
         cfg = self.config
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
                          name="embed_tokens")
@@ -170,11 +171,11 @@ class LlamaModel(nn.Module):
             DecoderLayer,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
         )(cfg, self.attention_fn, self.dtype, name="layers")
         (x, taps), (k, v) = layers((x, taps), (cache.k, cache.v, jnp.asarray(tap_slot)), cos, sin, cache_len,
-                                   local_mask)
+                                   local_mask, jnp.asarray(write_offset, jnp.int32))
         if taps is not None:
             taps = taps[np.asarray([tapped.index(layer) for layer in tap_layers])]
 

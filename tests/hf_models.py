@@ -56,6 +56,7 @@ def save_and_convert(model: transformers.PreTrainedModel, root: str, dtype: str 
     """save_pretrained into root/hf, convert with the script into root/jspec; returns both directories."""
     hf_dir, out_dir = os.path.join(root, "hf"), os.path.join(root, "jspec")
     model.save_pretrained(hf_dir, **save_kwargs)
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "convert_checkpoint.py"), "--src", hf_dir,
-                    "--dst", out_dir, "--dtype", dtype], check=True, capture_output=True)
+    done = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "convert_checkpoint.py"), "--src", hf_dir,
+                           "--dst", out_dir, "--dtype", dtype], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
     return hf_dir, out_dir

@@ -1,0 +1,162 @@
+"""EAGLE-3 draft head (Li et al., 2025, "EAGLE-3: Scaling up Inference Acceleration of LLMs via Training-Time
+Test"), numerics as the reference implementation and SGLang's ``LlamaForCausalLMEagle3``.
+
+The head is one Llama decoder layer whose attention reads 2H features per token::
+
+    fused  = fc(concat(h[2], h[L//2], h[L-3]))        3H_target -> H, no bias (first draft position only;
+                                                       later positions feed the head's own pre-norm output)
+    x      = concat(input_layernorm(embed(token)), hidden_norm(fused))       [B, T, 2H]
+    h      = self_attn(x) + fused                      q/k/v: 2H -> heads; rope as the target's
+    pre    = mlp(post_attention_layernorm(h)) + h      the "pre-norm output", fed to the next draft step
+    logits = lm_head(norm(pre))                        over the draft vocabulary; target id = d + d2t[d]
+
+``embed`` is the target's embedding (shared, not copied): the caller passes the embedded tokens. The head's KV
+cache is a one-layer ``KVCache`` with the same slot layout as the target's (models/attention.py).
+
+Parameter tree::
+
+    fc/kernel                                   [3H_target, H]
+    midlayer/input_layernorm/weight, hidden_norm/weight, post_attention_layernorm/weight   [H]
+    midlayer/self_attn/{q,k,v}_proj/kernel      [2H, heads * D]; o_proj/kernel [heads * D, H]
+    midlayer/mlp/{gate,up,down}_proj/kernel
+    norm/weight [H];  lm_head/kernel [H, V_draft]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models.attention import AttentionFn, KVCache, dense_attention
+from models.config import ModelConfig, RopeScaling, _rope_scaling_from_hf
+from models.llama import MLP, Attention, RMSNorm, rope_cos_sin
+
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle")
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Config:
+    """layer: the decoder layer's shapes (num_layers 1, vocab_size = draft vocabulary);
+    target_hidden_size: H of the target (fc reads 3 of its hidden states); target_vocab_size: V of the target."""
+
+    layer: ModelConfig
+    target_hidden_size: int
+    target_vocab_size: int
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.layer.vocab_size
+
+    def check_target(self, target: ModelConfig) -> None:
+        """Raises ValueError when this head was not made for ``target``."""
+        if self.target_hidden_size != target.hidden_size:
+            raise ValueError(f"EAGLE-3 head expects target hidden_size={self.target_hidden_size}, but the target "
+                             f"has hidden_size={target.hidden_size}")
+        if self.target_vocab_size != target.vocab_size:
+            raise ValueError(f"EAGLE-3 head expects target vocab_size={self.target_vocab_size}, but the target "
+                             f"has vocab_size={target.vocab_size}")
+        if self.layer.hidden_size != target.hidden_size:
+            raise ValueError(f"EAGLE-3 head hidden_size={self.layer.hidden_size} differs from the target's "
+                             f"hidden_size={target.hidden_size}, whose embedding it shares")
+
+    @staticmethod
+    def tap_layers(target: ModelConfig) -> tuple[int, int, int]:
+        """The target layers whose residual-stream inputs the head fuses: (2, L//2, L-3) (HF hidden_states)."""
+        num_layers = target.num_layers
+        layers = (2, num_layers // 2, num_layers - 3)
+        if min(layers) < 0 or max(layers) >= num_layers:
+            raise ValueError(f"EAGLE-3 needs a target with at least 3 layers, got num_layers={num_layers}")
+        return layers
+
+
+def eagle3_config_from_hf(hf: dict[str, Any]) -> Eagle3Config:
+    """Eagle3Config from an EAGLE-3 head's config.json (rope_theta defaults to 10000 when absent)."""
+    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        value = hf.get(field)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"EAGLE-3 config.json {field}={value!r}: expected a positive integer")
+    heads = hf["num_attention_heads"]
+    layer = ModelConfig(
+        vocab_size=int(hf.get("draft_vocab_size") or hf["vocab_size"]),
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=1,
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+        rope_scaling=_rope_scaling_from_hf(hf) if (hf.get("rope_scaling") or hf.get("rope_parameters"))
+        else RopeScaling(),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+        model_type="llama",
+    )
+    return Eagle3Config(layer=layer, target_hidden_size=int(hf.get("target_hidden_size") or hf["hidden_size"]),
+                        target_vocab_size=int(hf["vocab_size"]))
+
+
+class Eagle3Output(NamedTuple):
+    logits: jax.Array  # f32[B, T, V_draft]
+    hidden: jax.Array  # [B, T, H] pre-norm output, the next draft step's input features
+    cache: KVCache     # one layer: [1, B, S, Hkv, D]
+
+
+class Eagle3Layer(nn.Module):
+    config: ModelConfig
+    attention_fn: AttentionFn
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, embeds, hidden, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset):
+        cfg = self.config
+        x = jnp.concatenate([RMSNorm(cfg.rms_norm_eps, self.dtype, name="input_layernorm")(embeds),
+                             RMSNorm(cfg.rms_norm_eps, self.dtype, name="hidden_norm")(hidden)], axis=-1)
+        attn, k_cache, v_cache = Attention(cfg, self.attention_fn, self.dtype, name="self_attn")(
+            x, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset)
+        h = attn + hidden
+        h = h + MLP(cfg, self.dtype, name="mlp")(
+            RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(h))
+        return h, k_cache, v_cache
+
+
+class Eagle3Head(nn.Module):
+    """Call: embeds [B, T, H] (the target's embedding of the tokens), hidden [B, T, 3 H_target] (target
+    features: fc is applied) or [B, T, H] (the head's own pre-norm output), positions i32[B, T], cache (one
+    layer), cache_len i32[B], local_mask bool[B, T, W] | None, write_offset (see models/attention.py)."""
+
+    config: Eagle3Config
+    dtype: jnp.dtype = jnp.float32
+    attention_fn: AttentionFn = dense_attention
+
+    @nn.compact
+    def __call__(self, embeds: jax.Array, hidden: jax.Array, positions: jax.Array, cache: KVCache,
+                 cache_len: jax.Array, local_mask: jax.Array | None = None,
+                 write_offset: jax.Array | int = 0) -> Eagle3Output:
+        cfg = self.config.layer
+        embeds, hidden = embeds.astype(self.dtype), hidden.astype(self.dtype)
+        if hidden.shape[-1] != cfg.hidden_size:
+            hidden = nn.Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                              name="fc")(hidden)
+        cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
+        pre, k, v = Eagle3Layer(cfg, self.attention_fn, self.dtype, name="midlayer")(
+            embeds, hidden, cos, sin, cache.k[0], cache.v[0], cache_len, local_mask,
+            jnp.asarray(write_offset, jnp.int32))
+        normed = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(pre)
+        logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                          name="lm_head")(normed)
+        return Eagle3Output(logits.astype(jnp.float32), pre, KVCache(k[None], v[None]))
+
+
+def init_eagle3_params(config: Eagle3Config, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random head parameters of the right shapes (fc included)."""
+    cfg = config.layer
+    head = Eagle3Head(config, dtype)
+    embeds = jnp.zeros((1, 1, cfg.hidden_size), dtype)
+    features = jnp.zeros((1, 1, 3 * config.target_hidden_size), dtype)
+    cache = KVCache.zeros(1, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype)
+    zeros = jnp.zeros((1, 1), jnp.int32)
+    return head.init(key, embeds, features, zeros, cache, jnp.zeros((1,), jnp.int32))["params"]
