@@ -108,3 +108,12 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in stop):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: expected non-negative integers")
         object.__setattr__(self, "stop_token_ids", stop)
+
+
+def static_choices(spec: SpecConfig) -> tuple[tuple[int, ...], ...] | None:
+    """The static tree a spec drafts (a chain is the static tree ((0,), (0, 0), ...)); None for dynamic trees."""
+    if spec.tree == "chain":
+        return tuple((0,) * depth for depth in range(1, spec.num_steps + 1))
+    if spec.tree == "static":
+        return spec.tree_choices
+    return None

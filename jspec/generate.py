@@ -1,5 +1,7 @@
 """``jspec.generate``: prefill, then one ``lax.while_loop`` of the step; one XLA program per call.
 
+The step is the fused speculative step when ``setup.drafter`` is set, plain decoding otherwise.
+
 Prompts arrive right-padded: prompt_ids i32[B, P] with the real tokens of sequence b in [0, prompt_lens[b]).
 Causal prefill never lets a real token see padding, and the padded slots' K/V are overwritten as the sequence
 grows, so no left-shift or per-sequence position offset is needed.
@@ -17,7 +19,8 @@ from jspec.commit import commit_tokens
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays, sample_tokens
 from jspec.state import DecodeState
-from jspec.step import StepInputs, plain_step
+from jspec.drafters.base import PrefillContext
+from jspec.step import StepInputs, plain_step, spec_step
 from models.attention import KVCache
 
 
@@ -28,9 +31,9 @@ class GenerateResult(NamedTuple):
     accepted_hist: jax.Array  # i32[B, D + 1] steps that committed 1..D+1 tokens
 
 
-def prefill(params_t, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: StepInputs, key: jax.Array, *,
-            setup: GenerateSetup) -> DecodeState:
-    """Runs the target over the prompts, samples each first token, and returns the loop's initial state."""
+def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: StepInputs,
+            key: jax.Array, *, setup: GenerateSetup) -> DecodeState:
+    """Runs the target (then the drafter) over the prompts, samples each first token: the loop's first state."""
     batch, prompt_width = prompt_ids.shape
     cfg = setup.target
     cache = KVCache.zeros(cfg.num_layers, batch, setup.cache_slots, cfg.num_kv_heads, cfg.head_dim,
@@ -38,7 +41,7 @@ def prefill(params_t, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: Ste
     positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
     zeros = jnp.zeros((batch,), jnp.int32)
     out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, zeros,
-                                     logits_index=(prompt_lens - 1)[:, None])
+                                     logits_index=(prompt_lens - 1)[:, None], tap_layers=setup.tap_layers)
     first = sample_tokens(out.logits[:, 0], inputs.sampling, key)
     tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :prompt_width].set(prompt_ids)
     state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
@@ -47,10 +50,13 @@ def prefill(params_t, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: Ste
                         step=jnp.zeros((), jnp.int32))
     state, _ = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens, inputs.stop_ids,
                              counts_as_step=False)
+    if setup.drafter is not None:
+        draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first, out.taps))
+        state = state._replace(draft=draft)
     return state
 
 
-def run_loop(params_t, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup,
+def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup,
              max_steps: jax.Array | None = None) -> DecodeState:
     """Steps until every sequence is done (or ``max_steps`` more iterations ran, for streaming chunks)."""
     stop_at = None if max_steps is None else state.step + max_steps
@@ -59,7 +65,8 @@ def run_loop(params_t, state: DecodeState, inputs: StepInputs, *, setup: Generat
         going = jnp.any(~s.done)
         return going if stop_at is None else going & (s.step < stop_at)
 
-    body = functools.partial(plain_step, params_t, inputs=inputs, setup=setup)
+    step = plain_step if setup.drafter is None else spec_step
+    body = functools.partial(step, params_t, params_d, inputs=inputs, setup=setup)
     return jax.lax.while_loop(cond, body, state)
 
 
@@ -74,9 +81,8 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
     key: PRNG key; max_new_tokens: i32[B]; stop_ids: i32[B, K] (-1 padded; EOS ids belong here);
     sampling: per-sequence temperature/top_k/top_p. Inputs are trusted: SpecEngine validates them.
     """
-    del params_d  # no drafter yet: plain decoding
     prefill_key, loop_key = jax.random.split(key)
     inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
-    state = prefill(params_t, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup)
-    state = run_loop(params_t, state, inputs, setup=setup)
+    state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup)
+    state = run_loop(params_t, params_d, state, inputs, setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist)

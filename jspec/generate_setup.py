@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-
-import jax.numpy as jnp
+from typing import Any
 
 from jspec.config import SpecConfig
 from models.attention import AttentionFn, dense_attention
@@ -18,14 +17,16 @@ class GenerateSetup:
     """Static configuration of ``jspec.generate``; hashable, so it is the one static argument.
 
     target: the target model's config; max_seq_len: S, token slots per sequence (prompt + new tokens);
-    dtype: activation/param dtype name; spec: None for plain decoding; attention_fn: the target's attention.
+    dtype: activation/param dtype name; drafter: a static drafter object (jspec/drafters/base.py), None for
+    plain decoding; attention_fn: the target's attention; force_accept: JSPEC_FORCE_ACCEPT (benchmarks only).
     """
 
     target: ModelConfig
     max_seq_len: int
     dtype: str = "float32"
-    spec: SpecConfig | None = None
+    drafter: Any = None
     attention_fn: AttentionFn = dense_attention
+    force_accept: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.max_seq_len, int) or self.max_seq_len < 2:
@@ -33,15 +34,25 @@ class GenerateSetup:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {sorted(DTYPES)}")
         self.target.check_max_seq_len(self.max_seq_len)
+        if self.force_accept is not None and (not isinstance(self.force_accept, int) or self.force_accept < 0):
+            raise ValueError(f"force_accept={self.force_accept!r}: expected an integer >= 0")
 
     @property
     def jnp_dtype(self):
         return DTYPES[self.dtype]
 
     @property
+    def spec(self) -> SpecConfig | None:
+        return None if self.drafter is None else self.drafter.spec
+
+    @property
     def tokens_per_step(self) -> int:
         """Most tokens one step commits: max draft depth + the bonus token (1 for plain decoding)."""
         return 1 if self.spec is None else self.spec.max_depth + 1
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return () if self.drafter is None else tuple(self.drafter.tap_layers)
 
     @property
     def cache_slots(self) -> int:

@@ -9,7 +9,7 @@ Invariant between steps, per sequence b::
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 
@@ -25,6 +25,7 @@ class DecodeState(NamedTuple):
     num_steps: jax.Array      # i32[B] target verify steps taken while not done
     accepted_hist: jax.Array  # i32[B, D + 1] steps that committed exactly n = 1..D+1 tokens (index n - 1)
     step: jax.Array           # i32[] loop iteration
+    draft: Any = None         # the drafter's own state (its KV cache, its next prediction); None when plain
 
     @property
     def cache_len(self) -> jax.Array:

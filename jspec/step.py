@@ -1,7 +1,8 @@
 """One step of the generation loop.
 
-``plain_step`` is autoregressive decoding (drafter=None): the baseline every speedup is measured against, and
-the same commit path the speculative step uses.
+``spec_step`` is the fused speculative step: draft a tree, verify it in one target pass, accept, commit tokens
+and K/V. ``plain_step`` is autoregressive decoding (drafter=None): the baseline every speedup is measured
+against, through the same commit path.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jspec.accept import accept_tree
 from jspec.commit import commit_tokens
+from jspec.drafters.base import CommitContext
+from jspec.kv_cache import commit_path
 from jspec.sampling import SamplingArrays, sample_tokens
 from jspec.generate_setup import GenerateSetup
 from jspec.state import DecodeState
@@ -31,8 +35,9 @@ def last_tokens(state: DecodeState) -> jax.Array:
     return jnp.take_along_axis(state.tokens, (state.seq_len - 1)[:, None], axis=1)[:, 0]
 
 
-def plain_step(params_t, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
+def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
     """Runs the target on each sequence's last token, samples the next one, commits it."""
+    del params_d
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, last_tokens(state)[:, None], cache_len[:, None],
                                      state.cache, cache_len)
@@ -43,3 +48,28 @@ def plain_step(params_t, state: DecodeState, inputs: StepInputs, *, setup: Gener
     state, _ = commit_tokens(state, next_token[:, None], jnp.ones_like(cache_len), inputs.max_new_tokens,
                              inputs.stop_ids)
     return state._replace(step=state.step + 1)
+
+
+def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]:
+    """-> (new_tokens i32[B, D + 1]: accepted drafts then the bonus, num_new i32[B] = accept_length + 1)."""
+    path = jnp.take_along_axis(tree_tokens, jnp.maximum(verified.accept_index, 0), axis=1)  # root first
+    drafts = jnp.concatenate([path[:, 1:], jnp.zeros_like(path[:, :1])], axis=1)
+    index = jnp.arange(path.shape[1])[None]
+    new_tokens = jnp.where(index == verified.accept_length[:, None], verified.bonus[:, None], drafts)
+    return new_tokens, verified.accept_length + 1
+
+
+def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
+    """propose -> verify the tree with the target -> accept -> commit tokens and both models' K/V."""
+    drafter, cache_len = setup.drafter, state.cache_len
+    draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len)
+    out = setup.target_model().apply({"params": params_t}, tree.tokens, tree.positions, state.cache, cache_len,
+                                     local_mask=tree.mask, tap_layers=setup.tap_layers)
+    verified = accept_tree(tree, out.logits, inputs.sampling, jax.random.fold_in(inputs.key, state.step),
+                           max_depth=setup.spec.max_depth, force_accept=setup.force_accept)
+    new_tokens, num_new = path_tokens(tree.tokens, verified)
+    state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
+    draft_state = drafter.commit(params_t, params_d, draft_state,
+                                 CommitContext(new_tokens, committed, verified.accept_index, out.taps, cache_len))
+    cache = commit_path(out.cache, verified.accept_index, cache_len)
+    return state._replace(cache=cache, draft=draft_state, step=state.step + 1)

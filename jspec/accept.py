@@ -1,0 +1,53 @@
+"""Accepting a verified tree: greedy or lossless sampling (pallas_kernels.tree_verify), or a forced count.
+
+Greedy rows and sampled rows can share a batch: the sampling distribution of a greedy row is one-hot at the
+argmax, so the sampling walk accepts exactly what the greedy walk would. When every row is greedy the cheaper
+greedy walk runs (lax.cond on device, no recompilation).
+
+``force_accept`` (JSPEC_FORCE_ACCEPT, benchmarks only) accepts min(N, depth) drafts along the first-child path
+whatever the target says; the bonus is still the target's argmax there. Output is then not the target's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jspec.drafters.base import DraftTree
+from jspec.sampling import SamplingArrays, sampling_probs
+from pallas_kernels.tree_verify import Verified, verify_tree_greedy, verify_tree_sampling
+
+
+def forced_path(tree: DraftTree, logits: jax.Array, *, accept: int, max_depth: int) -> Verified:
+    """Follows first children min(accept, depth) times -> Verified (benchmarks only)."""
+    batch = tree.tokens.shape[0]
+    node = jnp.zeros((batch,), jnp.int32)
+    path, length = [node], jnp.zeros((batch,), jnp.int32)
+    for depth in range(max_depth):
+        child = jnp.take_along_axis(tree.next_token, node[:, None], axis=1)[:, 0]
+        take = (child >= 0) & (depth < accept)
+        node = jnp.where(take, child, node)
+        length = length + take
+        path.append(jnp.where(take, child, -1))
+    accept_index = jnp.stack(path, axis=1)
+    predict = jnp.argmax(jnp.take_along_axis(logits, node[:, None, None], axis=1)[:, 0], axis=-1)
+    return Verified(accept_index, length, predict.astype(jnp.int32))
+
+
+def accept_tree(tree: DraftTree, logits: jax.Array, sampling: SamplingArrays, key: jax.Array, *,
+                max_depth: int, force_accept: int | None = None) -> Verified:
+    """tree: the drafted tree; logits: f32[B, T, V] the target's at every node -> Verified (local node ids)."""
+    if force_accept is not None:
+        return forced_path(tree, logits, accept=force_accept, max_depth=max_depth)
+
+    def greedy(_):
+        predict = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return verify_tree_greedy(tree.tokens, tree.next_token, tree.next_sibling, predict, num_steps=max_depth,
+                                  impl="auto")
+
+    def sample(_):
+        probs = sampling_probs(logits, sampling)
+        return verify_tree_sampling(tree.tokens, tree.next_token, tree.next_sibling, probs, key,
+                                    num_steps=max_depth, impl="auto")
+
+    return jax.lax.cond(sampling.is_greedy, greedy, sample, None)

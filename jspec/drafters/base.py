@@ -1,0 +1,57 @@
+"""The drafter protocol: what the fused step asks of any drafter. A new drafter is one file implementing it.
+
+Inside the jitted loop a drafter is a frozen (hashable, static) object plus an explicit state pytree:
+
+- ``prefill(params_t, params_d, ctx: PrefillContext) -> state``: after the target's prefill.
+- ``propose(params_t, params_d, state, root, cache_len) -> (state, DraftTree)``: draft a tree whose node 0 is
+  ``root`` (the last committed token, position ``cache_len``).
+- ``commit(params_t, params_d, state, ctx: CommitContext) -> state``: after verification, take in the committed
+  tokens (update the drafter's own KV cache and whatever it predicts next).
+
+``tap_layers`` names the target layers whose residual-stream inputs the drafter needs (EAGLE-3), or ().
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import jax
+
+from jspec.config import SpecConfig
+
+
+class DraftTree(NamedTuple):
+    """One step's draft: tokens i32[B, T] (node 0 the root) and the verification buffers of its shape."""
+
+    tokens: jax.Array        # i32[B, T] target token ids
+    mask: jax.Array          # bool[B, T, T] node j is i or an ancestor of i
+    positions: jax.Array     # i32[B, T] cache_len + depth
+    next_token: jax.Array    # i32[B, T] first child, -1 if none
+    next_sibling: jax.Array  # i32[B, T] next sibling, -1 if none
+
+
+class PrefillContext(NamedTuple):
+    prompt_ids: jax.Array    # i32[B, P] right-padded prompts
+    prompt_lens: jax.Array   # i32[B]
+    first_token: jax.Array   # i32[B] the target's token after each prompt
+    taps: jax.Array | None   # [len(tap_layers), B, P, H] target residual-stream inputs, or None
+
+
+class CommitContext(NamedTuple):
+    new_tokens: jax.Array    # i32[B, D + 1] accepted drafts then the bonus token (num_committed of them real)
+    num_committed: jax.Array  # i32[B] tokens committed this step (after stop / max_new_tokens cuts)
+    accept_index: jax.Array  # i32[B, D + 1] local node ids of the accepted path, root first, -1 padded
+    taps: jax.Array | None   # [len(tap_layers), B, T, H] target residual-stream inputs at the tree nodes
+    cache_len: jax.Array     # i32[B] the step's root position (committed K/V before the step)
+
+
+class Drafter(Protocol):
+    spec: SpecConfig
+    tap_layers: tuple[int, ...]
+
+    def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Any: ...
+
+    def propose(self, params_t: Any, params_d: Any, state: Any, root: jax.Array,
+                cache_len: jax.Array) -> tuple[Any, DraftTree]: ...
+
+    def commit(self, params_t: Any, params_d: Any, state: Any, ctx: CommitContext) -> Any: ...

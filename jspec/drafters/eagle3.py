@@ -1,0 +1,133 @@
+"""EAGLE-3 drafter: the head of models/eagle3.py, fed by the target's hidden states, drafting chains and trees.
+
+Alignment (as in EAGLE and SGLang): the head's slot p pairs the token at position p + 1 with the target's
+feature at position p, and predicts the token at p + 2. Per sequence, between steps::
+
+    target:  tokens 0 .. R-1 in its cache, root token R pending          (R = cache_len)
+    head:    slots 0 .. R-1 hold pairs (token p + 1, feature p); its last output predicts the root's children
+
+Drafting (``propose``) runs the head on the tree's nodes depth by depth in its window, pairing each node with
+the head's own pre-norm output of the forward that drafted it (the target's feature is not known yet).
+``commit`` then re-runs the head over the committed tokens with the target's true features at the accepted
+path (the "extend"): pairs (accepted token i, feature of path node i - 1), overwriting the window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jspec.config import SpecConfig, static_choices
+from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters.tree_search import dynamic_window_size, search_tree
+from jspec.trees import StaticTree, build_static_tree
+from models.attention import KVCache
+from models.checkpoint import DTYPES
+from models.config import ModelConfig
+from models.eagle3 import Eagle3Config, Eagle3Head
+
+
+class Eagle3State(NamedTuple):
+    cache: KVCache      # the head's K/V: [1, B, S_draft, Hkv, D]
+    logits: jax.Array   # f32[B, V_draft] the head's prediction for the root's children
+    hidden: jax.Array   # [B, H] its pre-norm output there: the feature paired with those children
+
+
+def _last(x: jax.Array, count: jax.Array) -> jax.Array:
+    """x: [B, N, ...] -> x[b, count[b] - 1] (row 0 when count is 0)."""
+    index = jnp.clip(count - 1, 0, x.shape[1] - 1)
+    return jnp.take_along_axis(x, index.reshape((-1, 1) + (1,) * (x.ndim - 2)), axis=1)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Drafter:
+    """Static description of the drafter (hashable: part of the generate setup).
+
+    params_d = {"head": head params, "d2t": i32[V_draft]} (target id = d + d2t[d]).
+    """
+
+    head: Eagle3Config
+    target: ModelConfig
+    spec: SpecConfig
+    max_seq_len: int
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        self.head.check_target(self.target)
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return Eagle3Config.tap_layers(self.target)
+
+    @property
+    def static_tree(self) -> StaticTree | None:
+        choices = static_choices(self.spec)
+        return None if choices is None else build_static_tree(choices)
+
+    @property
+    def max_depth(self) -> int:
+        return self.spec.max_depth
+
+    @property
+    def tree_size(self) -> int:
+        return self.spec.tree_size
+
+    @property
+    def cache_slots(self) -> int:
+        tree = self.static_tree
+        window = tree.num_nodes - 1 if tree is not None else dynamic_window_size(self.spec.topk, self.spec.num_steps)
+        return self.max_seq_len + max(window, self.max_depth + 1)
+
+    def _model(self) -> Eagle3Head:
+        return Eagle3Head(self.head, DTYPES[self.dtype])
+
+    @staticmethod
+    def _embed(params_t: Any, tokens: jax.Array) -> jax.Array:
+        return jnp.take(params_t["embed_tokens"]["embedding"], tokens, axis=0)
+
+    @staticmethod
+    def _features(taps: jax.Array) -> jax.Array:
+        """[3, B, N, H] -> [B, N, 3H] in tap order (layers 2, L//2, L-3)."""
+        return jnp.concatenate(list(taps), axis=-1)
+
+    def _run(self, params_t, params_d, cache, tokens, hidden, positions, cache_len, local_mask=None,
+             write_offset=0):
+        return self._model().apply({"params": params_d["head"]}, self._embed(params_t, tokens), hidden, positions,
+                                   cache, cache_len, local_mask, write_offset)
+
+    # --- the protocol ------------------------------------------------------------------------------------------
+
+    def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Eagle3State:
+        batch, width = ctx.prompt_ids.shape
+        rows = jnp.arange(batch)
+        shifted = jnp.concatenate([ctx.prompt_ids[:, 1:], jnp.zeros((batch, 1), jnp.int32)], axis=1)
+        shifted = shifted.at[rows, ctx.prompt_lens - 1].set(ctx.first_token)
+        cfg = self.head.layer
+        cache = KVCache.zeros(1, batch, self.cache_slots, cfg.num_kv_heads, cfg.head_dim, DTYPES[self.dtype])
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+        out = self._run(params_t, params_d, cache, shifted, self._features(ctx.taps), positions,
+                        jnp.zeros((batch,), jnp.int32))
+        return Eagle3State(out.cache, _last(out.logits, ctx.prompt_lens), _last(out.hidden, ctx.prompt_lens))
+
+    def propose(self, params_t: Any, params_d: Any, state: Eagle3State, root: jax.Array,
+                cache_len: jax.Array) -> tuple[Eagle3State, DraftTree]:
+        def forward(cache, tokens, hidden, positions, offset, mask):
+            out = self._run(params_t, params_d, cache, tokens, hidden, positions, cache_len, mask, offset)
+            return out.cache, out.logits, out.hidden
+
+        d2t = params_d["d2t"]
+        cache, tree = search_tree(forward, state.cache, root, state.logits, state.hidden, cache_len,
+                                  spec=self.spec, static_tree=self.static_tree,
+                                  to_target=lambda ids: ids + jnp.take(d2t, ids))
+        return state._replace(cache=cache), tree
+
+    def commit(self, params_t: Any, params_d: Any, state: Eagle3State, ctx: CommitContext) -> Eagle3State:
+        batch, width = ctx.new_tokens.shape
+        path = jnp.maximum(ctx.accept_index, 0)
+        features = jnp.take_along_axis(self._features(ctx.taps), path[:, :, None], axis=1)  # [B, D+1, 3H]
+        positions = ctx.cache_len[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        out = self._run(params_t, params_d, state.cache, ctx.new_tokens, features, positions, ctx.cache_len)
+        return Eagle3State(out.cache, _last(out.logits, ctx.num_committed), _last(out.hidden, ctx.num_committed))

@@ -1,0 +1,149 @@
+"""Growing a draft tree from a drafter's distributions: static trees (chains included) and EAGLE-2 dynamic trees.
+
+Shared by every model drafter (EAGLE-3 head, separate draft model): they differ only in their ``DraftForward``,
+one forward of the drafter over the nodes of one depth. Each node's K/V goes to the drafter's window
+(models/attention.py) at its own slot, and its mask row lets it see exactly its ancestors there.
+
+A node at depth d >= 1 holds the token at position root_pos + d; the drafter forward that reads it runs at
+position root_pos + d - 1 (EAGLE pairs a token with the feature of the position before it; a draft model
+simply lags: the root's own K/V is committed by the drafter's extend, see the drafter files).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.drafters.base import DraftTree
+from jspec.trees import StaticTree
+from pallas_kernels.tree_build import build_dynamic_tree
+
+# forward(carry, tokens i32[B, n], hidden [B, n, H], positions i32[B, n], window_offset int,
+#         window_mask bool[B, n, W]) -> (carry, logits f32[B, n, V_draft], hidden_out [B, n, H])
+DraftForward = Callable[..., tuple[Any, jax.Array, jax.Array]]
+
+
+class DynamicDraft(NamedTuple):
+    tokens: jax.Array          # i32[B, T] target ids; node 0 the root
+    parent_list: jax.Array     # i32[B, 1 + (num_steps - 1) * topk]
+    selected_index: jax.Array  # i32[B, T - 1] sorted candidate ids
+
+
+def _take(x: jax.Array, index: jax.Array) -> jax.Array:
+    """x: [B, N, ...], index: i32[B, M] -> [B, M, ...]."""
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def draft_static_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_logits: jax.Array,
+                      root_hidden: jax.Array, root_pos: jax.Array, tree: StaticTree,
+                      to_target: Callable[[jax.Array], jax.Array]) -> tuple[Any, jax.Array]:
+    """Fills a static tree (or chain) depth by depth -> (carry, tokens i32[B, T] in target ids).
+
+    root_token: i32[B]; root_logits: f32[B, V_draft] (the drafter's prediction for the root's children);
+    root_hidden: [B, H] (the feature to pair with them); root_pos: i32[B] the root's position.
+    """
+    batch = root_token.shape[0]
+    k = tree.topk
+    top_ids = jnp.zeros((batch, tree.num_nodes, k), jnp.int32).at[:, 0].set(jax.lax.top_k(root_logits, k)[1])
+    hidden = jnp.zeros((batch, tree.num_nodes) + root_hidden.shape[1:], root_hidden.dtype).at[:, 0].set(root_hidden)
+    tokens = jnp.zeros((batch, tree.num_nodes), jnp.int32).at[:, 0].set(root_token)
+    window_mask = tree.window_mask
+    for depth, level in enumerate(tree.levels, start=1):
+        parents, ranks = tree.parents[level], tree.rank[level]
+        tokens = tokens.at[:, level].set(to_target(top_ids[:, parents, ranks]))
+        if depth == tree.max_depth:
+            break  # the deepest nodes have no children to draft
+        positions = jnp.broadcast_to(root_pos[:, None] + depth - 1, (batch, len(level)))
+        mask = jnp.broadcast_to(jnp.asarray(window_mask[level - 1]), (batch,) + window_mask[level - 1].shape)
+        carry, logits, out_hidden = forward(carry, tokens[:, level], hidden[:, parents], positions,
+                                            int(level[0]) - 1, mask)
+        hidden = hidden.at[:, level].set(out_hidden.astype(hidden.dtype))
+        top_ids = top_ids.at[:, level].set(jax.lax.top_k(logits, k)[1])
+    return carry, tokens
+
+
+def dynamic_window_size(topk: int, num_steps: int) -> int:
+    """Window slots the dynamic search writes: topk frontier nodes at each of num_steps - 1 depths."""
+    return max(1, (num_steps - 1) * topk)
+
+
+def draft_dynamic_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_logits: jax.Array,
+                       root_hidden: jax.Array, root_pos: jax.Array, *, topk: int, num_steps: int,
+                       num_draft_tokens: int,
+                       to_target: Callable[[jax.Array], jax.Array]) -> tuple[Any, DynamicDraft]:
+    """EAGLE-2: per depth keep the topk frontier nodes by cumulative log-prob and expand each by its topk
+    children; finally keep the num_draft_tokens - 1 best candidates (sorted ids: parents before children).
+
+    Candidate ids: depth 1 holds 0..topk-1 (children of the root); depth i + 1 >= 2 holds
+    topk + (i - 1) topk^2 + j topk + c for child c of frontier node j. parent_list[1 + (i - 1) topk + j] is the
+    candidate id of depth-i frontier node j, so candidate g grew from the root if g // topk == 0, else from
+    candidate parent_list[g // topk] (SGLang's scheme; pallas_kernels.tree_build consumes it).
+    """
+    batch = root_token.shape[0]
+    width = dynamic_window_size(topk, num_steps)
+    scores, ids = jax.lax.top_k(jax.nn.log_softmax(root_logits.astype(jnp.float32)), topk)  # [B, k]
+    frontier_tokens, frontier_scores = to_target(ids), scores
+    frontier_hidden = jnp.broadcast_to(root_hidden[:, None], (batch, topk) + root_hidden.shape[1:])
+    frontier_ids = jnp.broadcast_to(jnp.arange(topk, dtype=jnp.int32), (batch, topk))
+    ancestors = jnp.zeros((batch, topk, width), bool)
+    all_scores, all_tokens = [scores], [frontier_tokens]
+    parent_list = [jnp.full((batch, 1), -1, jnp.int32)]
+    for depth in range(1, num_steps):
+        offset = (depth - 1) * topk
+        rows = ancestors | (jnp.arange(width) == (offset + jnp.arange(topk))[:, None])[None]
+        positions = jnp.broadcast_to(root_pos[:, None] + depth - 1, (batch, topk))
+        carry, logits, out_hidden = forward(carry, frontier_tokens, frontier_hidden, positions, offset, rows)
+        parent_list.append(frontier_ids)
+        child_scores, child_ids = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32)), topk)
+        cumulative = (frontier_scores[:, :, None] + child_scores).reshape(batch, topk * topk)
+        child_tokens = to_target(child_ids).reshape(batch, topk * topk)
+        all_scores.append(cumulative)
+        all_tokens.append(child_tokens)
+        frontier_scores, pick = jax.lax.top_k(cumulative, topk)
+        parent_slot = pick // topk
+        frontier_ids = (topk + (depth - 1) * topk * topk + pick).astype(jnp.int32)
+        frontier_tokens = jnp.take_along_axis(child_tokens, pick, axis=1)
+        frontier_hidden = _take(out_hidden, parent_slot)
+        ancestors = _take(rows, parent_slot)
+    scores = jnp.concatenate(all_scores, axis=1)
+    tokens = jnp.concatenate(all_tokens, axis=1)
+    _, selected = jax.lax.top_k(scores, num_draft_tokens - 1)
+    selected = jnp.sort(selected, axis=1).astype(jnp.int32)
+    tree_tokens = jnp.concatenate([root_token[:, None], jnp.take_along_axis(tokens, selected, axis=1)], axis=1)
+    return carry, DynamicDraft(tree_tokens, jnp.concatenate(parent_list, axis=1), selected)
+
+
+def static_draft_tree(tree: StaticTree, tokens: jax.Array, cache_len: jax.Array) -> DraftTree:
+    """Verification buffers of a static tree: numpy constants broadcast over the batch."""
+    batch = tokens.shape[0]
+
+    def const(x: np.ndarray) -> jax.Array:
+        return jnp.broadcast_to(jnp.asarray(x), (batch,) + x.shape)
+
+    return DraftTree(tokens, const(tree.mask), cache_len[:, None] + jnp.asarray(tree.depth)[None],
+                     const(tree.next_token), const(tree.next_sibling))
+
+
+def dynamic_draft_tree(draft: DynamicDraft, cache_len: jax.Array, *, topk: int, num_steps: int) -> DraftTree:
+    """Verification buffers of a dynamic tree, built on device by pallas_kernels.tree_build."""
+    arrays = build_dynamic_tree(draft.parent_list, draft.selected_index, cache_len, topk=topk,
+                                num_steps=num_steps, impl="auto")
+    return DraftTree(draft.tokens, arrays.mask, arrays.positions, arrays.retrieve_next_token,
+                     arrays.retrieve_next_sibling)
+
+
+def search_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_logits: jax.Array,
+                root_hidden: jax.Array, cache_len: jax.Array, *, spec, static_tree: StaticTree | None,
+                to_target: Callable[[jax.Array], jax.Array]) -> tuple[Any, DraftTree]:
+    """Drafts the tree ``spec`` asks for (static trees and chains from ``static_tree``) -> (carry, DraftTree)."""
+    if static_tree is not None:
+        carry, tokens = draft_static_tree(forward, carry, root_token, root_logits, root_hidden, cache_len,
+                                          static_tree, to_target)
+        return carry, static_draft_tree(static_tree, tokens, cache_len)
+    carry, draft = draft_dynamic_tree(forward, carry, root_token, root_logits, root_hidden, cache_len,
+                                      topk=spec.topk, num_steps=spec.num_steps,
+                                      num_draft_tokens=spec.num_draft_tokens, to_target=to_target)
+    return carry, dynamic_draft_tree(draft, cache_len, topk=spec.topk, num_steps=spec.num_steps)

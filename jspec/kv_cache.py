@@ -1,0 +1,31 @@
+"""Committing the accepted path's K/V in the target's cache.
+
+The verify pass wrote the K/V of all T tree nodes at slots cache_len .. cache_len + T - 1 (node i at
+cache_len + i). The accepted path (root first) must end up contiguous::
+
+    before:  | committed | root | n1 | n2 | n3 | n4 | ... |      accepted path: root, n2, n4
+    after:   | committed | root | n2 | n4 | (garbage ...)       cache_len advances by the committed count
+
+Path node ids increase along the path and i <= accept_index[i], so reading every source row before writing any
+destination row (one gather, one scatter) is safe. Rows past the committed count land in the garbage region.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from models.attention import KVCache
+
+
+def commit_path(cache: KVCache, accept_index: jax.Array, cache_len: jax.Array) -> KVCache:
+    """cache: [L, B, S, Hkv, D]; accept_index: i32[B, D + 1] local node ids, -1 padded; cache_len: i32[B]."""
+    batch, width = accept_index.shape
+    rows = jnp.arange(batch)[:, None]
+    source = cache_len[:, None] + jnp.maximum(accept_index, 0)
+    target = cache_len[:, None] + jnp.arange(width)[None]
+
+    def move(buffer: jax.Array) -> jax.Array:
+        return buffer.at[:, rows, target].set(buffer[:, rows, source])
+
+    return KVCache(move(cache.k), move(cache.v))
