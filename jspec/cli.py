@@ -11,7 +11,8 @@ import sys
 
 
 def _add_convert_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--src", required=True, help="Hugging Face directory: config.json + *.safetensors")
+    parser.add_argument("--src", required=True, help="Hugging Face directory: config.json + *.safetensors "
+                                                      "(a Llama-family target or an EAGLE-3 head)")
     parser.add_argument("--dst", required=True, help="output directory (must not exist unless --overwrite)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="parameter dtype (auto: the checkpoint's own)")
@@ -19,9 +20,9 @@ def _add_convert_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from models.checkpoint import convert_hf_llama
+    from models.checkpoint import convert_hf_checkpoint
 
-    out = convert_hf_llama(args.src, args.dst, dtype=args.dtype, overwrite=args.overwrite)
+    out = convert_hf_checkpoint(args.src, args.dst, dtype=args.dtype, overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0
 

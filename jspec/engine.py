@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +19,15 @@ import numpy as np
 
 from jspec.batching import PaddedBatch, pad_batch, unpad_outputs, validate_prompts
 from jspec.config import SamplingParams, SpecConfig
-from jspec.generate import GenerateResult, generate
+from jspec.drafters.eagle3 import Eagle3Drafter
+from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
-from models.checkpoint import load_llama
+from models.checkpoint import load_eagle3, load_llama, read_jspec_meta
 from models.config import ModelConfig
+
+logger = logging.getLogger("jspec")
+FORCE_ACCEPT_ENV = "JSPEC_FORCE_ACCEPT"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +60,30 @@ def _load_tokenizer(model_dir: str):
     return Tokenizer.from_file(path)
 
 
+def force_accept_from_env() -> int | None:
+    """JSPEC_FORCE_ACCEPT=N (benchmarks only): accept exactly min(N, depth) drafts per step."""
+    raw = os.environ.get(FORCE_ACCEPT_ENV)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{FORCE_ACCEPT_ENV}={raw!r}: expected a non-negative integer") from None
+    if value < 0:
+        raise ValueError(f"{FORCE_ACCEPT_ENV}={raw!r}: expected a non-negative integer")
+    return value
+
+
+def load_drafter(drafter_dir: str, target: ModelConfig, spec: SpecConfig, max_seq_len: int,
+                 dtype: str) -> tuple[Any, Any]:
+    """A converted drafter directory -> (static drafter, its params)."""
+    kind = read_jspec_meta(drafter_dir).get("kind")
+    if kind == "eagle3":
+        head_config, head_params, d2t, _ = load_eagle3(drafter_dir, dtype)
+        return Eagle3Drafter(head_config, target, spec, max_seq_len, dtype), {"head": head_params, "d2t": d2t}
+    raise ValueError(f"drafter directory {drafter_dir!r} holds a {kind!r} checkpoint; expected an EAGLE-3 head")
+
+
 def _generation_eos(model_dir: str) -> tuple[int, ...]:
     path = os.path.join(model_dir, "generation_config.json")
     if not os.path.isfile(path):
@@ -69,20 +98,25 @@ def _generation_eos(model_dir: str) -> tuple[int, ...]:
 class SpecEngine:
     """Speculative (or, with drafter=None, plain) generation over one target model."""
 
-    def __init__(self, target_config: ModelConfig, target_params: Any, *, tokenizer=None,
-                 spec: SpecConfig | None = None, drafter: Any = None, max_batch_size: int = 8,
-                 max_seq_len: int = 2048, dtype: str = "float32", eos_token_ids: Sequence[int] = ()):
+    def __init__(self, target_config: ModelConfig, target_params: Any, *, tokenizer=None, drafter: Any = None,
+                 drafter_params: Any = None, max_batch_size: int = 8, max_seq_len: int = 2048,
+                 dtype: str = "float32", eos_token_ids: Sequence[int] = (), force_accept: int | None = None):
+        """drafter: a static drafter object (e.g. jspec.drafters.eagle3.Eagle3Drafter) or None (plain decoding);
+        force_accept: JSPEC_FORCE_ACCEPT's value (benchmarks only: output is no longer the target's)."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r}: expected an integer >= 1")
-        if drafter is not None:
-            raise ValueError(f"drafter={drafter!r}: only drafter=None (plain decoding) is available so far")
-        if spec is not None and not isinstance(spec, SpecConfig):
-            raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig or None")
+        if (drafter is None) != (drafter_params is None):
+            raise ValueError("drafter and drafter_params go together: pass both or neither")
         self.config = target_config
         self.params = target_params
+        self.drafter_params = drafter_params
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        self.setup = GenerateSetup(target=target_config, max_seq_len=max_seq_len, dtype=dtype, spec=None)
+        self.setup = GenerateSetup(target=target_config, max_seq_len=max_seq_len, dtype=dtype, drafter=drafter,
+                                   force_accept=force_accept if drafter is not None else None)
+        if self.setup.force_accept is not None:
+            logger.warning("%s=%d: verification accepts a fixed number of drafts; output is NOT the target's "
+                           "(benchmarks only)", FORCE_ACCEPT_ENV, force_accept)
         self.eos_token_ids = tuple(sorted(set(target_config.eos_token_ids) | set(eos_token_ids)))
         self._compiled: dict[tuple, Any] = {}
 
@@ -91,12 +125,19 @@ class SpecEngine:
                         max_batch_size: int = 8, max_seq_len: int = 2048, dtype: str | None = None) -> "SpecEngine":
         """Loads a converted checkpoint directory (see scripts/convert_checkpoint.py)."""
         target_dir = os.fspath(target_dir)
-        if drafter is not None:
-            raise ValueError(f"drafter={drafter!r}: only drafter=None (plain decoding) is available so far")
+        if spec is not None and not isinstance(spec, SpecConfig):
+            raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig or None")
+        if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
+            raise ValueError(f"drafter={drafter!r}: expected None or a converted drafter directory")
+        force_accept = force_accept_from_env()
         config, params, stored_dtype = load_llama(target_dir, dtype)
-        return cls(config, params, tokenizer=_load_tokenizer(target_dir), spec=spec, drafter=drafter,
-                   max_batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=stored_dtype,
-                   eos_token_ids=_generation_eos(target_dir))
+        static_drafter = drafter_params = None
+        if drafter is not None:
+            static_drafter, drafter_params = load_drafter(os.fspath(drafter), config, spec or SpecConfig(),
+                                                          max_seq_len, stored_dtype)
+        return cls(config, params, tokenizer=_load_tokenizer(target_dir), drafter=static_drafter,
+                   drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                   dtype=stored_dtype, eos_token_ids=_generation_eos(target_dir), force_accept=force_accept)
 
     # --- the call ----------------------------------------------------------------------------------------------
 
@@ -104,14 +145,7 @@ class SpecEngine:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  stop_token_ids: Sequence[int] | None = None) -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids)."""
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
-                                top_p=float(top_p), seed=seed, stop_token_ids=tuple(stop_token_ids or ()))
-        ids = self._encode(prompts)
-        validate_prompts(ids, vocab_size=self.config.vocab_size, max_batch_size=self.max_batch_size,
-                         max_seq_len=self.setup.max_seq_len, max_new_tokens=params.max_new_tokens)
-        batch = pad_batch(ids, max_new_tokens=params.max_new_tokens,
-                          stop_ids=self.eos_token_ids + params.stop_token_ids,
-                          max_batch_size=self.max_batch_size, max_seq_len=self.setup.max_seq_len)
+        batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
         result, run_seconds, compile_seconds = self._run(batch, params)
         token_ids = unpad_outputs(np.asarray(result.tokens), batch.prompt_lens, np.asarray(result.num_generated),
                                   batch.batch_size)
@@ -120,6 +154,42 @@ class SpecEngine:
             texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in token_ids]
         stats = self._stats(result, batch.batch_size, run_seconds, compile_seconds)
         return GenerateOutput(token_ids, texts, stats)
+
+    def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               stop_token_ids: Sequence[int] | None = None, steps_per_chunk: int = 1) -> Iterator[list[list[int]]]:
+        """Like :meth:`generate`, but yields, per chunk of ``steps_per_chunk`` steps, the tokens each prompt
+        gained (a list per prompt, possibly empty). The concatenated chunks equal ``generate``'s token_ids."""
+        if not isinstance(steps_per_chunk, int) or steps_per_chunk < 1:
+            raise ValueError(f"steps_per_chunk={steps_per_chunk!r}: expected an integer >= 1")
+        batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
+        args = self._arguments(batch, params)
+        state, inputs = generate_start(*args, setup=self.setup)
+        emitted = np.zeros(batch.batch_size, np.int64)
+        chunk = jnp.asarray(steps_per_chunk, jnp.int32)
+        while True:
+            num_generated = np.asarray(state.num_generated)[:batch.batch_size]
+            if (num_generated > emitted).any():
+                tokens = np.asarray(state.tokens)
+                yield [tokens[b, batch.prompt_lens[b] + emitted[b]:batch.prompt_lens[b] + num_generated[b]].tolist()
+                       for b in range(batch.batch_size)]
+                emitted = num_generated.astype(np.int64)
+            if bool(np.asarray(state.done).all()):
+                return
+            state = generate_continue(self.params, self.drafter_params, state, inputs, chunk, setup=self.setup)
+
+    def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed,
+                 stop_token_ids) -> tuple[PaddedBatch, SamplingParams]:
+        """Validates everything and pads the batch; nothing is compiled before this passes."""
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
+                                top_p=float(top_p), seed=seed, stop_token_ids=tuple(stop_token_ids or ()))
+        ids = self._encode(prompts)
+        validate_prompts(ids, vocab_size=self.config.vocab_size, max_batch_size=self.max_batch_size,
+                         max_seq_len=self.setup.max_seq_len, max_new_tokens=params.max_new_tokens)
+        batch = pad_batch(ids, max_new_tokens=params.max_new_tokens,
+                          stop_ids=self.eos_token_ids + params.stop_token_ids,
+                          max_batch_size=self.max_batch_size, max_seq_len=self.setup.max_seq_len)
+        return batch, params
 
     def _encode(self, prompts) -> list[list[int]]:
         if isinstance(prompts, (str, bytes)):
@@ -139,7 +209,7 @@ class SpecEngine:
         sampling = SamplingArrays(jnp.full((rows,), params.temperature, jnp.float32),
                                   jnp.full((rows,), params.top_k, jnp.int32),
                                   jnp.full((rows,), params.top_p, jnp.float32))
-        return (self.params, None, jnp.asarray(batch.prompt_ids), jnp.asarray(batch.prompt_lens),
+        return (self.params, self.drafter_params, jnp.asarray(batch.prompt_ids), jnp.asarray(batch.prompt_lens),
                 jax.random.key(params.seed), jnp.asarray(batch.max_new_tokens), jnp.asarray(batch.stop_ids),
                 sampling)
 

@@ -86,3 +86,20 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
     state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup)
     state = run_loop(params_t, params_d, state, inputs, setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist)
+
+
+@functools.partial(jax.jit, static_argnames=("setup",))
+def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
+                   max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
+                   setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
+    """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`."""
+    prefill_key, loop_key = jax.random.split(key)
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
+    return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup), inputs
+
+
+@functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))
+def generate_continue(params_t, params_d, state: DecodeState, inputs: StepInputs, max_steps: jax.Array, *,
+                      setup: GenerateSetup) -> DecodeState:
+    """Streaming, part 2: at most ``max_steps`` more steps (the state's buffers are donated and reused)."""
+    return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps)

@@ -1,0 +1,1 @@
+"""Training drafters on a frozen target (optax)."""
