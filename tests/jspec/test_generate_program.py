@@ -58,3 +58,54 @@ def test_same_bucket_compiles_nothing_new(engine):
     assert len(compiles) == before, compiles[before:]
     assert second.stats.compile_seconds == 0.0 and first.stats.compile_seconds > 0.0
     assert [len(t) for t in second.token_ids] == [9, 9]
+
+
+SPEC_TARGET = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
+                          num_kv_heads=2, head_dim=8)
+DRAFT_VOCAB = 48  # distinct from the target's, so the head's lm_head is recognisable in the program
+
+
+def _spec_engine(tree):
+    from jspec.drafters.eagle3 import Eagle3Drafter
+    from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
+
+    head = eagle3_config_from_hf({"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "vocab_size": 64, "draft_vocab_size": DRAFT_VOCAB})
+    spec = {"chain": jspec.SpecConfig(tree="chain", num_steps=3),
+            "static": jspec.SpecConfig(tree="static", tree_choices=((0,), (1,), (0, 0))),
+            "dynamic": jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=5)}[tree]
+    params_d = {"head": init_eagle3_params(head, jax.random.key(1)), "d2t": jnp.zeros((DRAFT_VOCAB,), jnp.int32)}
+    return jspec.SpecEngine(SPEC_TARGET, init_params(SPEC_TARGET, jax.random.key(0)),
+                            drafter=Eagle3Drafter(head, SPEC_TARGET, spec, 64), drafter_params=params_d,
+                            max_batch_size=4, max_seq_len=64)
+
+
+@pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
+def test_speculative_generate_is_one_loop_holding_both_models(tree):
+    engine = _spec_engine(tree)
+    args = generate_args(engine)
+    args = (args[0], engine.drafter_params) + args[2:]
+    jaxpr = jax.make_jaxpr(lambda *a: jspec.generate(*a, setup=engine.setup))(*args).jaxpr
+    loops = [e for e in top_level_eqns(jaxpr) if e.primitive.name == "while"]
+    assert len(loops) == 1
+    body = loops[0].params["body_jaxpr"].jaxpr
+    target_scans = [e for e in find_eqns(body, "scan") if e.params["length"] == SPEC_TARGET.num_layers]
+    assert target_scans, "the target's layers do not run inside the loop"
+    head_lm_head = [e for e in find_eqns(body, "dot_general")
+                    if any(getattr(v.aval, "shape", ())[-1:] == (DRAFT_VOCAB,) for v in e.invars)]
+    assert head_lm_head, "the drafter does not run inside the loop"
+    assert not set(all_primitives(jaxpr)) & set(CALLBACK_PRIMITIVES)
+    compiled = jspec.generate.lower(*args, setup=engine.setup).compile().as_text()
+    targets = re.findall(r'custom_call_target="([^"]+)"', compiled)
+    assert not [t for t in targets if "callback" in t.lower()], targets
+
+
+def test_speculative_same_bucket_compiles_nothing_new():
+    engine = _spec_engine("dynamic")
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
+    engine.generate([[1, 2, 3], [4, 5]], max_new_tokens=5)
+    before = len(compiles)
+    engine.generate([[7, 8, 9, 10, 11], [12]], max_new_tokens=9, temperature=0.8, top_p=0.9, seed=3)
+    assert engine.num_compiled == 1 and len(compiles) == before, compiles[before:]
