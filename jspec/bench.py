@@ -59,3 +59,36 @@ def format_table(results: list[MethodResult]) -> str:
         lines.append(f"{r.method:<22}{r.tokens_per_second:>10.1f}{r.speedup:>8.2f}x{r.acceptance_length:>8.2f}"
                      f"{r.compile_seconds:>11.1f}{r.mismatches:>10d}")
     return "\n".join(lines)
+
+
+def transformers_plain(hf_dir: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                       repeats: int = 3) -> tuple[float, list[list[int]]]:
+    """The CPU peer: transformers' greedy ``generate`` on the same weights -> (median tokens/s, outputs).
+
+    Prompts run one at a time (no padding), so the outputs are the reference token for token.
+    """
+    import time
+
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+
+    def run():
+        outputs, tokens, start = [], 0, time.perf_counter()
+        with torch.no_grad():
+            for prompt in prompts:
+                ids = model.generate(torch.tensor([list(prompt)]), max_new_tokens=max_new_tokens, do_sample=False,
+                                     eos_token_id=eos, pad_token_id=eos if eos is not None else 0)
+                new = ids[0, len(prompt):].tolist()
+                outputs.append(new)
+                tokens += len(new)
+        return tokens / (time.perf_counter() - start), outputs
+
+    run()  # warm-up
+    speeds, outputs = [], None
+    for _ in range(repeats):
+        speed, outputs = run()
+        speeds.append(speed)
+    return statistics.median(speeds), outputs

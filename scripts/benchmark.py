@@ -2,6 +2,7 @@
 
     python scripts/benchmark.py --target DIR [--eagle3 DIR] [--max-new-tokens 64] [--batch 1] [--json OUT]
     python scripts/benchmark.py --tiny-distilled      # no checkpoints: tiny near-bigram target + distilled head
+    python scripts/benchmark.py --target DIR --hf HF_DIR   # also transformers' generate on the same weights
 
 Methods: drafter=None (the baseline), then EAGLE-3 with chain, static and dynamic trees when a head is given.
 Greedy; every method's output is compared with the baseline's token for token.
@@ -15,7 +16,7 @@ import sys
 import numpy as np
 
 import jspec
-from jspec.bench import compare_methods, format_table
+from jspec.bench import MethodResult, compare_methods, format_table, transformers_plain
 
 STATIC_CHOICES = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0))
 
@@ -54,11 +55,22 @@ def engines_tiny_distilled(args) -> tuple[dict, list]:
     return engines, prompts
 
 
+def transformers_row(args, plain_engine, prompts, baseline: MethodResult) -> MethodResult:
+    ids = plain_engine._encode(prompts)
+    tps, outputs = transformers_plain(args.hf, ids, args.max_new_tokens, args.repeats)
+    expected = plain_engine.generate(prompts, max_new_tokens=args.max_new_tokens).token_ids
+    mismatches = sum(a != b for a, b in zip(outputs, expected))
+    return MethodResult("transformers-plain", tps, 1.0, tps / baseline.tokens_per_second, 0.0, 0.0,
+                        sum(len(o) for o in outputs), mismatches, [])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target")
     parser.add_argument("--eagle3")
     parser.add_argument("--tiny-distilled", action="store_true")
+    parser.add_argument("--hf", help="the HF directory --target was converted from: adds transformers' plain "
+                                     "generate (batch 1, CPU) as a peer")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
@@ -72,6 +84,8 @@ def main() -> int:
         parser.error("give --target DIR (optionally --eagle3 DIR) or --tiny-distilled")
     engines, prompts = engines_tiny_distilled(args) if args.tiny_distilled else engines_from_dirs(args)
     results = compare_methods(engines, prompts, args.max_new_tokens, args.repeats)
+    if args.hf:
+        results.append(transformers_row(args, engines["plain"], prompts, results[0]))
     print(format_table(results))
     if args.json:
         with open(args.json, "w") as f:
