@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jspec.attention import target_attention
 from jspec.config import SpecConfig
-from models.attention import AttentionFn, dense_attention
+from models.attention import AttentionFn
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
 from models.llama import LlamaModel
@@ -25,7 +26,7 @@ class GenerateSetup:
     max_seq_len: int
     dtype: str = "float32"
     drafter: Any = None
-    attention_fn: AttentionFn = dense_attention
+    attention_fn: AttentionFn = target_attention
     force_accept: int | None = None
 
     def __post_init__(self):
