@@ -1,5 +1,8 @@
 """Accepting a verified tree: greedy or lossless sampling (pallas_kernels.tree_verify), or a forced count.
 
+Drafts sampled from the drafter's own distribution (``tree.draft_probs`` set) are verified by recursive
+rejection sampling; deterministic drafts by per-node target draws (see pallas_kernels/tree_verify.py).
+
 Greedy rows and sampled rows can share a batch: the sampling distribution of a greedy row is one-hot at the
 argmax, so the sampling walk accepts exactly what the greedy walk would. When every row is greedy the cheaper
 greedy walk runs (lax.cond on device, no recompilation).
@@ -48,6 +51,6 @@ def accept_tree(tree: DraftTree, logits: jax.Array, sampling: SamplingArrays, ke
     def sample(_):
         probs = sampling_probs(logits, sampling)
         return verify_tree_sampling(tree.tokens, tree.next_token, tree.next_sibling, probs, key,
-                                    num_steps=max_depth, impl="auto")
+                                    num_steps=max_depth, draft_probs=tree.draft_probs, impl="auto")
 
     return jax.lax.cond(sampling.is_greedy, greedy, sample, None)

@@ -19,7 +19,9 @@ import numpy as np
 
 from jspec.batching import PaddedBatch, pad_batch, unpad_outputs, validate_prompts
 from jspec.config import SamplingParams, SpecConfig
+from jspec.drafters.draft_model import DraftModelDrafter, check_same_vocab
 from jspec.drafters.eagle3 import Eagle3Drafter
+from jspec.drafters.ngram import NgramDrafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
@@ -74,14 +76,37 @@ def force_accept_from_env() -> int | None:
     return value
 
 
+NGRAM = "ngram"
+
+
 def load_drafter(drafter_dir: str, target: ModelConfig, spec: SpecConfig, max_seq_len: int,
-                 dtype: str) -> tuple[Any, Any]:
-    """A converted drafter directory -> (static drafter, its params)."""
+                 dtype: str, target_dir: str | None = None) -> tuple[Any, Any]:
+    """``"ngram"`` or a converted drafter directory -> (static drafter, its params).
+
+    A directory holds an EAGLE-3 head (kind "eagle3") or a Llama-family draft model (kind "llama"), which must
+    share the target's vocabulary (and tokenizer, when both directories ship a tokenizer.json).
+    """
+    if drafter_dir == NGRAM:
+        return NgramDrafter(spec, max_seq_len), {}
     kind = read_jspec_meta(drafter_dir).get("kind")
     if kind == "eagle3":
         head_config, head_params, d2t, _ = load_eagle3(drafter_dir, dtype)
         return Eagle3Drafter(head_config, target, spec, max_seq_len, dtype), {"head": head_params, "d2t": d2t}
-    raise ValueError(f"drafter directory {drafter_dir!r} holds a {kind!r} checkpoint; expected an EAGLE-3 head")
+    if kind == "llama":
+        draft_config, draft_params, _ = load_llama(drafter_dir, dtype)
+        check_same_vocab(draft_config, target)
+        if target_dir is not None:
+            _check_same_tokenizer(drafter_dir, target_dir)
+        return DraftModelDrafter(draft_config, target, spec, max_seq_len, dtype), draft_params
+    raise ValueError(f"drafter directory {drafter_dir!r} holds a {kind!r} checkpoint; expected an EAGLE-3 head "
+                     f"or a Llama-family draft model")
+
+
+def _check_same_tokenizer(drafter_dir: str, target_dir: str) -> None:
+    draft, target = _load_tokenizer(drafter_dir), _load_tokenizer(target_dir)
+    if draft is not None and target is not None and draft.get_vocab() != target.get_vocab():
+        raise ValueError(f"the draft model's tokenizer ({drafter_dir!r}) differs from the target's "
+                         f"({target_dir!r}): speculative decoding needs one vocabulary")
 
 
 def _generation_eos(model_dir: str) -> tuple[int, ...]:
@@ -123,18 +148,22 @@ class SpecEngine:
     @classmethod
     def from_pretrained(cls, target_dir: str | os.PathLike, drafter: Any = None, spec: SpecConfig | None = None,
                         max_batch_size: int = 8, max_seq_len: int = 2048, dtype: str | None = None) -> "SpecEngine":
-        """Loads a converted checkpoint directory (see scripts/convert_checkpoint.py)."""
+        """Loads a converted checkpoint directory (see scripts/convert_checkpoint.py).
+
+        drafter: None (plain decoding), ``"ngram"`` (prompt lookup, no weights), or a converted directory
+        holding an EAGLE-3 head or a Llama-family draft model with the target's vocabulary.
+        """
         target_dir = os.fspath(target_dir)
         if spec is not None and not isinstance(spec, SpecConfig):
             raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig or None")
         if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
-            raise ValueError(f"drafter={drafter!r}: expected None or a converted drafter directory")
+            raise ValueError(f"drafter={drafter!r}: expected None, \"ngram\" or a converted drafter directory")
         force_accept = force_accept_from_env()
         config, params, stored_dtype = load_llama(target_dir, dtype)
         static_drafter = drafter_params = None
         if drafter is not None:
             static_drafter, drafter_params = load_drafter(os.fspath(drafter), config, spec or SpecConfig(),
-                                                          max_seq_len, stored_dtype)
+                                                          max_seq_len, stored_dtype, target_dir)
         return cls(config, params, tokenizer=_load_tokenizer(target_dir), drafter=static_drafter,
                    drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                    dtype=stored_dtype, eos_token_ids=_generation_eos(target_dir), force_accept=force_accept)

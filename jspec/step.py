@@ -62,10 +62,12 @@ def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]
 def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
     """propose -> verify the tree with the target -> accept -> commit tokens and both models' K/V."""
     drafter, cache_len = setup.drafter, state.cache_len
-    draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len)
+    step_key = jax.random.fold_in(inputs.key, state.step)
+    draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len,
+                                        sampling=inputs.sampling, key=jax.random.fold_in(step_key, 1))
     out = setup.target_model().apply({"params": params_t}, tree.tokens, tree.positions, state.cache, cache_len,
                                      local_mask=tree.mask, tap_layers=setup.tap_layers)
-    verified = accept_tree(tree, out.logits, inputs.sampling, jax.random.fold_in(inputs.key, state.step),
+    verified = accept_tree(tree, out.logits, inputs.sampling, step_key,
                            max_depth=setup.spec.max_depth, force_accept=setup.force_accept)
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)

@@ -3,8 +3,12 @@
 Inside the jitted loop a drafter is a frozen (hashable, static) object plus an explicit state pytree:
 
 - ``prefill(params_t, params_d, ctx: PrefillContext) -> state``: after the target's prefill.
-- ``propose(params_t, params_d, state, root, cache_len) -> (state, DraftTree)``: draft a tree whose node 0 is
-  ``root`` (the last committed token, position ``cache_len``).
+- ``propose(params_t, params_d, state, root, cache_len, *, sampling=None, key=None) -> (state, DraftTree)``:
+  draft a tree whose node 0 is ``root`` (the last committed token, position ``cache_len``). ``sampling`` (the
+  request's per-sequence SamplingArrays) and ``key`` (a fresh PRNG key per step) let a drafter draw its drafts
+  from its own distribution; it then reports, per node, the distribution the node's children were drawn from
+  (``DraftTree.draft_probs``) and verification runs recursive rejection sampling. A drafter whose drafts are a
+  function of the prefix (top-k trees, n-gram lookup) ignores both and leaves ``draft_probs`` None.
 - ``commit(params_t, params_d, state, ctx: CommitContext) -> state``: after verification, take in the committed
   tokens (update the drafter's own KV cache and whatever it predicts next).
 
@@ -28,6 +32,8 @@ class DraftTree(NamedTuple):
     positions: jax.Array     # i32[B, T] cache_len + depth
     next_token: jax.Array    # i32[B, T] first child, -1 if none
     next_sibling: jax.Array  # i32[B, T] next sibling, -1 if none
+    draft_probs: jax.Array | None = None  # f32[B, T, V]: node i's children are i.i.d. draws from row i; None:
+                                          # deterministic drafts (pallas_kernels.tree_verify)
 
 
 class PrefillContext(NamedTuple):
@@ -51,7 +57,7 @@ class Drafter(Protocol):
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Any: ...
 
-    def propose(self, params_t: Any, params_d: Any, state: Any, root: jax.Array,
-                cache_len: jax.Array) -> tuple[Any, DraftTree]: ...
+    def propose(self, params_t: Any, params_d: Any, state: Any, root: jax.Array, cache_len: jax.Array, *,
+                sampling: Any = None, key: jax.Array | None = None) -> tuple[Any, DraftTree]: ...
 
     def commit(self, params_t: Any, params_d: Any, state: Any, ctx: CommitContext) -> Any: ...

@@ -112,8 +112,9 @@ class Eagle3Drafter:
                         jnp.zeros((batch,), jnp.int32))
         return Eagle3State(out.cache, _last(out.logits, ctx.prompt_lens), _last(out.hidden, ctx.prompt_lens))
 
-    def propose(self, params_t: Any, params_d: Any, state: Eagle3State, root: jax.Array,
-                cache_len: jax.Array) -> tuple[Eagle3State, DraftTree]:
+    def propose(self, params_t: Any, params_d: Any, state: Eagle3State, root: jax.Array, cache_len: jax.Array,
+                *, sampling: Any = None, key: jax.Array | None = None) -> tuple[Eagle3State, DraftTree]:
+        del sampling, key  # top-k drafts: deterministic, verified as such
         def forward(cache, tokens, hidden, positions, offset, mask):
             out = self._run(params_t, params_d, cache, tokens, hidden, positions, cache_len, mask, offset)
             return out.cache, out.logits, out.hidden

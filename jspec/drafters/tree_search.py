@@ -24,6 +24,15 @@ from pallas_kernels.tree_build import build_dynamic_tree
 # forward(carry, tokens i32[B, n], hidden [B, n, H], positions i32[B, n], window_offset int,
 #         window_mask bool[B, n, W]) -> (carry, logits f32[B, n, V_draft], hidden_out [B, n, H])
 DraftForward = Callable[..., tuple[Any, jax.Array, jax.Array]]
+# expand(carry, logits f32[B, n, V_draft], nodes: numpy i32[n] the static tree's node ids, k) ->
+#        (carry, children i32[B, n, k]): the draft ids of each node's children by rank (static trees)
+Expand = Callable[[Any, jax.Array, np.ndarray, int], tuple[Any, jax.Array]]
+
+
+def expand_top_k(carry: Any, logits: jax.Array, nodes: np.ndarray, k: int) -> tuple[Any, jax.Array]:
+    """The default expansion: a node's children are its drafter's top-k tokens, best first."""
+    del nodes
+    return carry, jax.lax.top_k(logits, k)[1]
 
 
 class DynamicDraft(NamedTuple):
@@ -39,15 +48,18 @@ def _take(x: jax.Array, index: jax.Array) -> jax.Array:
 
 def draft_static_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_logits: jax.Array,
                       root_hidden: jax.Array, root_pos: jax.Array, tree: StaticTree,
-                      to_target: Callable[[jax.Array], jax.Array]) -> tuple[Any, jax.Array]:
+                      to_target: Callable[[jax.Array], jax.Array],
+                      expand: Expand = expand_top_k) -> tuple[Any, jax.Array]:
     """Fills a static tree (or chain) depth by depth -> (carry, tokens i32[B, T] in target ids).
 
     root_token: i32[B]; root_logits: f32[B, V_draft] (the drafter's prediction for the root's children);
-    root_hidden: [B, H] (the feature to pair with them); root_pos: i32[B] the root's position.
+    root_hidden: [B, H] (the feature to pair with them); root_pos: i32[B] the root's position; expand: how a
+    node's children are chosen from its logits (top-k by default; a draft model at temperature > 0 samples).
     """
     batch = root_token.shape[0]
     k = tree.topk
-    top_ids = jnp.zeros((batch, tree.num_nodes, k), jnp.int32).at[:, 0].set(jax.lax.top_k(root_logits, k)[1])
+    carry, root_children = expand(carry, root_logits[:, None], np.zeros((1,), np.int32), k)
+    top_ids = jnp.zeros((batch, tree.num_nodes, k), jnp.int32).at[:, 0].set(root_children[:, 0])
     hidden = jnp.zeros((batch, tree.num_nodes) + root_hidden.shape[1:], root_hidden.dtype).at[:, 0].set(root_hidden)
     tokens = jnp.zeros((batch, tree.num_nodes), jnp.int32).at[:, 0].set(root_token)
     window_mask = tree.window_mask
@@ -61,7 +73,8 @@ def draft_static_tree(forward: DraftForward, carry: Any, root_token: jax.Array, 
         carry, logits, out_hidden = forward(carry, tokens[:, level], hidden[:, parents], positions,
                                             int(level[0]) - 1, mask)
         hidden = hidden.at[:, level].set(out_hidden.astype(hidden.dtype))
-        top_ids = top_ids.at[:, level].set(jax.lax.top_k(logits, k)[1])
+        carry, children = expand(carry, logits, level, k)
+        top_ids = top_ids.at[:, level].set(children)
     return carry, tokens
 
 
@@ -137,11 +150,15 @@ def dynamic_draft_tree(draft: DynamicDraft, cache_len: jax.Array, *, topk: int, 
 
 def search_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_logits: jax.Array,
                 root_hidden: jax.Array, cache_len: jax.Array, *, spec, static_tree: StaticTree | None,
-                to_target: Callable[[jax.Array], jax.Array]) -> tuple[Any, DraftTree]:
-    """Drafts the tree ``spec`` asks for (static trees and chains from ``static_tree``) -> (carry, DraftTree)."""
+                to_target: Callable[[jax.Array], jax.Array],
+                expand: Expand = expand_top_k) -> tuple[Any, DraftTree]:
+    """Drafts the tree ``spec`` asks for (static trees and chains from ``static_tree``) -> (carry, DraftTree).
+
+    ``expand`` applies to static trees only; dynamic trees always expand by top-k (deterministic drafts).
+    """
     if static_tree is not None:
         carry, tokens = draft_static_tree(forward, carry, root_token, root_logits, root_hidden, cache_len,
-                                          static_tree, to_target)
+                                          static_tree, to_target, expand)
         return carry, static_draft_tree(static_tree, tokens, cache_len)
     carry, draft = draft_dynamic_tree(forward, carry, root_token, root_logits, root_hidden, cache_len,
                                       topk=spec.topk, num_steps=spec.num_steps,
