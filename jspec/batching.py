@@ -2,7 +2,10 @@
 
 Buckets keep the number of compilations small: batch is padded to the next power of two (at most
 max_batch_size), prompt width to the next power of two (at least 16, at most max_seq_len), the stop-id list to
-the next power of two. Padding rows are finished after their first token and cost only masked compute.
+the next power of two, and the sequence buffers (token slots, KV cache) to the next power of two that holds
+prompt width + max_new_tokens (at most max_seq_len): attention reads the whole cache buffer, so a request
+for 100 tokens must not pay for max_seq_len = 2048. Padding rows are finished after their first token and cost
+only masked compute.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class PaddedBatch(NamedTuple):
     max_new_tokens: np.ndarray  # i32[B_bucket]
     stop_ids: np.ndarray        # i32[B_bucket, K_bucket] padded with -1
     batch_size: int             # real rows
+    seq_len: int                # S_bucket: token slots per sequence this request needs, bucketed
 
 
 def validate_prompts(prompts: Sequence[Sequence[int]], *, vocab_size: int, max_batch_size: int,
@@ -63,7 +67,8 @@ def pad_batch(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_ids
     unique_stop = sorted(set(int(t) for t in stop_ids))
     stops = np.full((rows, next_power_of_two(len(unique_stop))), -1, np.int32)
     stops[:, :len(unique_stop)] = unique_stop
-    return PaddedBatch(prompt_ids, prompt_lens, new_tokens, stops, batch)
+    seq_len = min(next_power_of_two(width + max_new_tokens), max_seq_len)
+    return PaddedBatch(prompt_ids, prompt_lens, new_tokens, stops, batch, seq_len)
 
 
 def unpad_outputs(tokens: np.ndarray, prompt_lens: np.ndarray, num_generated: np.ndarray,

@@ -193,7 +193,8 @@ class SpecEngine:
             raise ValueError(f"steps_per_chunk={steps_per_chunk!r}: expected an integer >= 1")
         batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
         args = self._arguments(batch, params)
-        state, inputs = generate_start(*args, setup=self.setup)
+        setup = self.setup.with_max_seq_len(batch.seq_len)
+        state, inputs = generate_start(*args, setup=setup)
         emitted = np.zeros(batch.batch_size, np.int64)
         chunk = jnp.asarray(steps_per_chunk, jnp.int32)
         while True:
@@ -205,7 +206,7 @@ class SpecEngine:
                 emitted = num_generated.astype(np.int64)
             if bool(np.asarray(state.done).all()):
                 return
-            state = generate_continue(self.params, self.drafter_params, state, inputs, chunk, setup=self.setup)
+            state = generate_continue(self.params, self.drafter_params, state, inputs, chunk, setup=setup)
 
     def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed,
                  stop_token_ids) -> tuple[PaddedBatch, SamplingParams]:
@@ -244,11 +245,12 @@ class SpecEngine:
 
     def _run(self, batch: PaddedBatch, params: SamplingParams) -> tuple[GenerateResult, float, float]:
         args = self._arguments(batch, params)
-        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape)
+        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len)
         compile_seconds = 0.0
         if bucket not in self._compiled:
             start = time.perf_counter()
-            self._compiled[bucket] = generate.lower(*args, setup=self.setup).compile()
+            setup = self.setup.with_max_seq_len(batch.seq_len)
+            self._compiled[bucket] = generate.lower(*args, setup=setup).compile()
             compile_seconds = time.perf_counter() - start
         start = time.perf_counter()
         result = jax.block_until_ready(self._compiled[bucket](*args))

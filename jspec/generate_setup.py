@@ -20,6 +20,7 @@ class GenerateSetup:
     target: the target model's config; max_seq_len: S, token slots per sequence (prompt + new tokens);
     dtype: activation/param dtype name; drafter: a static drafter object (jspec/drafters/base.py), None for
     plain decoding; attention_fn: the target's attention; force_accept: JSPEC_FORCE_ACCEPT (benchmarks only).
+    Every drafter has a ``max_seq_len`` field kept equal to the setup's (see :meth:`with_max_seq_len`).
     """
 
     target: ModelConfig
@@ -37,6 +38,13 @@ class GenerateSetup:
         self.target.check_max_seq_len(self.max_seq_len)
         if self.force_accept is not None and (not isinstance(self.force_accept, int) or self.force_accept < 0):
             raise ValueError(f"force_accept={self.force_accept!r}: expected an integer >= 0")
+
+    def with_max_seq_len(self, max_seq_len: int) -> "GenerateSetup":
+        """The same setup with shorter buffers (the engine sizes them per request bucket)."""
+        drafter = self.drafter
+        if drafter is not None:
+            drafter = dataclasses.replace(drafter, max_seq_len=max_seq_len)
+        return dataclasses.replace(self, max_seq_len=max_seq_len, drafter=drafter)
 
     @property
     def jnp_dtype(self):
