@@ -497,3 +497,60 @@ def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, over
             json.dump(hf_config, f, indent=2)
         save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     return os.path.abspath(directory)
+
+
+# --- Llama-family targets, written back to HF layout ----------------------------------------------------------
+
+def _llama_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
+    """Inverse of llama_param_path for one non-layer param path, or a layer path's name with ``{}`` for the
+    layer index: param path -> (HF name, transpose?)."""
+    if path == ("embed_tokens", "embedding"):
+        return "model.embed_tokens.weight", False
+    if path == ("norm", "weight"):
+        return "model.norm.weight", False
+    if path == ("lm_head", "kernel"):
+        return "lm_head.weight", True
+    if path[0] != "layers":
+        raise ValueError(f"param {'/'.join(path)} is not part of a Llama-family model")
+    *module, leaf = path[1:]
+    suffix = {"kernel": "weight", "bias": "bias", "weight": "weight"}[leaf]
+    return "model.layers.{}." + ".".join(module) + "." + suffix, leaf == "kernel"
+
+
+def write_hf_llama(directory: str, hf_config: dict, params: Any, overwrite: bool = False) -> str:
+    """Writes an HF-layout Llama-family checkpoint (config.json + model.safetensors) at ``directory`` from our
+    ``params`` (layers stacked on axis 0 are unstacked into ``model.layers.{i}.``).
+
+    config.json is ``hf_config`` with torch_dtype set to the params' dtype. Raises ValueError when the params do
+    not match the config's shapes.
+    """
+    from safetensors.numpy import save_file
+
+    from models.llama import init_params
+
+    config = from_hf_config(hf_config)
+    flat = traverse_util.flatten_dict(params)
+    dtypes = sorted({str(np.asarray(leaf).dtype) for leaf in flat.values()})
+    if len(dtypes) != 1 or dtypes[0] not in DTYPES:
+        raise ValueError(f"params have dtypes {dtypes}: expected one of {sorted(DTYPES)}")
+    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtypes[0]]))
+    expected = {path: shape for path, (shape, _) in _expected_shapes(abstract).items()}
+    got = {path: tuple(np.shape(leaf)) for path, leaf in flat.items()}
+    if got != expected:
+        wrong = sorted("/".join(p) + f": got {got.get(p)}, expected {expected.get(p)}"
+                       for p in set(got) | set(expected) if got.get(p) != expected.get(p))
+        raise ValueError(f"params do not match config.json: {wrong}")
+    tensors = {}
+    for path, leaf in flat.items():
+        name, transpose = _llama_hf_name(path)
+        array = np.asarray(leaf)
+        slices = [(name.format(i), array[i]) for i in range(array.shape[0])] if path[0] == "layers" \
+            else [(name, array)]
+        for hf_name, value in slices:
+            tensors[hf_name] = np.ascontiguousarray(value.T if transpose else value)
+    hf_config = dict(hf_config, torch_dtype=dtypes[0])
+    with atomic_directory(directory, overwrite) as out:
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return os.path.abspath(directory)

@@ -102,3 +102,107 @@ def distill_eagle3_head(head_params: Any, params_t: Any, batch: DistillBatch, *,
         head_params, opt_state, loss = update(head_params, opt_state)
         losses.append(float(loss))
     return head_params, losses
+
+
+# --- training on a corpus (scripts/train_drafter.py --kind eagle3) --------------------------------------------
+
+def draft_vocab_maps(tokens: np.ndarray, target_vocab_size: int,
+                     draft_vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d2t i32[V_draft], t2d bool[V_target]): the ``draft_vocab_size`` most frequent target ids in ``tokens``
+    (ties: lower id first), kept in ascending id order; draft id d stands for target id d + d2t[d]."""
+    if not 0 < draft_vocab_size <= target_vocab_size:
+        raise ValueError(f"draft_vocab_size={draft_vocab_size}: expected 1..{target_vocab_size}")
+    counts = np.bincount(np.asarray(tokens, np.int64), minlength=target_vocab_size)[:target_vocab_size]
+    keep = np.sort(np.argsort(-counts, kind="stable")[:draft_vocab_size])
+    t2d = np.zeros(target_vocab_size, bool)
+    t2d[keep] = True
+    return (keep - np.arange(draft_vocab_size)).astype(np.int32), t2d
+
+
+def eagle3_hf_config(target_hf: dict, draft_vocab_size: int, intermediate_size: int | None = None) -> dict:
+    """config.json of an EAGLE-3 head for the target whose config.json is ``target_hf`` (its attention shapes)."""
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+            "hidden_size": target_hf["hidden_size"], "target_hidden_size": target_hf["hidden_size"],
+            "intermediate_size": intermediate_size or target_hf["intermediate_size"],
+            "num_attention_heads": target_hf["num_attention_heads"],
+            "num_key_value_heads": target_hf.get("num_key_value_heads", target_hf["num_attention_heads"]),
+            "head_dim": target_hf.get("head_dim") or target_hf["hidden_size"] // target_hf["num_attention_heads"],
+            "num_hidden_layers": 1, "vocab_size": target_hf["vocab_size"], "draft_vocab_size": draft_vocab_size,
+            "rms_norm_eps": target_hf.get("rms_norm_eps", 1e-6), "rope_theta": target_hf.get("rope_theta", 1e4),
+            "max_position_embeddings": target_hf.get("max_position_embeddings", 2048),
+            "bos_token_id": target_hf.get("bos_token_id"), "eos_token_id": target_hf.get("eos_token_id"),
+            "torch_dtype": "float32"}
+
+
+def init_head_from_target(config: Eagle3Config, params_t: Any, target: ModelConfig, d2t: np.ndarray,
+                          key: jax.Array) -> Any:
+    """Random head, except lm_head and norm start as the target's output layer restricted to the draft vocab
+    (the head then begins by reading its pre-norm output the way the target reads its last hidden state)."""
+    from models.eagle3 import init_eagle3_params
+
+    head = init_eagle3_params(config, key)
+    keep = np.arange(config.draft_vocab_size) + np.asarray(d2t)
+    out = params_t["embed_tokens"]["embedding"].T if target.tie_word_embeddings else params_t["lm_head"]["kernel"]
+    head["lm_head"]["kernel"] = jnp.asarray(out)[:, keep].astype(jnp.float32)
+    head["norm"]["weight"] = jnp.asarray(params_t["norm"]["weight"], jnp.float32)
+    return head
+
+
+def windows_loss(head_params: Any, windows: jax.Array, *, params_t: Any, target: ModelConfig,
+                 config: Eagle3Config, keep_ids: np.ndarray, unroll: int, decay: float) -> jax.Array:
+    """distill_loss on windows: i32[B, N] of real text, features and labels from the frozen target (traced)."""
+    features, logits = target_features(params_t, windows, target=target)
+    logits = logits if len(keep_ids) == target.vocab_size else logits[..., jnp.asarray(keep_ids)]
+    batch = DistillBatch(windows, jax.lax.stop_gradient(features),
+                         jax.lax.stop_gradient(jax.nn.softmax(logits, axis=-1)), jnp.ones(windows.shape, bool))
+    return distill_loss(head_params, params_t["embed_tokens"]["embedding"], batch, config=config, unroll=unroll,
+                        decay=decay)
+
+
+def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_vocab_size: int | None = None,
+                 unroll: int = 3, decay: float = 0.8, corpus_root: str | None = None, progress: bool = True,
+                 log=print, num_generated: int = 0) -> dict:
+    """Trains an EAGLE-3 head for the HF target at ``target_dir`` on the stdlib corpus (train split) and writes
+    it in HF EAGLE-3 layout to ``out_dir``. ``train``: a jspec.train.target.TrainConfig. ``num_generated``:
+    when > 0, half the training text is the target's own greedy continuations of that many corpus windows.
+    Resumable (orbax, in ``work_dir/checkpoints``). Returns the report (also ``out_dir/train_report.json``)."""
+    import dataclasses
+    import json
+    import os
+    import time
+
+    from jspec.train.target import (corpus_for, heldout_windows, load_hf_llama, mix_with_generated,
+                                    self_generated_tokens, train_loop)
+    from models.checkpoint import write_hf_eagle3
+    from models.eagle3 import eagle3_config_from_hf
+
+    started = time.perf_counter()
+    target, params_t, target_hf = load_hf_llama(target_dir)
+    _, splits = corpus_for(target_dir, work_dir, corpus_root)
+    d2t, t2d = draft_vocab_maps(splits["train"], target.vocab_size, draft_vocab_size or target.vocab_size)
+    keep_ids = np.flatnonzero(t2d)
+    hf_config = eagle3_hf_config(target_hf, len(d2t))
+    config = eagle3_config_from_hf(hf_config)
+    loss = functools.partial(windows_loss, params_t=params_t, target=target, config=config, keep_ids=keep_ids,
+                             unroll=unroll, decay=decay)
+    held = jnp.asarray(heldout_windows(splits["heldout"], train.eval_batches * train.batch_size,
+                                       train.seq_len + 1))
+    eval_fn = jax.jit(lambda head: jnp.mean(jnp.stack([
+        loss(head, held[i:i + train.batch_size]) for i in range(0, len(held), train.batch_size)])))
+    head = init_head_from_target(config, params_t, target, d2t, jax.random.key(train.seed))
+    tokens = splits["train"]
+    if num_generated:
+        tokens = mix_with_generated(tokens, self_generated_tokens(target, params_t, tokens, work_dir, num_generated,
+                                                                  seed=train.seed, log=log), train.seed)
+    head, report = train_loop(head, loss, train, tokens, work_dir, lambda h: float(eval_fn(h)),
+                              progress, log, desc="eagle3")
+    write_hf_eagle3(out_dir, hf_config, jax.tree.map(np.asarray, head), d2t, overwrite=True)
+    np.save(os.path.join(out_dir, "t2d.npy"), t2d)
+    summary = {"train_config": dataclasses.asdict(train), "unroll": unroll, "decay": decay,
+               "num_generated": num_generated,
+               "draft_vocab_size": int(len(d2t)), "heldout_loss": report["heldout"][-1][1],
+               "heldout_curve": report["heldout"], "first_losses": report["losses"][:5],
+               "last_losses": report["losses"][-5:], "wall_seconds": time.perf_counter() - started}
+    with open(os.path.join(out_dir, "train_report.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary

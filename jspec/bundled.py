@@ -1,0 +1,65 @@
+"""The code model shipped with the package: a small Llama trained here on the Python standard library, with its
+EAGLE-3 head and a 2-layer draft model, converted to bf16 under ``jspec/assets/code-model/``::
+
+    target/   kind "llama"   (scripts/train_target.py)
+    eagle3/   kind "eagle3"  (scripts/train_drafter.py --kind eagle3)
+    draft/    kind "llama"   (scripts/train_drafter.py --kind draft_model)
+
+``jspec generate`` with no --model uses it (dynamic-tree EAGLE-3 by default). ``build_bundle`` converts the
+three HF directories the training scripts write into this layout (scripts/bundle_code_model.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from jspec.config import SpecConfig
+
+BUNDLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "code-model")
+PARTS = ("target", "eagle3", "draft")
+# The best acceptance measured by scripts/eval_acceptance.py on HumanEval (greedy); see the README.
+DEFAULT_SPEC = SpecConfig(tree="dynamic", num_steps=10, topk=4, num_draft_tokens=32)
+# Static tree paths, most likely first (every path's parent precedes it): a static tree of T nodes is the first
+# T - 1 of them, so static, chain and dynamic trees can be compared at the same num_draft_tokens.
+RANKED_PATHS = ((0,), (0, 0), (1,), (0, 0, 0), (0, 1), (2,), (1, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2), (3,),
+                (0, 0, 0, 0, 0), (0, 1, 0), (1, 1), (0, 0, 0, 1), (2, 0), (0, 0, 0, 0, 0, 0), (0, 0, 1, 0),
+                (1, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0, 0), (0, 0, 2), (0, 1, 1), (1, 2), (4,),
+                (0, 0, 0, 2), (0, 0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 0, 0),
+                (1, 0, 0, 0))
+
+
+def spec_for(tree: str, num_draft_tokens: int, num_steps: int = 6, topk: int = 4) -> SpecConfig:
+    """A tree of ``num_draft_tokens`` nodes (root included) of the given kind: chain (depth T - 1), static (the
+    first T - 1 of RANKED_PATHS) or dynamic (``num_steps`` x ``topk`` candidates)."""
+    if tree == "chain":
+        return SpecConfig(tree="chain", num_steps=num_draft_tokens - 1)
+    if tree == "static":
+        if not 2 <= num_draft_tokens <= len(RANKED_PATHS) + 1:
+            raise ValueError(f"num_draft_tokens={num_draft_tokens}: static trees here have 2..{len(RANKED_PATHS) + 1}")
+        return SpecConfig(tree="static", tree_choices=RANKED_PATHS[:num_draft_tokens - 1])
+    return SpecConfig(tree=tree, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
+
+
+def bundled_dir(part: str = "target", root: str = BUNDLE_DIR) -> str | None:
+    """The converted directory of one part of the bundle, or None when it is not installed."""
+    if part not in PARTS:
+        raise ValueError(f"part={part!r}: expected one of {PARTS}")
+    path = os.path.join(root, part)
+    return path if os.path.isfile(os.path.join(path, "jspec.json")) else None
+
+
+def build_bundle(target_hf: str, eagle3_hf: str, draft_hf: str, root: str = BUNDLE_DIR,
+                 dtype: str = "bfloat16") -> dict[str, str]:
+    """Converts the three HF directories into ``root/{target,eagle3,draft}`` (``dtype``); copies the target's
+    training report beside them. Returns part -> converted directory."""
+    from models.checkpoint import convert_hf_checkpoint
+
+    out = {}
+    for part, src in zip(PARTS, (target_hf, eagle3_hf, draft_hf)):
+        out[part] = convert_hf_checkpoint(src, os.path.join(root, part), dtype=dtype, overwrite=True,
+                                          progress=False)
+        report = os.path.join(src, "train_report.json")
+        if os.path.isfile(report):
+            shutil.copy2(report, os.path.join(out[part], "train_report.json"))
+    return out

@@ -1,0 +1,134 @@
+"""Acceptance length of each drafting method on the same prompts (scripts/eval_acceptance.py).
+
+Every method runs through ``SpecEngine`` on the same target, greedy, over the prompts in batches sorted by
+length (so batches share prompt buckets and few programs compile). Per method: acceptance length pooled over
+all verify steps of all prompts (tokens committed by steps / steps; the prefill's token excluded), tokens/s of
+the timed runs (compilation excluded, reported apart), and the number of prompts whose output differs from
+plain decoding (must be 0: greedy speculative decoding is lossless).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+import jspec
+
+
+@dataclasses.dataclass
+class MethodReport:
+    method: str
+    acceptance_length: float
+    tokens_per_second: float
+    speedup: float | None
+    num_verify_steps: int
+    num_generated_tokens: int
+    run_seconds: float
+    compile_seconds: float
+    mismatches: int | None
+    spec: dict | None
+    accepted_per_position: list[float]
+
+
+def method_specs(num_draft_tokens: int, num_steps: int, topk: int) -> dict[str, tuple[str, Any]]:
+    """name -> (drafter part: "eagle3" | "draft" | "ngram" | None, SpecConfig or None)."""
+    from jspec.bundled import spec_for
+
+    return {
+        "plain": (None, None),
+        "eagle3-chain": ("eagle3", spec_for("chain", num_draft_tokens)),
+        "eagle3-static": ("eagle3", spec_for("static", num_draft_tokens)),
+        "eagle3-dynamic": ("eagle3", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
+        "draft-model-dynamic": ("draft", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
+        "draft-model-chain": ("draft", spec_for("chain", min(num_draft_tokens, num_steps + 1))),
+        "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
+    }
+
+
+def run_method(engine: jspec.SpecEngine, prompts: Sequence[list[int]], batch_size: int, max_new_tokens: int,
+               progress: Callable[[str], None] | None = None) -> tuple[list[list[int]], dict]:
+    """Generates for ``prompts`` (token ids) in batches; returns (outputs in prompt order, pooled stats)."""
+    order = np.argsort([len(p) for p in prompts], kind="stable")
+    outputs: list[list[int] | None] = [None] * len(prompts)
+    committed = steps = generated = 0
+    run_seconds = compile_seconds = 0.0
+    hist = None
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        out = engine.generate([prompts[i] for i in rows], max_new_tokens=max_new_tokens)
+        for i, ids in zip(rows, out.token_ids):
+            outputs[i] = ids
+        stats = out.stats
+        committed += sum(max(len(ids) - 1, 0) for ids in out.token_ids)
+        steps += stats.num_verify_steps
+        generated += stats.num_generated_tokens
+        run_seconds += stats.run_seconds
+        compile_seconds += stats.compile_seconds
+        per_position = np.asarray(stats.accepted_per_position) * stats.num_verify_steps
+        hist = per_position if hist is None else hist + per_position
+        if progress is not None:
+            progress(f"  {min(start + batch_size, len(order))}/{len(order)} prompts, acceptance so far "
+                     f"{committed / max(steps, 1):.2f}")
+    return outputs, {"acceptance_length": committed / steps if steps else 1.0, "num_verify_steps": steps,
+                     "num_generated_tokens": generated, "run_seconds": run_seconds,
+                     "compile_seconds": compile_seconds,
+                     "accepted_per_position": (hist / max(steps, 1)).tolist() if hist is not None else []}
+
+
+def evaluate_methods(target_dir: str, drafters: dict[str, str], prompts: Sequence[str], *, methods: Sequence[str],
+                     num_draft_tokens: int = 16, num_steps: int = 6, topk: int = 4, batch_size: int = 8,
+                     max_new_tokens: int = 128, max_seq_len: int = 1024, dtype: str | None = "float32",
+                     log: Callable[[str], None] = print,
+                     on_method: Callable[[list[MethodReport], dict], None] | None = None,
+                     ) -> tuple[list[MethodReport], dict[str, list[list[int]]]]:
+    """drafters: part name ("eagle3", "draft") -> converted directory. Methods run in the order given; "plain"
+    (when listed) first gives the speedup baseline and the reference outputs. ``on_method(reports, outputs)``
+    is called after each method (partial results survive an interrupted run). ``dtype``: compute dtype (None:
+    the checkpoints'; float32 by default, so that near-tied logits of bf16 weights do not make the batched
+    verify pass and the one-token plain decode disagree by rounding)."""
+    specs = method_specs(num_draft_tokens, num_steps, topk)
+    unknown = [m for m in methods if m not in specs]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}: expected some of {list(specs)}")
+    methods = sorted(methods, key=lambda m: m != "plain")
+    ids = None
+    reports, outputs = [], {}
+    for method in methods:
+        part, spec = specs[method]
+        drafter = None if part is None else ("ngram" if part == "ngram" else drafters[part])
+        engine = jspec.SpecEngine.from_pretrained(target_dir, drafter=drafter, spec=spec,
+                                                  max_batch_size=batch_size, max_seq_len=max_seq_len,
+                                                  dtype=dtype)
+        if ids is None:
+            ids = engine._encode(prompts)
+        log(f"{method}: {spec}")
+        started = time.perf_counter()
+        outputs[method], stats = run_method(engine, ids, batch_size, max_new_tokens, log)
+        tps = stats["num_generated_tokens"] / stats["run_seconds"]
+        plain = next((r for r in reports if r.method == "plain"), None)
+        mismatches = None
+        if "plain" in outputs and method != "plain":
+            mismatches = sum(a != b for a, b in zip(outputs[method], outputs["plain"]))
+        reports.append(MethodReport(method, stats["acceptance_length"], tps,
+                                    tps / plain.tokens_per_second if plain else None, stats["num_verify_steps"],
+                                    stats["num_generated_tokens"], stats["run_seconds"], stats["compile_seconds"],
+                                    mismatches, dataclasses.asdict(spec) if spec else None,
+                                    stats["accepted_per_position"]))
+        log(f"{method}: acceptance {stats['acceptance_length']:.2f}, {tps:.1f} tokens/s, mismatches {mismatches}, "
+            f"{time.perf_counter() - started:.0f}s")
+        if on_method is not None:
+            on_method(reports, outputs)
+    return reports, outputs
+
+
+def format_table(reports: Sequence[MethodReport]) -> str:
+    header = f"{'method':<22}{'accept len':>11}{'tokens/s':>10}{'speedup':>9}{'mismatch':>10}{'compile s':>11}"
+    lines = [header, "-" * len(header)]
+    for r in reports:
+        speedup = f"{r.speedup:.2f}x" if r.speedup is not None else "-"
+        lines.append(f"{r.method:<22}{r.acceptance_length:>11.2f}{r.tokens_per_second:>10.1f}{speedup:>9}"
+                     f"{'-' if r.mismatches is None else r.mismatches:>10}{r.compile_seconds:>11.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""scripts/train_drafter.py's machinery on a tiny trained target: for the EAGLE-3 head and the draft model, the
+loss falls, and the written HF directory converts through our converter and fits the target."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jspec.train.draft_model import train_draft_model
+from jspec.train.eagle3_head import draft_vocab_maps, train_eagle3
+from jspec.train.target import load_hf_llama
+from models.checkpoint import checkpoint_kind, convert_hf_checkpoint, load_eagle3, load_llama
+from tests import train_fixtures as tf
+
+DRAFT_VOCAB = 200  # < the target's 300: exercises d2t / t2d
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_trained_target):
+    tmp = str(tmp_path_factory.mktemp("drafters"))
+    target_hf, _, corpus = tiny_trained_target
+    return tmp, target_hf, corpus
+
+
+def test_draft_vocab_maps_keep_the_most_frequent_tokens():
+    tokens = np.array([5, 5, 5, 1, 1, 9, 9, 9, 9, 0])
+    d2t, t2d = draft_vocab_maps(tokens, 10, 3)
+    np.testing.assert_array_equal(np.arange(3) + d2t, [1, 5, 9])
+    assert t2d.sum() == 3 and t2d[[1, 5, 9]].all()
+
+
+def test_eagle3_head_trains_and_converts(setup):
+    tmp, target_hf, corpus = setup
+    out = os.path.join(tmp, "eagle3_hf")
+    log = []
+    report = train_eagle3(out, target_hf, os.path.join(tmp, "eagle3_work"), tf.FEW_STEPS,
+                          draft_vocab_size=DRAFT_VOCAB, unroll=3, corpus_root=corpus, progress=False,
+                          log=log.append)
+    assert tf.loss_fell(report["first_losses"] + report["last_losses"], by=0.3), report
+    assert checkpoint_kind(out) == "eagle3"
+    dst = convert_hf_checkpoint(out, os.path.join(tmp, "eagle3"), dtype="bfloat16", progress=False)
+    config, head, d2t, dtype = load_eagle3(dst)
+    assert (config.draft_vocab_size, config.target_vocab_size, dtype) == (DRAFT_VOCAB, 300, "bfloat16")
+    t2d = np.load(os.path.join(out, "t2d.npy"))
+    np.testing.assert_array_equal(np.flatnonzero(t2d), np.arange(DRAFT_VOCAB) + np.asarray(d2t))
+    target, _, _ = load_hf_llama(target_hf)
+    config.check_target(target)
+
+
+def test_draft_model_trains_and_converts(setup):
+    tmp, target_hf, corpus = setup
+    out = os.path.join(tmp, "draft_hf")
+    report = train_draft_model(out, target_hf, os.path.join(tmp, "draft_work"), tf.FEW_STEPS, num_layers=1,
+                               corpus_root=corpus, progress=False, log=lambda s: None)
+    assert tf.loss_fell(report["first_losses"] + report["last_losses"], by=0.3), report
+    assert checkpoint_kind(out) == "llama"
+    dst = convert_hf_checkpoint(out, os.path.join(tmp, "draft"), dtype="bfloat16", progress=False)
+    config, params, _ = load_llama(dst)
+    assert config.num_layers == 1 and config.vocab_size == 300
+    assert jax.tree.leaves(params)[0].dtype == np.dtype("bfloat16")
