@@ -460,6 +460,22 @@ def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax
     return config, head, restored["d2t"], dtype_name
 
 
+def _checked_params(params: Any, abstract_for_dtype: Callable[[str], Any], what: str) -> tuple[dict, str]:
+    """Flattens ``params`` and checks one dtype and the exact shapes of ``abstract_for_dtype(dtype)``
+    -> (flat params, dtype name); ValueError listing every mismatch."""
+    flat = traverse_util.flatten_dict(params)
+    dtypes = sorted({str(np.asarray(leaf).dtype) for leaf in flat.values()})
+    if len(dtypes) != 1 or dtypes[0] not in DTYPES:
+        raise ValueError(f"{what} have dtypes {dtypes}: expected one of {sorted(DTYPES)}")
+    expected = {path: shape for path, (shape, _) in _expected_shapes(abstract_for_dtype(dtypes[0])).items()}
+    got = {path: tuple(np.shape(leaf)) for path, leaf in flat.items()}
+    if got != expected:
+        wrong = sorted("/".join(p) + f": got {got.get(p)}, expected {expected.get(p)}"
+                       for p in set(got) | set(expected) if got.get(p) != expected.get(p))
+        raise ValueError(f"{what} do not match config.json: {wrong}")
+    return flat, dtypes[0]
+
+
 def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, overwrite: bool = False) -> str:
     """Writes an HF-layout EAGLE-3 checkpoint (config.json + model.safetensors, ``midlayer.`` names) at
     ``directory`` from head ``params`` (the Eagle3Head tree) and ``d2t`` (int[V_draft]).
@@ -473,17 +489,7 @@ def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, over
 
     _check_eagle3_layers(hf_config)
     config = eagle3_config_from_hf(hf_config)
-    flat = traverse_util.flatten_dict(params)
-    dtypes = sorted({str(np.asarray(leaf).dtype) for leaf in flat.values()})
-    if len(dtypes) != 1 or dtypes[0] not in DTYPES:
-        raise ValueError(f"EAGLE-3 params have dtypes {dtypes}: expected one of {sorted(DTYPES)}")
-    abstract = _abstract_eagle3_head(config, dtypes[0])
-    expected = {path: shape for path, (shape, _) in _expected_shapes(abstract).items()}
-    got = {path: tuple(np.shape(leaf)) for path, leaf in flat.items()}
-    if got != expected:
-        wrong = sorted("/".join(p) + f": got {got.get(p)}, expected {expected.get(p)}"
-                       for p in set(got) | set(expected) if got.get(p) != expected.get(p))
-        raise ValueError(f"EAGLE-3 params do not match config.json: {wrong}")
+    flat, dtype = _checked_params(params, lambda dtype: _abstract_eagle3_head(config, dtype), "EAGLE-3 params")
     tensors = {}
     for path, leaf in flat.items():
         name, transpose = _eagle3_hf_name(path)
@@ -491,7 +497,7 @@ def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, over
         tensors[name] = np.ascontiguousarray(array.T if transpose else array)
     d2t = _eagle3_d2t(np.asarray(d2t), config.draft_vocab_size, config.target_vocab_size)
     tensors["d2t"] = d2t.astype(np.int64)
-    hf_config = dict(hf_config, architectures=["LlamaForCausalLMEagle3"], torch_dtype=dtypes[0])
+    hf_config = dict(hf_config, architectures=["LlamaForCausalLMEagle3"], torch_dtype=dtype)
     with atomic_directory(directory, overwrite) as out:
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
@@ -529,17 +535,9 @@ def write_hf_llama(directory: str, hf_config: dict, params: Any, overwrite: bool
     from models.llama import init_params
 
     config = from_hf_config(hf_config)
-    flat = traverse_util.flatten_dict(params)
-    dtypes = sorted({str(np.asarray(leaf).dtype) for leaf in flat.values()})
-    if len(dtypes) != 1 or dtypes[0] not in DTYPES:
-        raise ValueError(f"params have dtypes {dtypes}: expected one of {sorted(DTYPES)}")
-    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtypes[0]]))
-    expected = {path: shape for path, (shape, _) in _expected_shapes(abstract).items()}
-    got = {path: tuple(np.shape(leaf)) for path, leaf in flat.items()}
-    if got != expected:
-        wrong = sorted("/".join(p) + f": got {got.get(p)}, expected {expected.get(p)}"
-                       for p in set(got) | set(expected) if got.get(p) != expected.get(p))
-        raise ValueError(f"params do not match config.json: {wrong}")
+    flat, dtype = _checked_params(
+        params, lambda dtype: jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype])),
+        "params")
     tensors = {}
     for path, leaf in flat.items():
         name, transpose = _llama_hf_name(path)
@@ -548,7 +546,7 @@ def write_hf_llama(directory: str, hf_config: dict, params: Any, overwrite: bool
             else [(name, array)]
         for hf_name, value in slices:
             tensors[hf_name] = np.ascontiguousarray(value.T if transpose else value)
-    hf_config = dict(hf_config, torch_dtype=dtypes[0])
+    hf_config = dict(hf_config, torch_dtype=dtype)
     with atomic_directory(directory, overwrite) as out:
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import jspec
-from models.checkpoint import convert_hf_checkpoint, convert_hf_llama, write_hf_eagle3
+from models.checkpoint import convert_hf_checkpoint, convert_hf_llama, write_hf_eagle3, write_hf_llama
 from tests import spec_fixtures as fx
 
 RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
@@ -84,9 +84,8 @@ def test_stream_concatenates_to_generate(target, heads, tree):
 
 def test_from_pretrained_with_a_converted_head(target, heads, tmp_path):
     """HF-layout target and head -> converter -> from_pretrained(target, drafter=head): same output."""
-    target_hf = tmp_path / "target_hf"
-    _write_hf_llama(target_hf, target)
-    convert_hf_llama(str(target_hf), str(tmp_path / "target"), progress=False)
+    target_hf = write_hf_llama(str(tmp_path / "target_hf"), _target_hf_config(), target)
+    convert_hf_llama(target_hf, str(tmp_path / "target"), progress=False)
     head_hf = write_hf_eagle3(str(tmp_path / "head_hf"), _head_hf_config(), heads["distilled"]["head"],
                               np.zeros(64, np.int64))
     convert_hf_checkpoint(head_hf, str(tmp_path / "head"), progress=False)
@@ -96,37 +95,18 @@ def test_from_pretrained_with_a_converted_head(target, heads, tmp_path):
     assert engine.generate(RAGGED, max_new_tokens=20).token_ids == plain.generate(RAGGED, max_new_tokens=20).token_ids
 
 
+def _target_hf_config():
+    cfg = fx.TARGET
+    return {"model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+            "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta}
+
+
 def _head_hf_config():
     return {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 32, "intermediate_size": 64,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "draft_vocab_size": 64,
             "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 512}
-
-
-def _write_hf_llama(directory, params):
-    """Our Flax params -> HF names (the inverse of the converter's mapping), for the from_pretrained path."""
-    import json
-    import os
-    from safetensors.numpy import save_file
-    cfg = fx.TARGET
-    os.makedirs(directory)
-    tensors = {"model.embed_tokens.weight": np.asarray(params["embed_tokens"]["embedding"]),
-               "model.norm.weight": np.asarray(params["norm"]["weight"]),
-               "lm_head.weight": np.asarray(params["lm_head"]["kernel"]).T}
-    layers = params["layers"]
-    for i in range(cfg.num_layers):
-        for group, names in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
-                             ("mlp", ("gate_proj", "up_proj", "down_proj"))):
-            for name in names:
-                tensors[f"model.layers.{i}.{group}.{name}.weight"] = np.asarray(layers[group][name]["kernel"][i]).T
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            tensors[f"model.layers.{i}.{norm}.weight"] = np.asarray(layers[norm]["weight"][i])
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
-              os.path.join(directory, "model.safetensors"))
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump({"model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-                   "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta}, f)
 
 
 def test_head_for_another_target_is_refused(target):
