@@ -196,11 +196,17 @@ def save_params(directory: str, params: Any) -> None:
 
 
 def load_params(directory: str, abstract_params: Any) -> Any:
-    """Restores an orbax param checkpoint into the structure/dtypes of ``abstract_params``."""
+    """Restores an orbax param checkpoint into the structure/dtypes of ``abstract_params``.
+
+    Every array lands on this process's default device, whatever device the checkpoint was written from
+    (orbax otherwise restores the saved sharding and refuses a CPU-written checkpoint on a GPU).
+    """
     import orbax.checkpoint as ocp
 
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract_params)
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(os.path.abspath(directory), abstract_params)
+        return checkpointer.restore(os.path.abspath(directory), placed)
 
 
 def check_destination(dst: str, overwrite: bool) -> None:
