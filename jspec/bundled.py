@@ -33,6 +33,8 @@ def spec_for(tree: str, num_draft_tokens: int, num_steps: int = 6, topk: int = 4
     """A tree of ``num_draft_tokens`` nodes (root included) of the given kind: chain (depth T - 1), static (the
     first T - 1 of RANKED_PATHS) or dynamic (``num_steps`` x ``topk`` candidates)."""
     if tree == "chain":
+        if num_draft_tokens < 2:
+            raise ValueError(f"num_draft_tokens={num_draft_tokens}: a chain needs at least 2 (the root and a draft)")
         return SpecConfig(tree="chain", num_steps=num_draft_tokens - 1)
     if tree == "static":
         if not 2 <= num_draft_tokens <= len(RANKED_PATHS) + 1:

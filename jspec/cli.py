@@ -1,14 +1,30 @@
-"""The ``jspec`` command: ``jspec generate`` and ``jspec convert``.
+"""The ``jspec`` command::
 
-Bad input is reported as one readable line (exit code 2); ``--debug`` shows the traceback instead.
+    jspec generate [PROMPT ...]   speculative generation, streamed for one prompt, timed against plain decoding
+    jspec convert --src HF_DIR --dst OUT_DIR
+    jspec bench ...               every argument goes to jspec.bench.main
+    jspec train-target ...        jspec.train.commands.train_target_main (same as scripts/train_target.py)
+    jspec train-drafter ...       jspec.train.commands.train_drafter_main (same as scripts/train_drafter.py)
+
+Sampling flags are named as in vLLM and Hugging Face (--temperature, --top-p, --top-k, --seed, --max-new-tokens
+or --max-tokens, --stop-token-ids). Bad input (ValueError, a missing or existing path, a config without a
+required key) is reported as one line ``jspec: error: ...`` with exit code 2, like argparse's own errors;
+``--debug``, before or after the subcommand, shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import time
+from typing import Any, Callable
 
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError)
+
+
+# --- jspec convert ---------------------------------------------------------------------------------------------
 
 def _add_convert_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--src", required=True, help="Hugging Face directory: config.json + *.safetensors "
@@ -27,32 +43,52 @@ def run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- jspec generate: arguments ---------------------------------------------------------------------------------
+
+def _token_ids(text: str) -> list[int]:
+    """argparse type of --stop-token-ids: "2,13" -> [2, 13]."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token ids, e.g. 2,13") from None
+
+
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     from jspec.bundled import DEFAULT_SPEC
 
-    parser.add_argument("prompts", nargs="*", default=["def fibonacci(n):"], help="prompt texts")
-    parser.add_argument("--model", default=None,
+    parser.add_argument("prompts", nargs="*", default=["def fibonacci(n):"],
+                        help="prompt texts (one prompt is streamed as it is generated)")
+    models = parser.add_argument_group("models")
+    models.add_argument("--model", default=None,
                         help="converted target directory (default: the bundled code model)")
-    parser.add_argument("--drafter", default=None,
+    models.add_argument("--drafter", default=None,
                         help="'eagle3' or 'draft' (the bundled head / draft model), 'ngram', 'none', or a converted "
                              "drafter directory (default: the bundled EAGLE-3 head without --model, none with it)")
-    parser.add_argument("--tree", default=DEFAULT_SPEC.tree, choices=["chain", "static", "dynamic"])
-    parser.add_argument("--num-draft-tokens", type=int, default=DEFAULT_SPEC.num_draft_tokens,
-                        help="tree nodes per step, root included (chain: depth + 1)")
-    parser.add_argument("--num-steps", type=int, default=DEFAULT_SPEC.num_steps, help="dynamic tree depth")
-    parser.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip the plain-decoding run that the speedup is measured against")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = disabled")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1.0 = disabled")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-seq-len", type=int, default=1024)
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+    models.add_argument("--max-seq-len", type=int, default=1024, help="token slots per sequence")
+    models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                         help="compute dtype (default: the checkpoint's; float32 for the bundled bf16 model, "
                              "faster on CPU)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    tree = parser.add_argument_group("draft tree")
+    tree.add_argument("--tree", default=DEFAULT_SPEC.tree, choices=["chain", "static", "dynamic"])
+    tree.add_argument("--num-draft-tokens", type=int, default=DEFAULT_SPEC.num_draft_tokens,
+                      help="tree nodes per step, root included (chain: depth + 1)")
+    tree.add_argument("--num-steps", type=int, default=DEFAULT_SPEC.num_steps, help="dynamic tree depth")
+    tree.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
+    sampling = parser.add_argument_group("sampling (as in vLLM / Hugging Face)")
+    sampling.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=128,
+                          help="new tokens per prompt at most")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    sampling.add_argument("--top-k", type=int, default=0, help="0 = disabled")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="1.0 = disabled")
+    sampling.add_argument("--seed", type=int, default=0)
+    sampling.add_argument("--stop-token-ids", type=_token_ids, action="extend", default=None, metavar="IDS",
+                          help="comma-separated token ids that end a sequence (kept in the output), besides EOS")
+    output = parser.add_argument_group("output")
+    output.add_argument("--no-stream", action="store_true",
+                        help="print the completion at the end (several prompts are never streamed)")
+    output.add_argument("--no-baseline", action="store_true",
+                        help="skip the plain-decoding run that the speedup is measured against")
+    output.add_argument("--json", action="store_true", help="print one JSON object instead of text (no streaming)")
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
@@ -79,65 +115,251 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     return model_dir, drafter, what
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags, validated now (before any model loads), as SpecEngine.generate keyword arguments."""
+    from jspec.config import SamplingParams
+
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(args.stop_token_ids or ()))
+    return dataclasses.asdict(params)
+
+
+def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec):
+    """-> (the engine with the drafter, the plain-decoding engine on the same params or None)."""
     import jspec
+
+    dtype = args.dtype or ("float32" if args.model is None else None)
+    engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
+                                              max_batch_size=max(1, len(args.prompts)),
+                                              max_seq_len=args.max_seq_len, dtype=dtype)
+    if drafter is None or args.no_baseline:
+        return engine, None
+    baseline = jspec.SpecEngine(engine.config, engine.params, tokenizer=engine.tokenizer,
+                                max_batch_size=engine.max_batch_size, max_seq_len=args.max_seq_len,
+                                dtype=engine.setup.dtype, eos_token_ids=engine.eos_token_ids)
+    return engine, baseline
+
+
+# --- jspec generate: streaming ---------------------------------------------------------------------------------
+
+class TextStream:
+    """Turns the growing token list of one sequence into printable pieces of text.
+
+    Each call decodes the whole list and returns what was not returned before, so BPE merges and multi-byte
+    characters split over several tokens come out right; while the text ends in U+FFFD (a UTF-8 sequence whose
+    remaining bytes are still to come) that tail is held back until the next call or ``final=True``. The pieces
+    concatenate to ``tokenizer.decode(token_ids, skip_special_tokens=True)``.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.printed = ""
+
+    def piece(self, token_ids: list[int], final: bool = False) -> str:
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if not final:
+            text = text.rstrip("\ufffd")
+        if len(text) <= len(self.printed):
+            return ""
+        new, self.printed = text[len(self.printed):], text
+        return new
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamRun:
+    """One streamed prompt: its new tokens, the target verify steps taken, and the seconds spent in the engine
+    (prefill included; the caller's time to print each chunk is not)."""
+
+    token_ids: list[int]
+    num_verify_steps: int
+    run_seconds: float
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens committed per verify step, the prefill's token excluded (GenerateStats' definition)."""
+        return (len(self.token_ids) - 1) / self.num_verify_steps if self.num_verify_steps else 1.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.run_seconds if self.run_seconds > 0 else 0.0
+
+
+def warm_up_stream(engine, prompt: str, sampling: dict[str, Any]) -> float:
+    """Streams ``prompt`` through its prefill and first step, which compiles both streaming programs at this
+    request's shapes, so that a following :func:`timed_stream` of it compiles nothing. -> seconds taken."""
+    start = time.perf_counter()
+    for i, _ in enumerate(engine.stream([prompt], **sampling)):
+        if i == 1:
+            break
+    return time.perf_counter() - start
+
+
+def timed_stream(engine, prompt: str, sampling: dict[str, Any],
+                 on_tokens: Callable[[list[int]], None] | None = None) -> StreamRun:
+    """Streams one prompt, calling ``on_tokens(all new tokens so far)`` after each chunk.
+
+    With one prompt and one step per chunk, the first chunk is the prefill's token and every later chunk is one
+    verify step (a step of an unfinished sequence commits at least one token).
+    """
+    token_ids: list[int] = []
+    chunks, outside = 0, 0.0
+    start = time.perf_counter()
+    for chunk in engine.stream([prompt], **sampling):
+        token_ids += chunk[0]
+        chunks += 1
+        if on_tokens is not None:
+            before = time.perf_counter()
+            on_tokens(token_ids)
+            outside += time.perf_counter() - before
+    return StreamRun(token_ids, max(chunks - 1, 0), time.perf_counter() - start - outside)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _generate_streamed(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> None:
+    """Prints the one prompt's completion as it is committed, then stats measured on that streamed run."""
+    prompt = args.prompts[0]
+    warmup_seconds = warm_up_stream(engine, prompt, sampling)
+    print(f"--- {prompt!r}")
+    _write(prompt)
+    text = TextStream(engine.tokenizer)
+    run = timed_stream(engine, prompt, sampling, on_tokens=lambda ids: _write(text.piece(ids)))
+    _write(text.piece(run.token_ids, final=True) + "\n")
+    print(f"--- {len(run.token_ids)} tokens, acceptance length {run.acceptance_length:.2f} "
+          f"({run.num_verify_steps} target steps), {run.tokens_per_second:.1f} tokens/s as streamed (a host sync "
+          f"per step; compile + warm-up {warmup_seconds:.1f}s not counted)")
+    if baseline is not None:
+        warm_up_stream(baseline, prompt, sampling)
+        plain = timed_stream(baseline, prompt, sampling)
+        print(f"--- plain decoding, streamed the same way: {plain.tokens_per_second:.1f} tokens/s -> speedup "
+              f"{run.tokens_per_second / plain.tokens_per_second:.2f}x")
+
+
+# --- jspec generate: all at once -------------------------------------------------------------------------------
+
+def _generate_batch(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> dict[str, Any]:
+    """One timed ``generate`` call for all prompts (and one for the baseline) -> the JSON report's fields."""
+    out = engine.generate(args.prompts, **sampling)
+    plain = baseline.generate(args.prompts, **sampling).stats if baseline is not None else None
+    speedup = out.stats.tokens_per_second / plain.tokens_per_second if plain else None
+    return {"prompts": args.prompts, "texts": out.texts, "token_ids": out.token_ids,
+            "stats": dataclasses.asdict(out.stats), "baseline": dataclasses.asdict(plain) if plain else None,
+            "speedup": speedup}
+
+
+def _print_batch(report: dict[str, Any]) -> None:
+    stats, plain = report["stats"], report["baseline"]
+    for prompt, text in zip(report["prompts"], report["texts"] or [str(t) for t in report["token_ids"]]):
+        print(f"--- {prompt!r}\n{prompt}{text}")
+    print(f"--- {stats['num_generated_tokens']} tokens, acceptance length {stats['acceptance_length']:.2f} "
+          f"({stats['num_verify_steps']} target steps), {stats['tokens_per_second']:.1f} tokens/s (one generate "
+          f"call), compile {stats['compile_seconds']:.1f}s")
+    if plain is not None:
+        print(f"--- plain decoding: {plain['tokens_per_second']:.1f} tokens/s -> speedup {report['speedup']:.2f}x")
+
+
+def run_generate(args: argparse.Namespace) -> int:
     from jspec.bundled import spec_for
 
+    sampling = _sampling(args)
     model_dir, drafter, what = _resolve_models(args)
     spec = spec_for(args.tree, args.num_draft_tokens, args.num_steps, args.topk) if drafter else None
-    dtype = args.dtype or ("float32" if args.model is None else None)
-    kwargs = dict(max_batch_size=max(1, len(args.prompts)), max_seq_len=args.max_seq_len, dtype=dtype)
-    sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                    top_p=args.top_p, seed=args.seed)
-    engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec, **kwargs)
-    out = engine.generate(args.prompts, **sampling)
-    baseline = None
-    if drafter is not None and not args.no_baseline:
-        baseline = jspec.SpecEngine.from_pretrained(model_dir, **kwargs).generate(args.prompts, **sampling).stats
-    stats = out.stats
-    speedup = stats.tokens_per_second / baseline.tokens_per_second if baseline else None
+    engine, baseline = _engines(args, model_dir, drafter, spec)
     if args.json:
-        print(json.dumps({"prompts": args.prompts, "texts": out.texts, "token_ids": out.token_ids,
-                          "stats": stats.__dict__, "model": model_dir, "drafter": drafter,
-                          "spec": spec.__dict__ if spec else None,
-                          "baseline": baseline.__dict__ if baseline else None, "speedup": speedup}))
+        report = _generate_batch(args, engine, baseline, sampling)
+        report.update(model=model_dir, drafter=drafter, spec=dataclasses.asdict(spec) if spec else None,
+                      sampling=sampling)
+        print(json.dumps(report))
         return 0
     print(f"[jspec] target: {what}")
     if drafter is not None:
         print(f"[jspec] drafter: {drafter} ({spec.tree} tree, {spec.tree_size} tokens per step)")
-    for prompt, text in zip(args.prompts, out.texts or [str(t) for t in out.token_ids]):
-        print(f"--- {prompt!r}\n{prompt}{text}")
-    print(f"--- {stats.num_generated_tokens} tokens, acceptance length {stats.acceptance_length:.2f} "
-          f"({stats.num_verify_steps} target steps), {stats.tokens_per_second:.1f} tokens/s, compile "
-          f"{stats.compile_seconds:.1f}s")
-    if baseline is not None:
-        print(f"--- plain decoding: {baseline.tokens_per_second:.1f} tokens/s -> speedup {speedup:.2f}x")
+    if len(args.prompts) == 1 and not args.no_stream:
+        _generate_streamed(args, engine, baseline, sampling)
+    else:
+        _print_batch(_generate_batch(args, engine, baseline, sampling))
     return 0
+
+
+# --- commands that own their arguments -------------------------------------------------------------------------
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``jspec bench ARGS`` is ``jspec.bench.main(ARGS)``."""
+    from jspec.bench import main as bench_main
+
+    return bench_main(args.forwarded) or 0
+
+
+def run_train_target(args: argparse.Namespace) -> int:
+    from jspec.train.commands import train_target_main
+
+    return train_target_main(args.forwarded, prog="jspec train-target")
+
+
+def run_train_drafter(args: argparse.Namespace) -> int:
+    from jspec.train.commands import train_drafter_main
+
+    return train_drafter_main(args.forwarded, prog="jspec train-drafter")
+
+
+# subcommand -> (run, help); each parses its own arguments, so its --help is its own
+FORWARDED = {
+    "bench": (run_bench, "time generation methods side by side (arguments: see `jspec bench --help`)"),
+    "train-target": (run_train_target, "train a small Llama target on the Python stdlib"),
+    "train-drafter": (run_train_drafter, "train an EAGLE-3 head or a draft model for a trained target"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jspec", description="Speculative decoding in JAX.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text from prompts")
+    debug = argparse.ArgumentParser(add_help=False)  # --debug after the subcommand too; SUPPRESS keeps the first
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gen = sub.add_parser("generate", parents=[debug], help="generate text from prompts",
+                         description="Speculative generation; one prompt is streamed as it is committed.")
     _add_generate_args(gen)
     gen.set_defaults(func=run_generate)
-    conv = sub.add_parser("convert", help="convert a Hugging Face checkpoint to a jspec directory")
+    conv = sub.add_parser("convert", parents=[debug], help="convert a Hugging Face checkpoint to a jspec directory")
     _add_convert_args(conv)
     conv.set_defaults(func=run_convert)
+    for name, (run, help_text) in FORWARDED.items():
+        forwarded = sub.add_parser(name, parents=[debug], help=help_text, add_help=False, allow_abbrev=False)
+        forwarded.set_defaults(func=run)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses the command line; the arguments of a FORWARDED command are left, in order, in ``args.forwarded``."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command not in FORWARDED:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.forwarded = rest
+    return args
+
+
+def _error_line(error: BaseException) -> str:
+    if isinstance(error, KeyError):
+        return f"jspec: error: missing key {error.args[0]!r} (a config file without a required field?)"
+    return "jspec: error: " + str(error).replace("\n", " ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.debug:
         return args.func(args)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
-        print(f"jspec: error: {error}", file=sys.stderr)
+    except USER_ERRORS as error:
+        print(_error_line(error), file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\njspec: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

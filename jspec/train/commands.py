@@ -1,0 +1,123 @@
+"""Command lines of the training jobs: ``jspec train-target`` and ``jspec train-drafter``.
+
+scripts/train_target.py and scripts/train_drafter.py call the same functions, so both spellings share one
+implementation. Each ``*_main(argv)`` parses its arguments, builds the TrainConfig (a bad value raises ValueError
+before any work starts), runs the job and returns 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from jspec.train.target import TrainConfig
+
+TRAIN_FIELDS = ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps", "weight_decay", "seed",
+                "checkpoint_every", "eval_every", "eval_batches")
+DRAFTER_DEFAULTS = TrainConfig(steps=400, batch_size=8, seq_len=256, learning_rate=2e-3, warmup_steps=20,
+                               checkpoint_every=50, eval_every=100, eval_batches=4)
+
+TARGET_DESCRIPTION = """\
+Train the bundled code model: a small Llama on the Python standard library's source.
+
+    jspec train-target --out /tmp/code-model/target_hf --work-dir /tmp/code-model/work
+
+Resumable: rerun the same command after a kill and it continues from the latest orbax checkpoint in
+--work-dir/checkpoints. Writes a Hugging Face directory (config.json, model.safetensors, tokenizer.json) at --out.
+"""
+
+DRAFTER_DESCRIPTION = """\
+Train a drafter for a trained target (an HF directory, e.g. from `jspec train-target`).
+
+    jspec train-drafter --kind eagle3 --target TARGET_HF --out HEAD_HF --work-dir WORK
+    jspec train-drafter --kind draft_model --target TARGET_HF --out DRAFT_HF --work-dir WORK
+
+eagle3: an EAGLE-3 head distilled on the frozen target's features (layers 2, L//2, L-3) and next-token
+distributions, with the training-time test (head unrolled --unroll steps on its own outputs, weights
+--decay ** i); written in the HF EAGLE-3 layout (config.json + model.safetensors with d2t; t2d.npy beside).
+draft_model: a --num-layers Llama distilled from the target, in HF Llama layout with the target's tokenizer.
+Both resume from --work-dir/checkpoints after a kill.
+"""
+
+
+def _add_train_config_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """One --flag per TrainConfig field in TRAIN_FIELDS, typed and defaulted from ``defaults``."""
+    group = parser.add_argument_group("training")
+    for field in TRAIN_FIELDS:
+        default = getattr(defaults, field)
+        group.add_argument("--" + field.replace("_", "-"), type=type(default), default=default,
+                           help=f"(default: {default})")
+    parser.add_argument("--corpus-root", default=None, help="source tree to train on (default: the stdlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    """The parsed TRAIN_FIELDS as a validated TrainConfig (ValueError names a bad value)."""
+    return TrainConfig(**{field: getattr(args, field) for field in TRAIN_FIELDS})
+
+
+def train_target_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=TARGET_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="HF output directory")
+    parser.add_argument("--work-dir", required=True, help="tokenizer, token cache and orbax checkpoints")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--num-layers", type=int, default=7)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate-size", type=int, default=640)
+    parser.add_argument("--untied", action="store_true", help="separate lm_head (default: tied embeddings)")
+    _add_train_config_args(parser, TrainConfig())
+    return parser
+
+
+def train_target_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Trains a target from the command line ``argv`` (default: sys.argv[1:]); see TARGET_DESCRIPTION."""
+    from jspec.train.target import llama_hf_config, train_target
+
+    args = train_target_parser(prog).parse_args(argv)
+    train = _train_config(args)
+    hf_config = llama_hf_config(args.vocab_size, args.hidden_size, args.num_layers, args.num_heads,
+                                args.num_kv_heads, args.intermediate_size, tie_word_embeddings=not args.untied)
+    report = train_target(args.out, args.work_dir, hf_config, train, args.corpus_root,
+                          progress=not args.no_progress)
+    print(f"held-out loss {report['heldout_loss']:.3f} nats/token; wrote {args.out}")
+    return 0
+
+
+def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=DRAFTER_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", required=True, choices=["eagle3", "draft_model"])
+    parser.add_argument("--target", required=True, help="HF directory of the trained target")
+    parser.add_argument("--out", required=True, help="HF output directory")
+    parser.add_argument("--work-dir", required=True, help="token cache and orbax checkpoints")
+    parser.add_argument("--draft-vocab-size", type=int, default=None,
+                        help="eagle3: most frequent target tokens kept (default: the whole target vocab)")
+    parser.add_argument("--unroll", type=int, default=3, help="eagle3: training-time-test steps")
+    parser.add_argument("--decay", type=float, default=0.8, help="eagle3: loss weight of step i is decay ** i")
+    parser.add_argument("--num-layers", type=int, default=2, help="draft_model: layers")
+    parser.add_argument("--num-generated", type=int, default=0,
+                        help="eagle3: train half on the target's greedy continuations of this many corpus windows")
+    _add_train_config_args(parser, DRAFTER_DEFAULTS)
+    return parser
+
+
+def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Trains an EAGLE-3 head or a draft model from the command line ``argv``; see DRAFTER_DESCRIPTION."""
+    args = train_drafter_parser(prog).parse_args(argv)
+    train = _train_config(args)
+    if args.kind == "eagle3":
+        from jspec.train.eagle3_head import train_eagle3
+
+        report = train_eagle3(args.out, args.target, args.work_dir, train, args.draft_vocab_size, args.unroll,
+                              args.decay, args.corpus_root, progress=not args.no_progress,
+                              num_generated=args.num_generated)
+        print(f"held-out distillation loss {report['heldout_loss']:.3f}; wrote {args.out}")
+    else:
+        from jspec.train.draft_model import train_draft_model
+
+        report = train_draft_model(args.out, args.target, args.work_dir, train, args.num_layers,
+                                   args.corpus_root, progress=not args.no_progress)
+        print(f"held-out distillation loss {report['heldout_distill_loss']:.3f}; wrote {args.out}")
+    return 0
