@@ -27,6 +27,7 @@ from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
 from models.checkpoint import load_eagle3, load_llama, read_jspec_meta
 from models.config import ModelConfig
+from models.llama import unstack_layers
 
 logger = logging.getLogger("jspec")
 FORCE_ACCEPT_ENV = "JSPEC_FORCE_ACCEPT"
@@ -133,7 +134,7 @@ class SpecEngine:
         if (drafter is None) != (drafter_params is None):
             raise ValueError("drafter and drafter_params go together: pass both or neither")
         self.config = target_config
-        self.params = target_params
+        self.params = unstack_layers(target_params, target_config)  # once, outside any program
         self.drafter_params = drafter_params
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size

@@ -22,6 +22,7 @@ from jspec.state import DecodeState
 from jspec.drafters.base import PrefillContext
 from jspec.step import StepInputs, plain_step, spec_step
 from models.attention import KVCache
+from models.llama import unstack_layers
 
 
 class GenerateResult(NamedTuple):
@@ -37,7 +38,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     batch, prompt_width = prompt_ids.shape
     cfg = setup.target
     cache = KVCache.zeros(cfg.num_layers, batch, setup.cache_slots, cfg.num_kv_heads, cfg.head_dim,
-                          setup.jnp_dtype)
+                          setup.jnp_dtype, per_layer=True)
     positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
     zeros = jnp.zeros((batch,), jnp.int32)
     out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, zeros,
@@ -80,7 +81,10 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
     right-padded; prompt_lens: i32[B] (>= 1, prompt_lens + max_new_tokens <= setup.max_seq_len);
     key: PRNG key; max_new_tokens: i32[B]; stop_ids: i32[B, K] (-1 padded; EOS ids belong here);
     sampling: per-sequence temperature/top_k/top_p. Inputs are trusted: SpecEngine validates them.
+    Target params may be stacked (as loaded) or per layer (``models.llama.unstack_layers``); pass them per layer
+    to keep the per-call unstacking copy out of the program (SpecEngine does).
     """
+    params_t = unstack_layers(params_t, setup.target)
     prefill_key, loop_key = jax.random.split(key)
     inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
     state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup)
@@ -93,6 +97,7 @@ def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.A
                    max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
                    setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`."""
+    params_t = unstack_layers(params_t, setup.target)
     prefill_key, loop_key = jax.random.split(key)
     inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
     return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup), inputs
@@ -102,4 +107,5 @@ def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.A
 def generate_continue(params_t, params_d, state: DecodeState, inputs: StepInputs, max_steps: jax.Array, *,
                       setup: GenerateSetup) -> DecodeState:
     """Streaming, part 2: at most ``max_steps`` more steps (the state's buffers are donated and reused)."""
+    params_t = unstack_layers(params_t, setup.target)
     return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps)

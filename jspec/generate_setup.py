@@ -69,4 +69,5 @@ class GenerateSetup:
         return self.max_seq_len + (1 if self.spec is None else self.spec.tree_size)
 
     def target_model(self) -> LlamaModel:
-        return LlamaModel(self.target, self.jnp_dtype, self.attention_fn)
+        """The target, unrolled over per-layer params (``models.llama.unstack_layers``) and a per-layer cache."""
+        return LlamaModel(self.target, self.jnp_dtype, self.attention_fn, scan_layers=False)

@@ -19,13 +19,16 @@ from models.attention import KVCache
 
 
 def commit_path(cache: KVCache, accept_index: jax.Array, cache_len: jax.Array) -> KVCache:
-    """cache: [L, B, S, Hkv, D]; accept_index: i32[B, D + 1] local node ids, -1 padded; cache_len: i32[B]."""
+    """cache: per layer [B, S, Hkv, D] (or stacked [L, B, S, Hkv, D]); accept_index: i32[B, D + 1] local node ids,
+    -1 padded; cache_len: i32[B]."""
     batch, width = accept_index.shape
     rows = jnp.arange(batch)[:, None]
     source = cache_len[:, None] + jnp.maximum(accept_index, 0)
     target = cache_len[:, None] + jnp.arange(width)[None]
 
     def move(buffer: jax.Array) -> jax.Array:
-        return buffer.at[:, rows, target].set(buffer[:, rows, source])
+        if buffer.ndim == 5:
+            return buffer.at[:, rows, target].set(buffer[:, rows, source])
+        return buffer.at[rows, target].set(buffer[rows, source])
 
-    return KVCache(move(cache.k), move(cache.v))
+    return jax.tree.map(move, cache)

@@ -30,16 +30,29 @@ import jax.numpy as jnp
 
 
 class KVCache(NamedTuple):
-    """Per-layer key and value buffers: k, v: [num_layers, B, S, Hkv, D]."""
+    """Key and value buffers of every layer, in one of two layouts:
 
-    k: jax.Array
-    v: jax.Array
+    - stacked: k, v: [num_layers, B, S, Hkv, D] (what a model under ``nn.scan`` reads; training);
+    - per layer: k, v: tuples of num_layers arrays [B, S, Hkv, D] (inference: each layer reads and updates its own
+      buffer in place; a stacked buffer costs a copy of the layer's slice on every step on CPU).
+    """
+
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
 
     @classmethod
     def zeros(cls, num_layers: int, batch: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
-              dtype) -> "KVCache":
+              dtype, per_layer: bool = False) -> "KVCache":
+        if per_layer:
+            shape = (batch, max_seq_len, num_kv_heads, head_dim)
+            return cls(tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                       tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)))
         shape = (num_layers, batch, max_seq_len, num_kv_heads, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+    @property
+    def per_layer(self) -> bool:
+        return isinstance(self.k, (tuple, list))
 
 
 class AttentionFn(Protocol):

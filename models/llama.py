@@ -3,8 +3,9 @@
 The module only describes the network. The KV cache is explicit arrays passed in and returned; which new tokens
 see each other is an argument (causal continuation or an arbitrary tree mask, see ``models/attention.py``);
 the attention function is injected, so a tree-attention kernel can replace the default without this file
-knowing. Layers run under ``nn.scan`` (parameters stacked on a leading ``num_layers`` axis), so compile time does
-not grow with depth.
+knowing. For training and conversion the layers run under ``nn.scan`` (parameters stacked on a leading
+``num_layers`` axis: compile time does not grow with depth); inference unrolls them over per-layer parameters
+(``scan_layers=False``, :func:`unstack_layers`), which spares a copy of every layer's weights and K/V per step.
 
 Parameter tree (HF names; Dense kernels are HF weights transposed, [in, out])::
 
@@ -146,11 +147,15 @@ class LlamaModel(nn.Module):
     cache_len + write_offset ..; a drafter growing a tree), ``logits_index`` i32[B, K] or None (which of the T rows get logits; None: all),
     ``tap_layers``: static tuple of layer indices whose residual-stream input is returned (HF
     ``hidden_states[i]``).
+
+    ``scan_layers``: True runs the layers under ``nn.scan`` (stacked params and cache; training, conversion);
+    False unrolls them over per-layer params and cache (inference; :func:`unstack_layers` converts params).
     """
 
     config: ModelConfig
     dtype: jnp.dtype = jnp.float32
     attention_fn: AttentionFn = dense_attention
+    scan_layers: bool = True
 
     @nn.compact
     def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, cache_len: jax.Array,
@@ -163,6 +168,29 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
 
         tapped = sorted(set(tap_layers))
+        _tap_slots(tapped, cfg.num_layers)  # validates the layer indices
+        if self.scan_layers:
+            x, taps, cache = self._scanned_layers(x, cache, cos, sin, cache_len, local_mask, write_offset, tapped)
+        else:
+            x, taps, cache = self._unrolled_layers(x, cache, cos, sin, cache_len, local_mask, write_offset, tapped)
+        if taps is not None:
+            taps = taps[np.asarray([tapped.index(layer) for layer in tap_layers])]
+
+        x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
+        if logits_index is not None:
+            x = jnp.take_along_axis(x, logits_index[:, :, None], axis=1)
+        if cfg.tie_word_embeddings and self.scan_layers:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                              name="lm_head")(x)
+        return DecoderOutput(logits.astype(jnp.float32), cache, taps)
+
+    def _scanned_layers(self, x, cache, cos, sin, cache_len, local_mask, write_offset, tapped):
+        """Layers under nn.scan: params stacked under ``layers``, cache stacked [L, B, S, Hkv, D]."""
+        cfg = self.config
+        if cache.per_layer:
+            raise ValueError("LlamaModel(scan_layers=True) takes a stacked KVCache; got a per-layer one")
         tap_slot = _tap_slots(tapped, cfg.num_layers)
         taps = None
         if tapped:
@@ -176,18 +204,25 @@ class LlamaModel(nn.Module):
         )(cfg, self.attention_fn, self.dtype, name="layers")
         (x, taps), (k, v) = layers((x, taps), (cache.k, cache.v, jnp.asarray(tap_slot)), cos, sin, cache_len,
                                    local_mask, jnp.asarray(write_offset, jnp.int32))
-        if taps is not None:
-            taps = taps[np.asarray([tapped.index(layer) for layer in tap_layers])]
+        return x, taps, KVCache(k, v)
 
-        x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
-        if logits_index is not None:
-            x = jnp.take_along_axis(x, logits_index[:, :, None], axis=1)
-        if cfg.tie_word_embeddings:
-            logits = embed.attend(x)
-        else:
-            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
-                              name="lm_head")(x)
-        return DecoderOutput(logits.astype(jnp.float32), KVCache(k, v), taps)
+    def _unrolled_layers(self, x, cache, cos, sin, cache_len, local_mask, write_offset, tapped):
+        """One module per layer (params ``layers_0`` .. ``layers_{L-1}``, see :func:`unstack_layers`) over a
+        per-layer cache: every layer reads its weights and updates its K/V in place, with no slicing copies."""
+        cfg = self.config
+        if not cache.per_layer or len(cache.k) != cfg.num_layers:
+            raise ValueError(f"LlamaModel(scan_layers=False) takes a per-layer KVCache of {cfg.num_layers} layers")
+        offset = jnp.asarray(write_offset, jnp.int32)
+        taps, ks, vs = [], [], []
+        for i in range(cfg.num_layers):
+            if i in tapped:
+                taps.append(x)
+            layer = DecoderLayer(cfg, self.attention_fn, self.dtype, name=f"layers_{i}")
+            (x, _), (k, v) = layer((x, None), (cache.k[i], cache.v[i], None), cos, sin, cache_len, local_mask,
+                                   offset)
+            ks.append(k)
+            vs.append(v)
+        return x, (jnp.stack(taps) if taps else None), KVCache(tuple(ks), tuple(vs))
 
 
 def _tap_slots(tap_layers: Sequence[int], num_layers: int) -> np.ndarray:
@@ -206,3 +241,29 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
     tokens = jnp.zeros((1, 1), jnp.int32)
     cache = KVCache.zeros(config.num_layers, 1, 1, config.num_kv_heads, config.head_dim, dtype)
     return model.init(key, tokens, tokens, cache, jnp.zeros((1,), jnp.int32))["params"]
+
+
+def unstack_layers(params: dict, config: ModelConfig) -> dict:
+    """Stored params (``layers`` stacked on a leading L axis) -> the inference layout of
+    ``LlamaModel(scan_layers=False)``: ``layers_0`` .. ``layers_{L-1}``, and for tied embeddings an explicit
+    ``lm_head/kernel`` = embedding.T [H, V] (so no step transposes the embedding). Params already in the inference
+    layout are returned as they are."""
+    if "layers" not in params:
+        return params
+    out = {name: value for name, value in params.items() if name != "layers"}
+    for i in range(config.num_layers):
+        out[f"layers_{i}"] = jax.tree.map(lambda stacked: stacked[i], params["layers"])
+    if config.tie_word_embeddings:
+        out["lm_head"] = {"kernel": params["embed_tokens"]["embedding"].T}
+    return out
+
+
+def stack_layers(params: dict, config: ModelConfig) -> dict:
+    """The inverse of :func:`unstack_layers`."""
+    if "layers" in params:
+        return params
+    names = [f"layers_{i}" for i in range(config.num_layers)]
+    dropped = set(names) | ({"lm_head"} if config.tie_word_embeddings else set())
+    out = {name: value for name, value in params.items() if name not in dropped}
+    out["layers"] = jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *[params[name] for name in names])
+    return out

@@ -23,6 +23,17 @@ def engine():
     return jspec.SpecEngine(CONFIG, params, max_batch_size=4, max_seq_len=64)
 
 
+def assert_target_in(body, config: ModelConfig) -> None:
+    """The target's layers (unrolled at inference: one MLP down-projection per layer) and its lm_head run in
+    ``body``."""
+    dots = find_eqns(body, "dot_general")
+    down = [e for e in dots if e.invars[0].aval.shape[-1] == config.intermediate_size
+            and e.outvars[0].aval.shape[-1] == config.hidden_size]
+    lm_head = [e for e in dots if e.outvars[0].aval.shape[-1] == config.vocab_size]
+    assert len(down) >= config.num_layers, f"{len(down)} MLP down-projections in the loop, expected {config.num_layers}"
+    assert lm_head, "the target's lm_head does not run inside the loop"
+
+
 def generate_args(engine, b=2, p=16):
     sampling = SamplingArrays(jnp.zeros((b,)), jnp.zeros((b,), jnp.int32), jnp.ones((b,)))
     return (engine.params, None, jnp.zeros((b, p), jnp.int32), jnp.ones((b,), jnp.int32), jax.random.key(0),
@@ -36,8 +47,8 @@ def test_one_while_loop_and_no_host_callbacks(engine):
     loops = [e for e in top if e.primitive.name == "while"]
     assert len(loops) == 1, [e.primitive.name for e in top]
     (loop,) = loops
-    # the loop body holds the target forward: the scan over its layers
-    assert find_eqns(loop.params["body_jaxpr"].jaxpr, "scan")
+    # the loop body holds the whole target forward: every layer's MLP and the lm_head
+    assert_target_in(loop.params["body_jaxpr"].jaxpr, CONFIG)
     assert not set(all_primitives(jaxpr)) & set(CALLBACK_PRIMITIVES)
     compiled = jspec.generate.lower(*args, setup=engine.setup).compile().as_text()
     targets = re.findall(r'custom_call_target="([^"]+)"', compiled)
@@ -89,8 +100,7 @@ def test_speculative_generate_is_one_loop_holding_both_models(tree):
     loops = [e for e in top_level_eqns(jaxpr) if e.primitive.name == "while"]
     assert len(loops) == 1
     body = loops[0].params["body_jaxpr"].jaxpr
-    target_scans = [e for e in find_eqns(body, "scan") if e.params["length"] == SPEC_TARGET.num_layers]
-    assert target_scans, "the target's layers do not run inside the loop"
+    assert_target_in(body, SPEC_TARGET)
     head_lm_head = [e for e in find_eqns(body, "dot_general")
                     if any(getattr(v.aval, "shape", ())[-1:] == (DRAFT_VOCAB,) for v in e.invars)]
     assert head_lm_head, "the drafter does not run inside the loop"
