@@ -98,7 +98,8 @@ def load_drafter(drafter_dir: str, target: ModelConfig, spec: SpecConfig, max_se
         check_same_vocab(draft_config, target)
         if target_dir is not None:
             _check_same_tokenizer(drafter_dir, target_dir)
-        return DraftModelDrafter(draft_config, target, spec, max_seq_len, dtype), draft_params
+        return (DraftModelDrafter(draft_config, target, spec, max_seq_len, dtype),
+                unstack_layers(draft_params, draft_config))
     raise ValueError(f"drafter directory {drafter_dir!r} holds a {kind!r} checkpoint; expected an EAGLE-3 head "
                      f"or a Llama-family draft model")
 

@@ -43,11 +43,11 @@ from jspec.trees import StaticTree, build_static_tree
 from models.attention import KVCache
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
-from models.llama import LlamaModel
+from models.llama import LlamaModel, unstack_layers
 
 
 class DraftModelState(NamedTuple):
-    cache: KVCache     # the draft model's K/V: [L_draft, B, S_draft, Hkv, D]; slots 0..R committed
+    cache: KVCache     # the draft model's K/V, per layer [B, S_draft, Hkv, D]; slots 0..R committed
     logits: jax.Array  # f32[B, V] its prediction for the root's children
 
 
@@ -89,7 +89,12 @@ class DraftModelDrafter:
         return self.max_seq_len + max(window, self.spec.max_depth + 1)
 
     def _model(self) -> LlamaModel:
-        return LlamaModel(self.draft, DTYPES[self.dtype])
+        """Unrolled over per-layer params and cache, as the target is (see models.llama.unstack_layers)."""
+        return LlamaModel(self.draft, DTYPES[self.dtype], scan_layers=False)
+
+    def _params(self, params_d: Any) -> dict:
+        """The inference layout (a no-op when the engine already unstacked them, as ``load_drafter`` does)."""
+        return {"params": unstack_layers(params_d, self.draft)}
 
     # --- the protocol ------------------------------------------------------------------------------------------
 
@@ -101,8 +106,8 @@ class DraftModelDrafter:
         positions = jnp.broadcast_to(jnp.arange(width + 1, dtype=jnp.int32), (batch, width + 1))
         cfg = self.draft
         cache = KVCache.zeros(cfg.num_layers, batch, self.cache_slots, cfg.num_kv_heads, cfg.head_dim,
-                              DTYPES[self.dtype])
-        out = self._model().apply({"params": params_d}, tokens, positions, cache, jnp.zeros((batch,), jnp.int32),
+                              DTYPES[self.dtype], per_layer=True)
+        out = self._model().apply(self._params(params_d), tokens, positions, cache, jnp.zeros((batch,), jnp.int32),
                                   logits_index=ctx.prompt_lens[:, None])
         return DraftModelState(out.cache, out.logits[:, 0])
 
@@ -111,10 +116,11 @@ class DraftModelDrafter:
                 key: jax.Array | None = None) -> tuple[DraftModelState, DraftTree]:
         del params_t
         model, committed = self._model(), cache_len + 1  # the draft has read the root already
+        variables = self._params(params_d)
 
         def forward(carry, tokens, hidden, positions, offset, mask):
             # tree_search runs depth-d nodes at root position + d - 1 (EAGLE's lag); this model has no lag
-            out = model.apply({"params": params_d}, tokens, positions + 1, carry[0], committed, local_mask=mask,
+            out = model.apply(variables, tokens, positions + 1, carry[0], committed, local_mask=mask,
                               write_offset=offset)
             return (out.cache,) + carry[1:], out.logits, hidden
 
@@ -137,7 +143,7 @@ class DraftModelDrafter:
         batch, width = ctx.new_tokens.shape
         positions = ctx.cache_len[:, None] + 1 + jnp.arange(width, dtype=jnp.int32)[None]
         last = jnp.maximum(ctx.num_committed - 1, 0)[:, None]
-        out = self._model().apply({"params": params_d}, ctx.new_tokens, positions, state.cache, ctx.cache_len + 1,
+        out = self._model().apply(self._params(params_d), ctx.new_tokens, positions, state.cache, ctx.cache_len + 1,
                                   logits_index=last)
         return DraftModelState(out.cache, out.logits[:, 0])
 
