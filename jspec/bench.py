@@ -5,8 +5,9 @@
     jspec bench --synthetic llama3-8b,llama3-1b --out $OUT      # GPU roofline mode (jspec/bench_synthetic.py)
 
 Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
-chain, static and dynamic trees, the draft model and n-gram prompt lookup (``jspec.eval_acceptance``'s
-``method_specs``), at each batch size. Per method and batch: a warm-up pass over all prompts (it compiles every
+chain (``--chain-depth`` drafts), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
+(dynamic tree) and n-gram prompt lookup (tree and chain) (``jspec.eval_acceptance``'s ``method_specs``), at each
+batch size. Per method and batch: a warm-up pass over all prompts (it compiles every
 bucket; its compile seconds are reported apart), then ``--repeats`` timed passes whose median tokens/s is
 reported. Speedup is over ``plain`` at the same batch size. Every method's output is compared with plain's
 token for token and the mismatches are counted (they must be 0; they are reported, never hidden).
@@ -35,7 +36,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-DEFAULT_METHODS = ("plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", "draft-model-dynamic", "ngram")
+DEFAULT_METHODS = ("plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", "draft-model-dynamic", "ngram",
+                   "ngram-chain")
 PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
 
@@ -93,7 +95,7 @@ def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[s
     import jspec
     from jspec.eval_acceptance import method_specs
 
-    specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk)
+    specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth)
     rows, plain_outputs, ids = [], {}, None
     bar = tqdm(total=len(methods) * len(batch_sizes), desc="jspec methods", unit="run")
     for method in sorted(methods, key=lambda m: m != "plain"):
@@ -206,7 +208,7 @@ def print_table(rows: Sequence[Row]) -> None:
         table.add_column(h, justify="left" if h == "method" else "right", no_wrap=True)
     for r, c in zip(rows, cells):
         table.add_row(*c, style="red" if r.mismatches else None)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 132).print(table)
 
 
 def write_chart(rows: Sequence[Row], path: str) -> bool:
@@ -275,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per method and batch (median)")
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes per step, root included")
     parser.add_argument("--num-steps", type=int, default=6, help="dynamic tree depth")
+    parser.add_argument("--chain-depth", type=int, default=5, help="drafts per step of the chain methods")
     parser.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
@@ -297,7 +300,7 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     from jspec.eval_acceptance import method_specs
 
     methods = [m for m in args.methods.split(",") if m]
-    known = method_specs(args.num_draft_tokens, args.num_steps, args.topk)
+    known = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth)
     unknown = [m for m in methods if m not in known]
     if unknown or "plain" not in methods:
         raise ValueError(f"--methods {args.methods!r}: expected 'plain' and some of {list(known)}")

@@ -33,18 +33,22 @@ class MethodReport:
     accepted_per_position: list[float]
 
 
-def method_specs(num_draft_tokens: int, num_steps: int, topk: int) -> dict[str, tuple[str, Any]]:
-    """name -> (drafter part: "eagle3" | "draft" | "ngram" | None, SpecConfig or None)."""
+def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
+                 chain_depth: int | None = None) -> dict[str, tuple[str, Any]]:
+    """name -> (drafter part: "eagle3" | "draft" | "ngram" | None, SpecConfig or None). Chains draft
+    ``chain_depth`` tokens (default num_draft_tokens - 1: the same T as the trees)."""
     from jspec.bundled import spec_for
 
+    chain_tokens = num_draft_tokens if chain_depth is None else chain_depth + 1
     return {
         "plain": (None, None),
-        "eagle3-chain": ("eagle3", spec_for("chain", num_draft_tokens)),
+        "eagle3-chain": ("eagle3", spec_for("chain", chain_tokens)),
         "eagle3-static": ("eagle3", spec_for("static", num_draft_tokens)),
         "eagle3-dynamic": ("eagle3", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
         "draft-model-dynamic": ("draft", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
         "draft-model-chain": ("draft", spec_for("chain", min(num_draft_tokens, num_steps + 1))),
         "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
+        "ngram-chain": ("ngram", spec_for("chain", chain_tokens)),
     }
 
 
