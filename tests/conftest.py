@@ -37,3 +37,15 @@ def hf_checkpoint(tmp_path_factory):
         return made[family]
 
     return get
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drops JAX's compilation caches after each test module (one pytest process compiles several hundred
+    programs). A full-suite run once segfaulted inside a late XLA compilation (tree_verify, interpret mode) that
+    passes alone; the cause is not established, and with this fixture the same suite ran clean."""
+    yield
+    import gc
+
+    jax.clear_caches()
+    gc.collect()
