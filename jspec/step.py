@@ -7,6 +7,7 @@ against, through the same commit path.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -60,18 +61,58 @@ def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]
 
 
 def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
-    """propose -> verify the tree with the target -> accept -> commit tokens and both models' K/V."""
+    """propose -> verify the tree with the target -> accept -> commit tokens and both models' K/V.
+
+    When the drafter reports ``tree.drafted`` and no running sequence drafted anything, the T-token verify pass is
+    skipped (``lax.cond``: only the taken branch runs) and the target decodes the root alone, as plain decoding
+    would; this step then commits one token per sequence.
+    """
     drafter, cache_len = setup.drafter, state.cache_len
     step_key = jax.random.fold_in(inputs.key, state.step)
     draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len,
                                         sampling=inputs.sampling, key=jax.random.fold_in(step_key, 1))
+    verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, key=step_key)
+    if tree.drafted is None or setup.force_accept is not None:
+        return verify(state, draft_state, tree)
+    root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, key=step_key)
+    speculate = jnp.any(tree.drafted & ~state.done)
+    return jax.lax.cond(speculate, verify, root_only, state, draft_state, tree)
+
+
+def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, inputs: StepInputs,
+                 setup: GenerateSetup, key: jax.Array) -> DecodeState:
+    """The target over all T tree nodes, acceptance, then commit of tokens, the drafter's state and the K/V."""
+    cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, tree.tokens, tree.positions, state.cache, cache_len,
                                      local_mask=tree.mask, tap_layers=setup.tap_layers)
-    verified = accept_tree(tree, out.logits, inputs.sampling, step_key,
+    verified = accept_tree(tree, out.logits, inputs.sampling, key,
                            max_depth=setup.spec.max_depth, force_accept=setup.force_accept)
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
-    draft_state = drafter.commit(params_t, params_d, draft_state,
-                                 CommitContext(new_tokens, committed, verified.accept_index, out.taps, cache_len))
+    draft_state = setup.drafter.commit(params_t, params_d, draft_state,
+                                       CommitContext(new_tokens, committed, verified.accept_index, out.taps,
+                                                     cache_len))
     cache = commit_path(out.cache, verified.accept_index, cache_len)
     return state._replace(cache=cache, draft=draft_state, step=state.step + 1)
+
+
+def _decode_root(params_t, params_d, state: DecodeState, draft_state, tree, *, inputs: StepInputs,
+                 setup: GenerateSetup, key: jax.Array) -> DecodeState:
+    """No drafts to verify: the target runs on the root (node 0) only and samples the next token from its own
+    distribution; the drafter commits it as a step that accepted nothing. Buffers keep the verify path's shapes."""
+    cache_len = state.cache_len
+    batch, num_nodes = tree.tokens.shape
+    out = setup.target_model().apply({"params": params_t}, tree.tokens[:, :1], tree.positions[:, :1], state.cache,
+                                     cache_len, tap_layers=setup.tap_layers)
+    token = sample_tokens(out.logits[:, 0], inputs.sampling, key)
+    width = setup.tokens_per_step
+    new_tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(token)
+    state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,
+                                     inputs.stop_ids)
+    accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
+    taps = out.taps
+    if taps is not None:  # the drafter reads node 0's row only
+        taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))
+    draft_state = setup.drafter.commit(params_t, params_d, draft_state,
+                                       CommitContext(new_tokens, committed, accept_index, taps, cache_len))
+    return state._replace(cache=out.cache, draft=draft_state, step=state.step + 1)

@@ -8,7 +8,10 @@ Inside the jitted loop a drafter is a frozen (hashable, static) object plus an e
   request's per-sequence SamplingArrays) and ``key`` (a fresh PRNG key per step) let a drafter draw its drafts
   from its own distribution; it then reports, per node, the distribution the node's children were drawn from
   (``DraftTree.draft_probs``) and verification runs recursive rejection sampling. A drafter whose drafts are a
-  function of the prefix (top-k trees, n-gram lookup) ignores both and leaves ``draft_probs`` None.
+  function of the prefix (top-k trees, n-gram lookup) ignores both and leaves ``draft_probs`` None. A drafter
+  that sometimes has nothing to propose (n-gram lookup without a match) says so in ``DraftTree.drafted``; the
+  step then skips the T-token verify pass when no running sequence drafted (as vLLM skips speculation for a
+  request without a proposal).
 - ``commit(params_t, params_d, state, ctx: CommitContext) -> state``: after verification, take in the committed
   tokens (update the drafter's own KV cache and whatever it predicts next).
 
@@ -34,6 +37,9 @@ class DraftTree(NamedTuple):
     next_sibling: jax.Array  # i32[B, T] next sibling, -1 if none
     draft_probs: jax.Array | None = None  # f32[B, T, V]: node i's children are i.i.d. draws from row i; None:
                                           # deterministic drafts (pallas_kernels.tree_verify)
+    drafted: jax.Array | None = None      # bool[B]: False where the drafter has nothing to propose (its nodes
+                                          # past the root are placeholders); None: always drafted. A step in
+                                          # which no running sequence drafted runs the target on the root alone.
 
 
 class PrefillContext(NamedTuple):

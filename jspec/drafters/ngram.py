@@ -10,8 +10,10 @@ match wins. Per sequence (L = cache_len + 1 tokens known, the last one the root)
     draft:   x y ...                                   tokens[c + m], m = 0 .. depth - 1
 
 A continuation running into the end of the sequence repeats with period L - c (what a match that close
-implies): draft[m] = tokens[c + m mod (L - c)]. With no match the draft is the root repeated: verification
-rejects what is wrong, so output stays exactly the target's whatever is proposed.
+implies): draft[m] = tokens[c + m mod (L - c)]. With no match there is nothing to propose
+(``DraftTree.drafted`` False; the nodes hold the root as placeholders): when no running sequence of the batch has
+a match, the step skips the T-token verify pass and decodes the root alone, as vLLM's n-gram proposer does. Output
+stays exactly the target's whatever is proposed: verification rejects what is wrong.
 
 Trees: branch j is the continuation of the most recent match (longest n first) whose first token differs from
 those of branches 0 .. j-1 (the top-k distinct continuations). ``tree="chain"`` drafts one branch;
@@ -148,7 +150,8 @@ class NgramDrafter:
                                            depth=tree.max_depth)
         nodes = jnp.where(found[:, branch], drafts[:, branch, depth - 1], root[:, None])  # no match: the root
         tokens = jnp.concatenate([root[:, None], nodes], axis=1)
-        return state, static_draft_tree(tree, tokens, cache_len)
+        # Branch 0 is found whenever any branch is: without it there is nothing to propose.
+        return state, static_draft_tree(tree, tokens, cache_len)._replace(drafted=found[:, 0])
 
     def commit(self, params_t: Any, params_d: Any, state: NgramState, ctx: CommitContext) -> NgramState:
         del params_t, params_d

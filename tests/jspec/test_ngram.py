@@ -1,6 +1,9 @@
 """The n-gram (prompt lookup) drafter: the lookup against a brute-force oracle, lossless greedy output for
 chains and trees (ragged batch, EOS and max_new_tokens cuts), acceptance > 1.5 on self-repeating text, lossless
-sampling on a random target, one XLA program, and drafter="ngram" in from_pretrained."""
+sampling on a random target (also through the root-only decode of a step without drafts), the verify pass skipped
+when nothing matched, one XLA program, and drafter="ngram" in from_pretrained."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,8 @@ import pytest
 
 import jspec
 from jspec.drafters.ngram import NgramDrafter, find_continuations
+from jspec.generate import generate_start
+from jspec.step import spec_step
 from jspec.sampling import SamplingArrays
 from models.llama import init_params
 from tests import spec_fixtures as fx
@@ -115,17 +120,55 @@ def test_random_target_greedy_is_lossless():
     assert ngram_engine(params, SPECS["branches"]).generate(RAGGED, max_new_tokens=20).token_ids == plain
 
 
-@pytest.mark.parametrize("tree", ["chain", "branches"])
-def test_random_target_sampling_follows_the_exact_distribution(tree):
+@pytest.mark.parametrize("tree,prompt", [("chain", [1, 4, 2, 1, 4]), ("branches", [1, 4, 2, 1, 4]),
+                                         ("chain", [1, 4, 2, 5])])
+def test_random_target_sampling_follows_the_exact_distribution(tree, prompt):
     """Tiny random target (V = 6, so lookups hit often) at temperature 1: counts of (x1, x2, x3) vs the
-    enumerated joint; n-gram drafts are deterministic, verified by per-node target draws."""
+    enumerated joint; n-gram drafts are deterministic, verified by per-node target draws. With the prompt ending in
+    a token it never had before, no row drafts at the first step: x1 comes from the root-only decode."""
     target = varied(init_params(TINY, jax.random.key(4)))
-    prompt, rows = [1, 4, 2, 1, 4], 12000
+    rows = 12000
     engine = jspec.SpecEngine(TINY, target, drafter=NgramDrafter(SPECS[tree], 16), drafter_params={},
                               max_batch_size=rows, max_seq_len=16)
     out = engine.generate([prompt] * rows, max_new_tokens=3, temperature=1.0, seed=2)
     assert out.stats.acceptance_length > 1.1, out.stats  # drafts really are accepted
     assert_triples_follow(out.token_ids, exact_triples(target, 1.0, prompt))
+
+
+def _one_step(engine, params, prompt):
+    """(cache before, cache after, state after) of the first speculative step after prefilling ``prompt``."""
+    sampling = SamplingArrays(jnp.zeros((1,)), jnp.zeros((1,), jnp.int32), jnp.ones((1,)))
+    ids = jnp.asarray([prompt + [0] * (32 - len(prompt))], jnp.int32)
+    state, inputs = generate_start(engine.params, {}, ids, jnp.asarray([len(prompt)], jnp.int32), jax.random.key(0),
+                                   jnp.full((1,), 8, jnp.int32), jnp.full((1, 1), -1, jnp.int32), sampling,
+                                   setup=engine.setup)
+    step = jax.jit(functools.partial(spec_step, setup=engine.setup))
+    return state.cache, step(engine.params, {}, state, inputs), state
+
+
+@pytest.mark.parametrize("drafted", [False, True])
+def test_no_match_skips_the_verify_pass(target, drafted):
+    """Without a lookup match the step runs the target on the root alone: the cache slots the T - 1 other tree
+    nodes would take keep the prefill's values. With a match they are rewritten by the verify pass. Either way
+    the committed tokens are plain decoding's."""
+    plain = fx.plain_engine(target)
+    if drafted:  # the target's greedy continuation repeats the prompt: the root is found in it
+        pattern = plain.generate([[3]], max_new_tokens=12).token_ids[0]
+        prompt = ([3] + pattern) * 2
+    else:        # tokens the first generated token (the root) is not among
+        prompt = [5, 9, 13]
+    first = plain.generate([prompt], max_new_tokens=1).token_ids[0][0]
+    assert (first in prompt) == drafted
+    engine = ngram_engine(target, SPECS["chain"])
+    before, after, state = _one_step(engine, engine.params, prompt)
+    root = int(state.cache_len[0])
+    nodes = slice(root + 1, root + engine.setup.spec.tree_size)
+    untouched = all(bool(jnp.array_equal(b[:, nodes], a[:, nodes])) for b, a in zip(before.k, after.cache.k))
+    assert untouched == (not drafted)
+    n = int(after.seq_len[0] - state.seq_len[0])
+    assert n >= 1 and (n == 1 or drafted)
+    expected = plain.generate([prompt], max_new_tokens=1 + n).token_ids[0]
+    assert np.asarray(after.tokens[0, len(prompt):len(prompt) + 1 + n]).tolist() == expected
 
 
 def test_one_xla_program(target):
