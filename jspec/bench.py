@@ -5,12 +5,14 @@
     jspec bench --synthetic llama3-8b,llama3-1b --out $OUT      # GPU roofline mode (jspec/bench_synthetic.py)
 
 Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
-chain (``--chain-depth`` drafts), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
+chain (``--chain-depth`` drafts; the n-gram chain ``--ngram-depth``), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
 (dynamic tree) and n-gram prompt lookup (tree and chain) (``jspec.eval_acceptance``'s ``method_specs``), at each
-batch size. Per method and batch: a warm-up pass over all prompts (it compiles every
-bucket; its compile seconds are reported apart), then ``--repeats`` timed passes whose median tokens/s is
-reported. Speedup is over ``plain`` at the same batch size. Every method's output is compared with plain's
-token for token and the mismatches are counted (they must be 0; they are reported, never hidden).
+batch size. Per batch size: a warm-up pass of every method over all prompts (it compiles every bucket; its compile
+seconds are reported apart), then ``--repeats`` rounds, each timing one pass of every method in turn (interleaved,
+so drift on a shared machine hits every method of a round alike); the median tokens/s is reported, and the
+speedup is the median over rounds of the method's tokens/s over ``plain``'s in the same round. Every method's
+output is compared with plain's token for token and the mismatches are counted (they must be 0; they are
+reported, never hidden).
 
 Peers at batch 1, on the same weights (exported to Hugging Face format into a temp dir) and prompts, float32 on
 the CPU: transformers' plain ``generate``, assisted generation with the draft model (``assistant_model=``),
@@ -43,7 +45,8 @@ PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
 @dataclasses.dataclass
 class Row:
-    """One method at one batch size. tokens_per_second: median over the timed passes (all prompts each);
+    """One method at one batch size. tokens_per_second: median over the timed passes (all prompts each); speedup:
+    median over rounds of tokens/s / plain's in the same round (peers: over jspec plain's median);
     acceptance_length: tokens committed per target step (1 for plain; None for peers, which do not report it);
     accepted_hist[k]: fraction of steps that accepted exactly k drafts; mismatches: prompts whose output differs
     from jspec plain's at the same batch size (None for plain itself)."""
@@ -70,58 +73,60 @@ def acceptance_histogram(accepted_per_position: Sequence[float]) -> list[float]:
 
 # --- jspec methods ----------------------------------------------------------------------------------------------
 
-def time_jspec(engine, prompts: Sequence[list[int]], batch_size: int, max_new_tokens: int,
-               repeats: int) -> tuple[list[list[int]], dict, list[float]]:
-    """Warm-up pass (compiles), then ``repeats`` timed passes -> (outputs, warm-up stats, tokens/s per pass)."""
-    from jspec.eval_acceptance import run_method
-
-    outputs, warm = run_method(engine, prompts, batch_size, max_new_tokens)
-    speeds = []
-    for _ in range(repeats):
-        again, stats = run_method(engine, prompts, batch_size, max_new_tokens)
-        if again != outputs:
-            raise RuntimeError(f"greedy outputs changed between passes at batch {batch_size}: not deterministic")
-        speeds.append(stats["num_generated_tokens"] / stats["run_seconds"])
-    return outputs, warm, speeds
-
-
 def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[str], methods: Sequence[str],
                batch_sizes: Sequence[int], args: argparse.Namespace,
                on_row: Callable[[Row], None]) -> tuple[list[Row], dict[int, list[list[int]]], list[list[int]]]:
-    """Every method at every batch size; plain first (the baseline).
-    -> (rows, plain outputs per batch size, the prompts' token ids)."""
+    """Every method at every batch size -> (rows, plain outputs per batch size, the prompts' token ids).
+
+    Per batch size: a warm-up pass of every method (it compiles), then ``args.repeats`` rounds that time one pass
+    of every method each, interleaved, so a slow spell of a shared machine hits all methods of a round alike.
+    Speedup is the median over rounds of (method / plain) in the same round.
+    """
     from tqdm import tqdm
 
     import jspec
-    from jspec.eval_acceptance import method_specs
+    from jspec.eval_acceptance import method_specs, run_method
 
-    specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth)
-    rows, plain_outputs, ids = [], {}, None
-    bar = tqdm(total=len(methods) * len(batch_sizes), desc="jspec methods", unit="run")
-    for method in sorted(methods, key=lambda m: m != "plain"):
+    specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth)
+    order = sorted(methods, key=lambda m: m != "plain")
+    engines = {}
+    for method in order:
         part, spec = specs[method]
         drafter = None if part is None else ("ngram" if part == "ngram" else drafters[part])
-        engine = jspec.SpecEngine.from_pretrained(target, drafter=drafter, spec=spec,
-                                                  max_batch_size=max(batch_sizes), max_seq_len=args.max_seq_len,
-                                                  dtype=args.dtype)
-        if ids is None:
-            ids = engine._encode(prompts)
-        for batch in batch_sizes:
-            outputs, warm, speeds = time_jspec(engine, ids, batch, args.max_new_tokens, args.repeats)
-            tps = statistics.median(speeds)
-            if method == "plain":
-                plain_outputs[batch] = outputs
-            base = next((r for r in rows if r.method == "plain" and r.batch_size == batch), None)
-            mismatches = None
-            if method != "plain" and batch in plain_outputs:
-                mismatches = sum(a != b for a, b in zip(outputs, plain_outputs[batch]))
-            row = Row(method, batch, tps, speeds, tps / base.tokens_per_second if base else None,
-                      warm["acceptance_length"], warm["num_generated_tokens"], warm["compile_seconds"], mismatches,
-                      acceptance_histogram(warm["accepted_per_position"]),
+        engines[method] = jspec.SpecEngine.from_pretrained(target, drafter=drafter, spec=spec,
+                                                           max_batch_size=max(batch_sizes),
+                                                           max_seq_len=args.max_seq_len, dtype=args.dtype)
+    ids = engines["plain"]._encode(prompts)
+    bar = tqdm(total=len(order) * len(batch_sizes) * (1 + args.repeats), desc="jspec passes", unit="pass")
+    rows, plain_outputs = [], {}
+    for batch in batch_sizes:
+        warm = {}
+        for method in order:
+            warm[method] = run_method(engines[method], ids, batch, args.max_new_tokens)
+            bar.update()
+        plain_outputs[batch] = warm["plain"][0]
+        speeds = {method: [] for method in order}
+        for _ in range(args.repeats):
+            for method in order:
+                again, stats = run_method(engines[method], ids, batch, args.max_new_tokens)
+                if again != warm[method][0]:
+                    raise RuntimeError(f"{method}: greedy outputs changed between passes at batch {batch}: "
+                                       f"not deterministic")
+                speeds[method].append(stats["num_generated_tokens"] / stats["run_seconds"])
+                bar.update()
+        for method in order:
+            outputs, stats = warm[method]
+            plain = method == "plain"
+            speedup = None if plain else statistics.median(
+                [s / p for s, p in zip(speeds[method], speeds["plain"])])
+            mismatches = None if plain else sum(a != b for a, b in zip(outputs, plain_outputs[batch]))
+            spec = specs[method][1]
+            row = Row(method, batch, statistics.median(speeds[method]), speeds[method], speedup,
+                      stats["acceptance_length"], stats["num_generated_tokens"], stats["compile_seconds"],
+                      mismatches, acceptance_histogram(stats["accepted_per_position"]),
                       spec=dataclasses.asdict(spec) if spec else None)
             rows.append(row)
             on_row(row)
-            bar.update()
     bar.close()
     return rows, plain_outputs, ids
 
@@ -277,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per method and batch (median)")
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes per step, root included")
     parser.add_argument("--num-steps", type=int, default=6, help="dynamic tree depth")
-    parser.add_argument("--chain-depth", type=int, default=5, help="drafts per step of the chain methods")
+    parser.add_argument("--chain-depth", type=int, default=5, help="drafts per step of the model-drafted chains")
+    parser.add_argument("--ngram-depth", type=int, default=9, help="drafts per step of the n-gram chain")
     parser.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
@@ -299,8 +305,11 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     """Validates everything before any model loads -> (methods, batch sizes)."""
     from jspec.eval_acceptance import method_specs
 
+    for name in ("num_prompts", "max_new_tokens", "repeats", "chain_depth", "ngram_depth"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
     methods = [m for m in args.methods.split(",") if m]
-    known = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth)
+    known = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth)
     unknown = [m for m in methods if m not in known]
     if unknown or "plain" not in methods:
         raise ValueError(f"--methods {args.methods!r}: expected 'plain' and some of {list(known)}")
@@ -308,9 +317,6 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     bad_peers = [p for p in args.peers if p not in PEERS]
     if bad_peers:
         raise ValueError(f"--peers {bad_peers}: expected some of {list(PEERS)}")
-    for name in ("num_prompts", "max_new_tokens", "repeats"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
     return methods, _int_list(args.batch_sizes, "batch-sizes")
 
 

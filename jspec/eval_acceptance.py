@@ -34,9 +34,11 @@ class MethodReport:
 
 
 def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
-                 chain_depth: int | None = None) -> dict[str, tuple[str, Any]]:
+                 chain_depth: int | None = None, ngram_depth: int | None = None) -> dict[str, tuple[str, Any]]:
     """name -> (drafter part: "eagle3" | "draft" | "ngram" | None, SpecConfig or None). Chains draft
-    ``chain_depth`` tokens (default num_draft_tokens - 1: the same T as the trees)."""
+    ``chain_depth`` tokens (default num_draft_tokens - 1: the same T as the trees); the n-gram chain drafts
+    ``ngram_depth`` (default: as the other chains). Lookup drafts cost nothing to make, and a step without a match
+    skips verification, so the n-gram chain gains from longer drafts than model drafters do."""
     from jspec.bundled import spec_for
 
     chain_tokens = num_draft_tokens if chain_depth is None else chain_depth + 1
@@ -48,7 +50,7 @@ def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
         "draft-model-dynamic": ("draft", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
         "draft-model-chain": ("draft", spec_for("chain", min(num_draft_tokens, num_steps + 1))),
         "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
-        "ngram-chain": ("ngram", spec_for("chain", chain_tokens)),
+        "ngram-chain": ("ngram", spec_for("chain", chain_tokens if ngram_depth is None else ngram_depth + 1)),
     }
 
 
