@@ -30,13 +30,17 @@ def plain_outputs(target):
 @pytest.mark.parametrize("tree", sorted(fx.SPECS))
 @pytest.mark.parametrize("head", ["random", "distilled"])
 def test_greedy_output_equals_plain_decoding(target, heads, plain_outputs, tree, head):
+    """The random head's drafts are mostly rejected, the distilled head's mostly accepted; the distilled engine
+    also runs each request at batch 1 (another batch bucket)."""
     engine = fx.spec_engine(target, heads[head], tree)
     for max_new_tokens, expected in plain_outputs.items():
         out = engine.generate(RAGGED, max_new_tokens=max_new_tokens)
         assert out.token_ids == expected, (tree, head, max_new_tokens)
-        single = engine.generate(RAGGED[1:2], max_new_tokens=max_new_tokens)  # batch 1
-        assert single.token_ids == expected[1:2]
-    assert engine.num_compiled == 4  # batch buckets {4, 1} x sequence buffers {32, 64} (16 + 1, 16 + 7 | 16 + 33)
+        if head == "distilled":
+            single = engine.generate(RAGGED[1:2], max_new_tokens=max_new_tokens)  # batch 1
+            assert single.token_ids == expected[1:2]
+    # batch buckets ({4, 1} distilled, {4} random) x sequence buffers {32, 64} (16 + 1, 16 + 7 | 16 + 33)
+    assert engine.num_compiled == (4 if head == "distilled" else 2)
     if head == "distilled":
         assert out.stats.acceptance_length > 1.5, out.stats  # multi-token acceptance really is exercised
 
