@@ -5,9 +5,9 @@
     jspec bench --synthetic llama3-8b,llama3-1b --out $OUT      # GPU roofline mode (jspec/bench_synthetic.py)
 
 Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
-chain (``--chain-depth`` drafts; the n-gram chain ``--ngram-depth``), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
-(dynamic tree) and n-gram prompt lookup (tree and chain) (``jspec.eval_acceptance``'s ``method_specs``), at each
-batch size. Per batch size: a warm-up pass of every method over all prompts (it compiles every bucket; its compile
+chain (``--chain-depth`` drafts), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
+(dynamic tree) and n-gram prompt lookup (tree, and chain of ``--ngram-depth`` drafts)
+(``jspec.eval_acceptance``'s ``method_specs``), at each batch size. Per batch size: a warm-up pass of every method over all prompts (it compiles every bucket; its compile
 seconds are reported apart), then ``--repeats`` rounds, each timing one pass of every method in turn (interleaved,
 so drift on a shared machine hits every method of a round alike); the median tokens/s is reported, and the
 speedup is the median over rounds of the method's tokens/s over ``plain``'s in the same round. Every method's

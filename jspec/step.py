@@ -39,16 +39,23 @@ def last_tokens(state: DecodeState) -> jax.Array:
 def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
     """Runs the target on each sequence's last token, samples the next one, commits it."""
     del params_d
-    cache_len = state.cache_len
-    out = setup.target_model().apply({"params": params_t}, last_tokens(state)[:, None], cache_len[:, None],
-                                     state.cache, cache_len)
     key = jax.random.fold_in(inputs.key, state.step)
-    next_token = sample_tokens(out.logits[:, 0], inputs.sampling, key)
+    out, next_token = decode_one(params_t, state, last_tokens(state), inputs, key, setup=setup)
     # A done sequence's cache_len is frozen, so its rewrite of slot cache_len harms nothing.
     state = state._replace(cache=out.cache)
-    state, _ = commit_tokens(state, next_token[:, None], jnp.ones_like(cache_len), inputs.max_new_tokens,
+    state, _ = commit_tokens(state, next_token[:, None], jnp.ones_like(state.cache_len), inputs.max_new_tokens,
                              inputs.stop_ids)
     return state._replace(step=state.step + 1)
+
+
+def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInputs, key: jax.Array, *,
+               setup: GenerateSetup):
+    """The target on one token per sequence (token i32[B], written at slot cache_len) -> (its DecoderOutput,
+    the next token i32[B] sampled from the target's distribution)."""
+    cache_len = state.cache_len
+    out = setup.target_model().apply({"params": params_t}, token[:, None], cache_len[:, None], state.cache,
+                                     cache_len, tap_layers=setup.tap_layers)
+    return out, sample_tokens(out.logits[:, 0], inputs.sampling, key)
 
 
 def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]:
@@ -102,9 +109,7 @@ def _decode_root(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     distribution; the drafter commits it as a step that accepted nothing. Buffers keep the verify path's shapes."""
     cache_len = state.cache_len
     batch, num_nodes = tree.tokens.shape
-    out = setup.target_model().apply({"params": params_t}, tree.tokens[:, :1], tree.positions[:, :1], state.cache,
-                                     cache_len, tap_layers=setup.tap_layers)
-    token = sample_tokens(out.logits[:, 0], inputs.sampling, key)
+    out, token = decode_one(params_t, state, tree.tokens[:, 0], inputs, key, setup=setup)
     width = setup.tokens_per_step
     new_tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(token)
     state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,
