@@ -7,12 +7,12 @@
 Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
 chain (``--chain-depth`` drafts), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
 (dynamic tree) and n-gram prompt lookup (tree, and chain of ``--ngram-depth`` drafts)
-(``jspec.eval_acceptance``'s ``method_specs``), at each batch size. Per batch size: a warm-up pass of every method over all prompts (it compiles every bucket; its compile
-seconds are reported apart), then ``--repeats`` rounds, each timing one pass of every method in turn (interleaved,
-so drift on a shared machine hits every method of a round alike); the median tokens/s is reported, and the
-speedup is the median over rounds of the method's tokens/s over ``plain``'s in the same round. Every method's
-output is compared with plain's token for token and the mismatches are counted (they must be 0; they are
-reported, never hidden).
+(``jspec.eval_acceptance``'s ``method_specs``), at each batch size. Per batch size: a warm-up pass of every method
+over all prompts (it compiles every bucket; its compile seconds are reported apart), then ``--repeats`` rounds,
+each timing one pass of every method in turn (interleaved, so drift on a shared machine hits every method of a
+round alike); the median tokens/s is reported, and the speedup is the median over rounds of the method's tokens/s
+over ``plain``'s in the same round. Every method's output is compared with plain's token for token and the
+mismatches are counted (they must be 0; they are reported, never hidden).
 
 Peers at batch 1, on the same weights (exported to Hugging Face format into a temp dir) and prompts, float32 on
 the CPU: transformers' plain ``generate``, assisted generation with the draft model (``assistant_model=``),
