@@ -1,4 +1,7 @@
-"""Shared pytest setup: float32 matmuls at full precision and the `gpu` marker."""
+"""Shared pytest setup: float32 matmuls at full precision, the `gpu` marker, the number of xdist workers."""
+
+import os
+import shutil
 
 import jax
 import pytest
@@ -11,6 +14,15 @@ def _has_gpu() -> bool:
         return bool(jax.devices("gpu"))
     except RuntimeError:
         return False
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for ``-n auto`` (pyproject addopts): two on a CPU-only machine, where most of the suite's time is
+    single-threaded XLA compilation; none on a GPU machine, where every worker process would claim the device's
+    memory. Decided without initialising a JAX backend in the controlling process."""
+    if shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0"):
+        return 0
+    return min(2, os.cpu_count() or 1)
 
 
 def pytest_collection_modifyitems(config, items):
