@@ -215,7 +215,7 @@ class SpecEngine:
         """Validates everything and pads the batch; nothing is compiled before this passes."""
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
                                 top_p=float(top_p), seed=seed, stop_token_ids=tuple(stop_token_ids or ()))
-        ids = self._encode(prompts)
+        ids = self.encode(prompts)
         validate_prompts(ids, vocab_size=self.config.vocab_size, max_batch_size=self.max_batch_size,
                          max_seq_len=self.setup.max_seq_len, max_new_tokens=params.max_new_tokens)
         batch = pad_batch(ids, max_new_tokens=params.max_new_tokens,
@@ -223,7 +223,8 @@ class SpecEngine:
                           max_batch_size=self.max_batch_size, max_seq_len=self.setup.max_seq_len)
         return batch, params
 
-    def _encode(self, prompts) -> list[list[int]]:
+    def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+        """Prompts (texts, or lists of token ids) -> token ids; validates their kind."""
         if isinstance(prompts, (str, bytes)):
             raise ValueError("prompts must be a list of prompts, got a single string; wrap it in a list")
         prompts = list(prompts)

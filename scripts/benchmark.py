@@ -8,7 +8,7 @@ See jspec/bench.py (and jspec/bench_synthetic.py) for what is measured and how.
 
 import sys
 
-from jspec.bench import main
+from jspec.tools.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,7 @@ the package's bundled code model, jspec/assets/code-model/{target,eagle3,draft},
 
 import argparse
 
-from jspec.bundled import BUNDLE_DIR, build_bundle
+from jspec.tools.bundled import BUNDLE_DIR, build_bundle
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -8,7 +8,7 @@ Same as ``jspec convert``. Nothing is left at --dst if the conversion fails.
 import argparse
 import sys
 
-from jspec.cli import _add_convert_args, main
+from jspec.tools.cli import _add_convert_args, main
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -13,8 +13,8 @@ import dataclasses
 import json
 import os
 
-from jspec.bundled import DEFAULT_SPEC, bundled_dir
-from jspec.eval_acceptance import evaluate_methods, format_table, method_specs
+from jspec.tools.bundled import DEFAULT_SPEC, bundled_dir
+from jspec.tools.eval_acceptance import evaluate_methods, format_table, method_specs
 from jspec.train.corpus import human_eval_prompts
 
 DEFAULT_METHODS = ("plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", "draft-model-dynamic", "ngram")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jspec.demo_model import write_random_hf_checkpoint
+from jspec.tools.demo_model import write_random_hf_checkpoint
 from models.checkpoint import convert_hf_llama, load_llama
 from models.config import from_hf_config
 

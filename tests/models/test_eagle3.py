@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from jspec.cli import main
-from jspec.demo_model import write_random_hf_checkpoint
+from jspec.tools.cli import main
+from jspec.tools.demo_model import write_random_hf_checkpoint
 from models.attention import KVCache
 from models.checkpoint import (checkpoint_kind, convert_hf_checkpoint, convert_hf_eagle3, load_eagle3,
                                write_hf_eagle3)

@@ -7,7 +7,7 @@
 Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
 chain (``--chain-depth`` drafts), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
 (dynamic tree) and n-gram prompt lookup (tree, and chain of ``--ngram-depth`` drafts)
-(``jspec.eval_acceptance``'s ``method_specs``), at each batch size. Per batch size: a warm-up pass of every method
+(``jspec.tools.eval_acceptance``'s ``method_specs``), at each batch size. Per batch size: a warm-up pass of every method
 over all prompts (it compiles every bucket; its compile seconds are reported apart), then ``--repeats`` rounds,
 each timing one pass of every method in turn (interleaved, so drift on a shared machine hits every method of a
 round alike); the median tokens/s is reported, and the speedup is the median over rounds of the method's tokens/s
@@ -85,7 +85,7 @@ def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[s
     from tqdm import tqdm
 
     import jspec
-    from jspec.eval_acceptance import method_specs, run_method
+    from jspec.tools.eval_acceptance import method_specs, run_method
 
     specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth)
     order = sorted(methods, key=lambda m: m != "plain")
@@ -96,7 +96,7 @@ def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[s
         engines[method] = jspec.SpecEngine.from_pretrained(target, drafter=drafter, spec=spec,
                                                            max_batch_size=max(batch_sizes),
                                                            max_seq_len=args.max_seq_len, dtype=args.dtype)
-    ids = engines["plain"]._encode(prompts)
+    ids = engines["plain"].encode(prompts)
     bar = tqdm(total=len(order) * len(batch_sizes) * (1 + args.repeats), desc="jspec passes", unit="pass")
     rows, plain_outputs = [], {}
     for batch in batch_sizes:
@@ -264,13 +264,13 @@ def environment() -> dict[str, Any]:
 # --- command line -----------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from jspec.bundled import DEFAULT_SPEC
+    from jspec.tools.bundled import DEFAULT_SPEC
 
     parser = argparse.ArgumentParser(prog="jspec bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--synthetic", default=None,
                         help="GPU roofline mode on random weights (e.g. llama3-8b,llama3-1b); every other argument "
-                             "goes to jspec.bench_synthetic")
+                             "goes to jspec.tools.roofline")
     parser.add_argument("--target", default=None, help="converted target (default: the bundled code model)")
     parser.add_argument("--eagle3", default=None, help="converted EAGLE-3 head (default: the bundled one)")
     parser.add_argument("--draft", default=None, help="converted draft model (default: the bundled one)")
@@ -303,7 +303,7 @@ def _int_list(text: str, name: str) -> list[int]:
 
 def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     """Validates everything before any model loads -> (methods, batch sizes)."""
-    from jspec.eval_acceptance import method_specs
+    from jspec.tools.eval_acceptance import method_specs
 
     for name in ("num_prompts", "max_new_tokens", "repeats", "chain_depth", "ngram_depth"):
         if getattr(args, name) < 1:
@@ -324,11 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, _ = build_parser().parse_known_args(argv)
     if args.synthetic is not None:
-        from jspec.bench_synthetic import main as synthetic_main
+        from jspec.tools.roofline import main as synthetic_main
         return synthetic_main(argv)
     args = build_parser().parse_args(argv)
     methods, batch_sizes = _check_args(args)
-    from jspec.bundled import bundled_dir
+    from jspec.tools.bundled import bundled_dir
     from jspec.train.corpus import human_eval_prompts
 
     target = args.target or bundled_dir("target")

@@ -1,7 +1,7 @@
 """Roofline benchmark on random weights of real model shapes: decode step time against the memory floor.
 
-    python -m jspec.bench_synthetic --synthetic llama3-8b,llama3-1b --out DIR [--budget-seconds 480]
-    python -m jspec.bench_synthetic --synthetic tiny --synthetic-batches 1      # CPU smoke run
+    python -m jspec.tools.roofline --synthetic llama3-8b,llama3-1b --out DIR [--budget-seconds 480]
+    python -m jspec.tools.roofline --synthetic tiny --synthetic-batches 1      # CPU smoke run
 
 For each shape (``SHAPES``): random bf16 target weights and a random EAGLE-3 head of matching shape (the shapes
 of the models' own init functions, drawn by one jitted call, so they are created on the device: 16 GB of

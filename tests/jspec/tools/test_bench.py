@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from jspec import bench
+from jspec.tools import bench
 
 
 def test_acceptance_histogram_from_per_position_fractions():

@@ -1,5 +1,4 @@
-"""The code model shipped with the package: a small Llama trained here on the Python standard library, with its
-EAGLE-3 head and a 2-layer draft model, converted to bf16 under ``jspec/assets/code-model/``::
+"""Presets for the bundled code model (``jspec/bundle.py`` says where it lives), and how it is built::
 
     target/   kind "llama"   (scripts/train_target.py)
     eagle3/   kind "eagle3"  (scripts/train_drafter.py --kind eagle3)
@@ -14,10 +13,11 @@ from __future__ import annotations
 import os
 import shutil
 
+from jspec.bundle import BUNDLE_DIR, PARTS, bundled_dir
 from jspec.config import SpecConfig
 
-BUNDLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "code-model")
-PARTS = ("target", "eagle3", "draft")
+__all__ = ["BUNDLE_DIR", "DEFAULT_SPEC", "PARTS", "RANKED_PATHS", "build_bundle", "bundled_dir", "spec_for"]
+
 # The best acceptance measured by scripts/eval_acceptance.py on HumanEval (greedy); see the README.
 DEFAULT_SPEC = SpecConfig(tree="dynamic", num_steps=10, topk=4, num_draft_tokens=32)
 # Static tree paths, most likely first (every path's parent precedes it): a static tree of T nodes is the first
@@ -41,14 +41,6 @@ def spec_for(tree: str, num_draft_tokens: int, num_steps: int = 6, topk: int = 4
             raise ValueError(f"num_draft_tokens={num_draft_tokens}: static trees here have 2..{len(RANKED_PATHS) + 1}")
         return SpecConfig(tree="static", tree_choices=RANKED_PATHS[:num_draft_tokens - 1])
     return SpecConfig(tree=tree, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
-
-
-def bundled_dir(part: str = "target", root: str = BUNDLE_DIR) -> str | None:
-    """The converted directory of one part of the bundle, or None when it is not installed."""
-    if part not in PARTS:
-        raise ValueError(f"part={part!r}: expected one of {PARTS}")
-    path = os.path.join(root, part)
-    return path if os.path.isfile(os.path.join(path, "jspec.json")) else None
 
 
 def build_bundle(target_hf: str, eagle3_hf: str, draft_hf: str, root: str = BUNDLE_DIR,

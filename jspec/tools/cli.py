@@ -2,7 +2,7 @@
 
     jspec generate [PROMPT ...]   speculative generation, streamed for one prompt, timed against plain decoding
     jspec convert --src HF_DIR --dst OUT_DIR
-    jspec bench ...               every argument goes to jspec.bench.main
+    jspec bench ...               every argument goes to jspec.tools.bench.main
     jspec train-target ...        jspec.train.commands.train_target_main (same as scripts/train_target.py)
     jspec train-drafter ...       jspec.train.commands.train_drafter_main (same as scripts/train_drafter.py)
 
@@ -54,7 +54,7 @@ def _token_ids(text: str) -> list[int]:
 
 
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
-    from jspec.bundled import DEFAULT_SPEC
+    from jspec.tools.bundled import DEFAULT_SPEC
 
     parser.add_argument("prompts", nargs="*", default=["def fibonacci(n):"],
                         help="prompt texts (one prompt is streamed as it is generated)")
@@ -93,8 +93,8 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
 
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     """-> (target dir, drafter (dir, "ngram" or None), a description for the user)."""
-    from jspec.bundled import bundled_dir
-    from jspec.demo_model import ensure_demo_model
+    from jspec.tools.bundled import bundled_dir
+    from jspec.tools.demo_model import ensure_demo_model
 
     bundled = {"eagle3": bundled_dir("eagle3"), "draft": bundled_dir("draft")}
     drafter = args.drafter
@@ -262,7 +262,7 @@ def _print_batch(report: dict[str, Any]) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from jspec.bundled import spec_for
+    from jspec.tools.bundled import spec_for
 
     sampling = _sampling(args)
     model_dir, drafter, what = _resolve_models(args)
@@ -287,8 +287,8 @@ def run_generate(args: argparse.Namespace) -> int:
 # --- commands that own their arguments -------------------------------------------------------------------------
 
 def run_bench(args: argparse.Namespace) -> int:
-    """``jspec bench ARGS`` is ``jspec.bench.main(ARGS)``."""
-    from jspec.bench import main as bench_main
+    """``jspec bench ARGS`` is ``jspec.tools.bench.main(ARGS)``."""
+    from jspec.tools.bench import main as bench_main
 
     return bench_main(args.forwarded) or 0
 

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from jspec import bundled
-from jspec.cli import _resolve_models
+from jspec.tools import bundled
+from jspec.tools.cli import _resolve_models
 from models.checkpoint import load_eagle3, load_llama
 from models.eagle3 import Eagle3Config
 

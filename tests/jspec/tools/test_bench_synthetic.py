@@ -12,7 +12,7 @@ import json
 import jax
 import pytest
 
-from jspec import bench_synthetic as bs
+from jspec.tools import roofline as bs
 from models.config import from_hf_config
 from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
 from models.llama import init_params

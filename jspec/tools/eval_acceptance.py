@@ -39,7 +39,7 @@ def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
     ``chain_depth`` tokens (default num_draft_tokens - 1: the same T as the trees); the n-gram chain drafts
     ``ngram_depth`` (default: as the other chains). Lookup drafts cost nothing to make, and a step without a match
     skips verification, so the n-gram chain gains from longer drafts than model drafters do."""
-    from jspec.bundled import spec_for
+    from jspec.tools.bundled import spec_for
 
     chain_tokens = num_draft_tokens if chain_depth is None else chain_depth + 1
     return {
@@ -109,7 +109,7 @@ def evaluate_methods(target_dir: str, drafters: dict[str, str], prompts: Sequenc
                                                   max_batch_size=batch_size, max_seq_len=max_seq_len,
                                                   dtype=dtype)
         if ids is None:
-            ids = engine._encode(prompts)
+            ids = engine.encode(prompts)
         log(f"{method}: {spec}")
         started = time.perf_counter()
         outputs[method], stats = run_method(engine, ids, batch_size, max_new_tokens, log)

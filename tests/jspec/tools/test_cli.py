@@ -9,8 +9,8 @@ import os
 import pytest
 from tokenizers import Tokenizer
 
-from jspec.cli import TextStream, main, parse_args
-from jspec.demo_model import write_random_hf_checkpoint
+from jspec.tools.cli import TextStream, main, parse_args
+from jspec.tools.demo_model import write_random_hf_checkpoint
 
 SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "hidden_size": 32,
          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -191,20 +191,20 @@ def test_train_drafter_runs_end_to_end(small_model, tmp_path):
 
 
 def test_bench_forwards_every_argument(monkeypatch):
-    import jspec.bench
+    import jspec.tools.bench
 
     seen = []
-    monkeypatch.setattr(jspec.bench, "main", lambda argv: seen.append(argv) or 3, raising=False)
+    monkeypatch.setattr(jspec.tools.bench, "main", lambda argv: seen.append(argv) or 3, raising=False)
     argv = ["--target", "out/llama", "--batch", "1", "-h", "--decay", "-0.5", "extra"]
     assert main(["bench", *argv, "--debug"]) == 3
     assert seen == [argv]  # --debug is jspec's own
 
 
 def test_bench_help():
-    import jspec.bench
+    import jspec.tools.bench
 
-    if not hasattr(jspec.bench, "main"):
-        pytest.skip("jspec.bench.main is not written yet")
+    if not hasattr(jspec.tools.bench, "main"):
+        pytest.skip("jspec.tools.bench.main is not written yet")
     with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stdout(io.StringIO()) as out:
         main(["bench", "--help"])
     assert exit_info.value.code == 0 and "usage:" in out.getvalue()
