@@ -1,5 +1,6 @@
 """jspec: speculative decoding in JAX, the whole draft/verify loop in one XLA program."""
 
+from jspec.bundle import bundled_model
 from jspec.config import SamplingParams, SpecConfig
 from jspec.engine import GenerateOutput, GenerateStats, SpecEngine
 from jspec.generate import GenerateResult, generate
@@ -7,4 +8,4 @@ from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
 
 __all__ = ["GenerateOutput", "GenerateResult", "GenerateSetup", "GenerateStats", "SamplingArrays",
-           "SamplingParams", "SpecConfig", "SpecEngine", "generate"]
+           "SamplingParams", "SpecConfig", "SpecEngine", "bundled_model", "generate"]

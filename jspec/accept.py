@@ -7,8 +7,8 @@ Greedy rows and sampled rows can share a batch: the sampling distribution of a g
 argmax, so the sampling walk accepts exactly what the greedy walk would. When every row is greedy the cheaper
 greedy walk runs (lax.cond on device, no recompilation).
 
-``force_accept`` (JSPEC_FORCE_ACCEPT, benchmarks only) accepts min(N, depth) drafts along the first-child path
-whatever the target says; the bonus is still the target's argmax there. Output is then not the target's.
+``force_accept`` (``SpecEngine(..., force_accept=N)``, benchmarks only) accepts min(N, depth) drafts along the
+first-child path whatever the target says; the bonus is still the target's argmax there. Output is then not the target's.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ Everything a user can get wrong is checked here, before anything is compiled. Co
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -19,18 +18,17 @@ import numpy as np
 
 from jspec.batching import PaddedBatch, pad_batch, unpad_outputs, validate_prompts
 from jspec.config import SamplingParams, SpecConfig
-from jspec.drafters.draft_model import DraftModelDrafter, check_same_vocab
-from jspec.drafters.eagle3 import Eagle3Drafter
-from jspec.drafters.ngram import NgramDrafter
+from jspec.detokenize import TextStream
+from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
-from models.checkpoint import load_eagle3, load_llama, read_jspec_meta
+from jspec.tokenizer import generation_eos, load_tokenizer
+from models.checkpoint import load_llama
 from models.config import ModelConfig
 from models.llama import unstack_layers
 
 logger = logging.getLogger("jspec")
-FORCE_ACCEPT_ENV = "JSPEC_FORCE_ACCEPT"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,81 +53,25 @@ class GenerateOutput:
     stats: GenerateStats
 
 
-def _load_tokenizer(model_dir: str):
-    path = os.path.join(model_dir, "tokenizer.json")
-    if not os.path.isfile(path):
-        return None
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(path)
-
-
-def force_accept_from_env() -> int | None:
-    """JSPEC_FORCE_ACCEPT=N (benchmarks only): accept exactly min(N, depth) drafts per step."""
-    raw = os.environ.get(FORCE_ACCEPT_ENV)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{FORCE_ACCEPT_ENV}={raw!r}: expected a non-negative integer") from None
-    if value < 0:
-        raise ValueError(f"{FORCE_ACCEPT_ENV}={raw!r}: expected a non-negative integer")
-    return value
-
-
-NGRAM = "ngram"
-
-
-def load_drafter(drafter_dir: str, target: ModelConfig, spec: SpecConfig, max_seq_len: int,
-                 dtype: str, target_dir: str | None = None) -> tuple[Any, Any]:
-    """``"ngram"`` or a converted drafter directory -> (static drafter, its params).
-
-    A directory holds an EAGLE-3 head (kind "eagle3") or a Llama-family draft model (kind "llama"), which must
-    share the target's vocabulary (and tokenizer, when both directories ship a tokenizer.json).
-    """
-    if drafter_dir == NGRAM:
-        return NgramDrafter(spec, max_seq_len), {}
-    kind = read_jspec_meta(drafter_dir).get("kind")
-    if kind == "eagle3":
-        head_config, head_params, d2t, _ = load_eagle3(drafter_dir, dtype)
-        return Eagle3Drafter(head_config, target, spec, max_seq_len, dtype), {"head": head_params, "d2t": d2t}
-    if kind == "llama":
-        draft_config, draft_params, _ = load_llama(drafter_dir, dtype)
-        check_same_vocab(draft_config, target)
-        if target_dir is not None:
-            _check_same_tokenizer(drafter_dir, target_dir)
-        return (DraftModelDrafter(draft_config, target, spec, max_seq_len, dtype),
-                unstack_layers(draft_params, draft_config))
-    raise ValueError(f"drafter directory {drafter_dir!r} holds a {kind!r} checkpoint; expected an EAGLE-3 head "
-                     f"or a Llama-family draft model")
-
-
-def _check_same_tokenizer(drafter_dir: str, target_dir: str) -> None:
-    draft, target = _load_tokenizer(drafter_dir), _load_tokenizer(target_dir)
-    if draft is not None and target is not None and draft.get_vocab() != target.get_vocab():
-        raise ValueError(f"the draft model's tokenizer ({drafter_dir!r}) differs from the target's "
-                         f"({target_dir!r}): speculative decoding needs one vocabulary")
-
-
-def _generation_eos(model_dir: str) -> tuple[int, ...]:
-    path = os.path.join(model_dir, "generation_config.json")
-    if not os.path.isfile(path):
-        return ()
-    with open(path) as f:
-        eos = json.load(f).get("eos_token_id")
-    if eos is None:
-        return ()
-    return (eos,) if isinstance(eos, int) else tuple(eos)
+def default_dtype() -> str | None:
+    """The compute dtype when the caller names none: float32 on a CPU (where bf16 is slow and its rounding can
+    make a verify pass and a decode step pick different tokens at near-ties, so speculative output would leave
+    plain decoding's), None (the checkpoint's own dtype) on a GPU or TPU."""
+    return "float32" if jax.default_backend() == "cpu" else None
 
 
 class SpecEngine:
     """Speculative (or, with drafter=None, plain) generation over one target model."""
 
-    def __init__(self, target_config: ModelConfig, target_params: Any, *, tokenizer=None, drafter: Any = None,
-                 drafter_params: Any = None, max_batch_size: int = 8, max_seq_len: int = 2048,
-                 dtype: str = "float32", eos_token_ids: Sequence[int] = (), force_accept: int | None = None):
-        """drafter: a static drafter object (e.g. jspec.drafters.eagle3.Eagle3Drafter) or None (plain decoding);
-        force_accept: JSPEC_FORCE_ACCEPT's value (benchmarks only: output is no longer the target's)."""
+    def __init__(self, target_config: ModelConfig, target_params: Any, *, tokenizer=None,
+                 drafter: Drafter | None = None, drafter_params: Any = None, max_batch_size: int = 8,
+                 max_seq_len: int = 2048, dtype: str = "float32", eos_token_ids: Sequence[int] = (),
+                 force_accept: int | None = None):
+        """drafter: a static drafter (``jspec.drafters.Drafter``, e.g. from ``jspec.drafters.load``) or None (plain
+        decoding); force_accept: verification accepts exactly min(N, depth) drafts per step, for timing without
+        trained weights (benchmarks only: the output is then NOT the target's)."""
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise ValueError(f"drafter={drafter!r}: expected a jspec.drafters.Drafter (or None)")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r}: expected an integer >= 1")
         if (drafter is None) != (drafter_params is None):
@@ -142,33 +84,38 @@ class SpecEngine:
         self.setup = GenerateSetup(target=target_config, max_seq_len=max_seq_len, dtype=dtype, drafter=drafter,
                                    force_accept=force_accept if drafter is not None else None)
         if self.setup.force_accept is not None:
-            logger.warning("%s=%d: verification accepts a fixed number of drafts; output is NOT the target's "
-                           "(benchmarks only)", FORCE_ACCEPT_ENV, force_accept)
+            logger.warning("force_accept=%d: verification accepts a fixed number of drafts; output is NOT the "
+                           "target's (benchmarks only)", force_accept)
         self.eos_token_ids = tuple(sorted(set(target_config.eos_token_ids) | set(eos_token_ids)))
         self._compiled: dict[tuple, Any] = {}
 
     @classmethod
-    def from_pretrained(cls, target_dir: str | os.PathLike, drafter: Any = None, spec: SpecConfig | None = None,
-                        max_batch_size: int = 8, max_seq_len: int = 2048, dtype: str | None = None) -> "SpecEngine":
-        """Loads a converted checkpoint directory (see scripts/convert_checkpoint.py).
+    def from_pretrained(cls, target_dir: str | os.PathLike, drafter: str | os.PathLike | None = None,
+                        spec: SpecConfig | None = None, max_batch_size: int = 8, max_seq_len: int = 2048,
+                        dtype: str | None = None, force_accept: int | None = None) -> "SpecEngine":
+        """Loads a converted checkpoint directory (``jspec convert``; ``jspec.bundled_model()`` for the bundled one).
 
-        drafter: None (plain decoding), ``"ngram"`` (prompt lookup, no weights), or a converted directory
-        holding an EAGLE-3 head or a Llama-family draft model with the target's vocabulary.
+        drafter: None (plain decoding), a name from ``jspec.drafters.DRAFTERS`` (``"ngram"``: prompt lookup, no
+        weights; ``"eagle3"`` / ``"draft"``: the bundled code model's head / draft model, with the bundled target
+        only), or a converted directory holding an EAGLE-3 head or a Llama-family draft model with the target's
+        vocabulary. spec: the draft tree (default ``SpecConfig()``). dtype: compute dtype, "float32" or
+        "bfloat16"; None means float32 on a CPU and the checkpoint's stored dtype on a GPU/TPU
+        (:func:`default_dtype`). force_accept: benchmarks only (see ``__init__``).
         """
         target_dir = os.fspath(target_dir)
         if spec is not None and not isinstance(spec, SpecConfig):
             raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig or None")
         if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
-            raise ValueError(f"drafter={drafter!r}: expected None, \"ngram\" or a converted drafter directory")
-        force_accept = force_accept_from_env()
-        config, params, stored_dtype = load_llama(target_dir, dtype)
+            raise ValueError(f"drafter={drafter!r}: expected None, a drafter name or a converted drafter directory")
+        config, params, dtype = load_llama(target_dir, dtype if dtype is not None else default_dtype())
         static_drafter = drafter_params = None
         if drafter is not None:
-            static_drafter, drafter_params = load_drafter(os.fspath(drafter), config, spec or SpecConfig(),
-                                                          max_seq_len, stored_dtype, target_dir)
-        return cls(config, params, tokenizer=_load_tokenizer(target_dir), drafter=static_drafter,
+            static_drafter, drafter_params = load_drafter(drafter, target=config, target_dir=target_dir,
+                                                          spec=spec or SpecConfig(), max_seq_len=max_seq_len,
+                                                          dtype=dtype)
+        return cls(config, params, tokenizer=load_tokenizer(target_dir), drafter=static_drafter,
                    drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                   dtype=stored_dtype, eos_token_ids=_generation_eos(target_dir), force_accept=force_accept)
+                   dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept)
 
     # --- the call ----------------------------------------------------------------------------------------------
 
@@ -209,6 +156,28 @@ class SpecEngine:
             if bool(np.asarray(state.done).all()):
                 return
             state = generate_continue(self.params, self.drafter_params, state, inputs, chunk, setup=setup)
+
+    def stream_text(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                    stop_token_ids: Sequence[int] | None = None, steps_per_chunk: int = 1) -> Iterator[list[str]]:
+        """Like :meth:`stream`, but yields the text each prompt gained (a string per prompt, possibly empty);
+        the concatenated pieces equal ``generate``'s texts. Needs the checkpoint's tokenizer.json."""
+        if self.tokenizer is None:
+            raise ValueError("stream_text needs a tokenizer, and this checkpoint has no tokenizer.json; use stream")
+        chunks = self.stream(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, seed=seed, stop_token_ids=stop_token_ids, steps_per_chunk=steps_per_chunk)
+        streams: list[TextStream] | None = None
+        so_far: list[list[int]] = []
+        for chunk in chunks:
+            if streams is None:
+                streams, so_far = [TextStream(self.tokenizer) for _ in chunk], [[] for _ in chunk]
+            for ids, new in zip(so_far, chunk):
+                ids += new
+            yield [text.piece(ids) for text, ids in zip(streams, so_far)]
+        if streams is not None:
+            tails = [text.piece(ids, final=True) for text, ids in zip(streams, so_far)]
+            if any(tails):
+                yield tails
 
     def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed,
                  stop_token_ids) -> tuple[PaddedBatch, SamplingParams]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from jspec.attention import target_attention
 from jspec.config import SpecConfig
+from jspec.drafters.base import Drafter
 from models.attention import AttentionFn
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
@@ -19,14 +19,14 @@ class GenerateSetup:
 
     target: the target model's config; max_seq_len: S, token slots per sequence (prompt + new tokens);
     dtype: activation/param dtype name; drafter: a static drafter object (jspec/drafters/base.py), None for
-    plain decoding; attention_fn: the target's attention; force_accept: JSPEC_FORCE_ACCEPT (benchmarks only).
-    Every drafter has a ``max_seq_len`` field kept equal to the setup's (see :meth:`with_max_seq_len`).
+    plain decoding; attention_fn: the target's attention; force_accept: accept exactly min(N, depth) drafts per
+    step (benchmarks only). The drafter's ``max_seq_len`` is kept equal to the setup's (:meth:`with_max_seq_len`).
     """
 
     target: ModelConfig
     max_seq_len: int
     dtype: str = "float32"
-    drafter: Any = None
+    drafter: Drafter | None = None
     attention_fn: AttentionFn = target_attention
     force_accept: int | None = None
 
@@ -41,9 +41,7 @@ class GenerateSetup:
 
     def with_max_seq_len(self, max_seq_len: int) -> "GenerateSetup":
         """The same setup with shorter buffers (the engine sizes them per request bucket)."""
-        drafter = self.drafter
-        if drafter is not None:
-            drafter = dataclasses.replace(drafter, max_seq_len=max_seq_len)
+        drafter = None if self.drafter is None else self.drafter.with_max_seq_len(max_seq_len)
         return dataclasses.replace(self, max_seq_len=max_seq_len, drafter=drafter)
 
     @property

@@ -71,3 +71,19 @@ def test_the_checker_sees_a_lazy_import(tmp_path):
     path = tmp_path / "lazy.py"
     path.write_text("def f():\n    from jspec.tools.bundled import spec_for\n    return spec_for\n")
     assert "jspec.tools.bundled" in imported_modules(str(path))
+
+
+def reads_environment(path: str) -> list[int]:
+    """Line numbers where a file touches ``os.environ`` or calls ``getenv``."""
+    tree = ast.parse(open(path).read(), path)
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"))
+                   or (isinstance(node, ast.Name) and node.id in ("environ", "getenv"))})
+
+
+def test_the_library_never_reads_the_environment():
+    """Knobs are arguments: only the tools (CLI, bench) and training jobs may read environment variables."""
+    files = [f for f in python_files("jspec") + python_files("models") + python_files("pallas_kernels")
+             if layer_of(f) in ("core", "models", "pallas_kernels")]
+    found = {os.path.relpath(f, REPO): reads_environment(f) for f in files}
+    assert not {f: lines for f, lines in found.items() if lines}

@@ -16,11 +16,16 @@ Inside the jitted loop a drafter is a frozen (hashable, static) object plus an e
   tokens (update the drafter's own KV cache and whatever it predicts next).
 
 ``tap_layers`` names the target layers whose residual-stream inputs the drafter needs (EAGLE-3), or ().
+``max_seq_len`` is the token slots per sequence its buffers are sized for; the engine sizes them per request
+bucket with :meth:`Drafter.with_max_seq_len`. A drafter is a frozen dataclass (hashable: it is part of the
+static ``GenerateSetup``); ``common.DrafterBase`` supplies ``with_max_seq_len`` and the tree helpers.
+
+A new drafter is one file here implementing the protocol, plus one entry in ``registry.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
@@ -57,9 +62,17 @@ class CommitContext(NamedTuple):
     cache_len: jax.Array     # i32[B] the step's root position (committed K/V before the step)
 
 
+@runtime_checkable
 class Drafter(Protocol):
-    spec: SpecConfig
-    tap_layers: tuple[int, ...]
+    """What the engine and the fused step rely on, and nothing else."""
+
+    spec: SpecConfig   # the draft tree's shape
+    max_seq_len: int   # token slots per sequence its buffers are sized for
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]: ...
+
+    def with_max_seq_len(self, max_seq_len: int) -> "Drafter": ...
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Any: ...
 

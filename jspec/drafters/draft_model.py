@@ -29,21 +29,25 @@ and report a uniform q, under which the rejection walk accepts exactly the targe
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.config import SpecConfig, static_choices
+from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
-from jspec.drafters.tree_search import dynamic_window_size, expand_top_k, search_tree
+from jspec.drafters.common import DrafterBase
+from jspec.tokenizer import load_tokenizer
+from jspec.drafters.tree_search import expand_top_k, search_tree
 from jspec.sampling import SamplingArrays, sampling_probs
-from jspec.trees import StaticTree, build_static_tree
 from models.attention import KVCache
-from models.checkpoint import DTYPES
+from models.checkpoint import DTYPES, load_llama
 from models.config import ModelConfig
 from models.llama import LlamaModel, unstack_layers
+
+if TYPE_CHECKING:
+    from jspec.drafters.registry import DrafterSource
 
 
 class DraftModelState(NamedTuple):
@@ -58,7 +62,7 @@ def check_same_vocab(draft: ModelConfig, target: ModelConfig) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModelDrafter:
+class DraftModelDrafter(DrafterBase):
     """Static description of the drafter (hashable: part of the generate setup). params_d: the draft model's
     LlamaModel params."""
 
@@ -71,22 +75,6 @@ class DraftModelDrafter:
     def __post_init__(self):
         check_same_vocab(self.draft, self.target)
         self.draft.check_max_seq_len(self.max_seq_len)
-
-    @property
-    def tap_layers(self) -> tuple[int, ...]:
-        return ()
-
-    @property
-    def static_tree(self) -> StaticTree | None:
-        choices = static_choices(self.spec)
-        return None if choices is None else build_static_tree(choices)
-
-    @property
-    def cache_slots(self) -> int:
-        """S_draft: committed slots, then the larger of the drafting window and the commit's extend."""
-        tree = self.static_tree
-        window = tree.num_nodes - 1 if tree is not None else dynamic_window_size(self.spec.topk, self.spec.num_steps)
-        return self.max_seq_len + max(window, self.spec.max_depth + 1)
 
     def _model(self) -> LlamaModel:
         """Unrolled over per-layer params and cache, as the target is (see models.llama.unstack_layers)."""
@@ -105,7 +93,7 @@ class DraftModelDrafter:
         tokens = tokens.at[jnp.arange(batch), ctx.prompt_lens].set(ctx.first_token)  # the first root
         positions = jnp.broadcast_to(jnp.arange(width + 1, dtype=jnp.int32), (batch, width + 1))
         cfg = self.draft
-        cache = KVCache.zeros(cfg.num_layers, batch, self.cache_slots, cfg.num_kv_heads, cfg.head_dim,
+        cache = KVCache.zeros(cfg.num_layers, batch, self.model_cache_slots, cfg.num_kv_heads, cfg.head_dim,
                               DTYPES[self.dtype], per_layer=True)
         out = self._model().apply(self._params(params_d), tokens, positions, cache, jnp.zeros((batch,), jnp.int32),
                                   logits_index=ctx.prompt_lens[:, None])
@@ -172,3 +160,21 @@ def _sampled_expand(sampling: SamplingArrays):
         return (cache, key, draft_probs.at[:, nodes].set(q_rows)), children
 
     return expand
+
+
+def load(source: "DrafterSource") -> tuple[DraftModelDrafter, Any]:
+    """A converted Llama-family directory with the target's vocabulary -> (drafter, per-layer params)."""
+    draft_config, draft_params, _ = load_llama(source.path, source.dtype)
+    check_same_vocab(draft_config, source.target)
+    if source.target_dir is not None:
+        check_same_tokenizer(source.path, source.target_dir)
+    drafter = DraftModelDrafter(draft_config, source.target, source.spec, source.max_seq_len, source.dtype)
+    return drafter, unstack_layers(draft_params, draft_config)
+
+
+def check_same_tokenizer(drafter_dir: str, target_dir: str) -> None:
+    """Refuses a draft model whose tokenizer.json maps tokens differently from the target's (when both ship one)."""
+    draft, target = load_tokenizer(drafter_dir), load_tokenizer(target_dir)
+    if draft is not None and target is not None and draft.get_vocab() != target.get_vocab():
+        raise ValueError(f"the draft model's tokenizer ({drafter_dir!r}) differs from the target's "
+                         f"({target_dir!r}): speculative decoding needs one vocabulary")

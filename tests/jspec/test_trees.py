@@ -5,7 +5,6 @@ import pytest
 
 import jspec
 from jspec.config import static_choices
-from jspec.engine import force_accept_from_env
 from jspec.trees import build_static_tree
 
 CHOICES = ((1,), (0,), (0, 0), (1, 0), (0, 1), (0, 0, 0), (2,))
@@ -48,13 +47,3 @@ def test_chain_is_a_static_path():
 def test_spec_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         jspec.SpecConfig(**kwargs)
-
-
-def test_force_accept_env(monkeypatch):
-    monkeypatch.delenv("JSPEC_FORCE_ACCEPT", raising=False)
-    assert force_accept_from_env() is None
-    monkeypatch.setenv("JSPEC_FORCE_ACCEPT", "3")
-    assert force_accept_from_env() == 3
-    monkeypatch.setenv("JSPEC_FORCE_ACCEPT", "many")
-    with pytest.raises(ValueError, match="JSPEC_FORCE_ACCEPT='many'"):
-        force_accept_from_env()
