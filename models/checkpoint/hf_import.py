@@ -1,18 +1,9 @@
-"""Checkpoints: Hugging Face safetensors -> Flax params, and the orbax directory that jspec loads.
+"""Hugging Face checkpoints in: config.json + *.safetensors (one file or an index of shards) -> Flax params.
 
-A converted directory holds::
-
-    config.json        the Hugging Face config, verbatim (ModelConfig is rebuilt from it)
-    jspec.json         {"format": 1, "kind": "llama" | "eagle3", "dtype": "bfloat16"}
-    params/            orbax checkpoint of the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]})
-    tokenizer.json ... tokenizer files copied from the source when present
-
-``convert_hf_checkpoint`` picks the converter from the source: a Llama-family target or an EAGLE-3 head (see
-``checkpoint_kind``). ``write_hf_eagle3`` goes the other way for heads, so that heads we train are ordinary HF
-EAGLE-3 checkpoints.
-
-Conversion writes everything into a temporary sibling directory and renames it into place at the end, so a
-failed conversion leaves nothing at the destination.
+``convert_hf_checkpoint`` picks the converter from the source: a Llama-family target (``convert_hf_llama``) or an
+EAGLE-3 head (``convert_hf_eagle3``; see ``checkpoint_kind``), and writes a jspec directory (see ``store``).
+Everything is read and checked before anything is written; a bad source raises ValueError (or
+FileNotFoundError) naming the file, and nothing is left at the destination.
 """
 
 from __future__ import annotations
@@ -21,22 +12,18 @@ import contextlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+from models.checkpoint.store import (DTYPES, _abstract_eagle3_head, atomic_directory, check_destination,
+                                     read_hf_config, write_jspec_dir)
 from models.config import ModelConfig, from_hf_config
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-FORMAT_VERSION = 1
 # Tensors some HF checkpoints carry that hold nothing we need (rope tables are recomputed).
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
@@ -47,8 +34,7 @@ def safetensors_files(src: str) -> list[str]:
     """The .safetensors files of a HF directory: from model.safetensors.index.json when sharded."""
     index = os.path.join(src, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
+        shards = sorted(set(_weight_map(index).values()))
         missing = [s for s in shards if not os.path.isfile(os.path.join(src, s))]
         if missing:
             raise FileNotFoundError(f"model.safetensors.index.json in {src!r} names missing shards: {missing}")
@@ -59,10 +45,35 @@ def safetensors_files(src: str) -> list[str]:
     return [os.path.join(src, f) for f in files]
 
 
+def _weight_map(index: str) -> dict:
+    """The weight_map of a model.safetensors.index.json; ValueError naming the file if it has none."""
+    with open(index) as f:
+        try:
+            content = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{index}: not valid JSON ({error})") from None
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index}: no 'weight_map' object (tensor name -> shard file)")
+    return weight_map
+
+
+@contextlib.contextmanager
+def _open_safetensors(path: str) -> Iterator[Any]:
+    """safe_open(path); a file that is not safetensors (truncated, corrupt) raises ValueError naming it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            f = stack.enter_context(safe_open(path, framework="flax"))
+        except SafetensorError as error:
+            reason = str(error).removeprefix("Error while deserializing header: ")
+            raise ValueError(f"{path}: not a readable safetensors file ({reason}); truncated or corrupt?") from error
+        yield f
+
+
 def iter_safetensors(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
     """Yields (name, array) for every tensor; bf16 arrives as ml_dtypes bfloat16 numpy arrays."""
     for path in files:
-        with safe_open(path, framework="flax") as f:
+        with _open_safetensors(path) as f:
             for name in f.keys():
                 yield name, np.asarray(f.get_tensor(name))
 
@@ -71,7 +82,7 @@ def tensor_names(files: list[str]) -> list[str]:
     """The tensor names of the files (headers only, no data read)."""
     names = []
     for path in files:
-        with safe_open(path, framework="flax") as f:
+        with _open_safetensors(path) as f:
             names.extend(f.keys())
     return names
 
@@ -175,7 +186,18 @@ def _ignore_tied_lm_head(config: ModelConfig) -> Callable[[str], bool]:
     return lambda name: config.tie_word_embeddings and name == "lm_head.weight"
 
 
-# --- the jspec directory -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _naming_config(src: str) -> Iterator[None]:
+    """Adds the path of ``src``/config.json to a ValueError raised inside (a missing or bad field); a KeyError
+    (a field read without a check) becomes a ValueError naming the field and the file."""
+    path = os.path.join(src, "config.json")
+    try:
+        yield
+    except KeyError as error:
+        raise ValueError(f"{path}: no {error.args[0]!r} field") from error
+    except ValueError as error:
+        raise ValueError(f"{error} (in {path})") from error
+
 
 def resolve_dtype(name: str, hf_config: dict) -> str:
     """'auto' -> the checkpoint's own dtype (torch_dtype / dtype in config.json), else float32."""
@@ -186,77 +208,6 @@ def resolve_dtype(name: str, hf_config: dict) -> str:
     return name
 
 
-def save_params(directory: str, params: Any) -> None:
-    """Writes the param pytree as an orbax checkpoint at ``directory`` (which must not exist)."""
-    import orbax.checkpoint as ocp
-
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.abspath(directory), params)
-        checkpointer.wait_until_finished()
-
-
-def load_params(directory: str, abstract_params: Any) -> Any:
-    """Restores an orbax param checkpoint into the structure/dtypes of ``abstract_params``.
-
-    Every array lands on this process's default device, whatever device the checkpoint was written from
-    (orbax otherwise restores the saved sharding and refuses a CPU-written checkpoint on a GPU).
-    """
-    import orbax.checkpoint as ocp
-
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract_params)
-    with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(os.path.abspath(directory), placed)
-
-
-def check_destination(dst: str, overwrite: bool) -> None:
-    if os.path.exists(dst) and not overwrite:
-        raise FileExistsError(f"destination {os.path.abspath(dst)!r} already exists (pass overwrite/--overwrite "
-                              f"to replace it)")
-
-
-@contextlib.contextmanager
-def atomic_directory(dst: str, overwrite: bool = False) -> Iterator[str]:
-    """Yields a temp dir beside ``dst``; renames it to ``dst`` on success, deletes it on failure."""
-    dst = os.path.abspath(dst)
-    check_destination(dst, overwrite)
-    parent = os.path.dirname(dst)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.tmp-", dir=parent)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(dst):
-        shutil.rmtree(dst)
-    os.rename(tmp, dst)
-
-
-def write_jspec_dir(out: str, hf_config: dict, params: Any, kind: str, dtype: str, src: str | None) -> None:
-    """Writes config.json, jspec.json, params/ and tokenizer files into the (temporary) directory ``out``."""
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
-    with open(os.path.join(out, "jspec.json"), "w") as f:
-        json.dump({"format": FORMAT_VERSION, "kind": kind, "dtype": dtype}, f, indent=2)
-    save_params(os.path.join(out, "params"), params)
-    if src is not None:
-        for name in TOKENIZER_FILES:
-            path = os.path.join(src, name)
-            if os.path.isfile(path):
-                shutil.copy2(path, os.path.join(out, name))
-
-
-def read_hf_config(src: str) -> dict:
-    if not os.path.isdir(src):
-        raise FileNotFoundError(f"checkpoint directory {src!r} does not exist")
-    path = os.path.join(src, "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no config.json in {src!r}")
-    with open(path) as f:
-        return json.load(f)
-
-
 def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = False,
                      progress: bool = True) -> str:
     """Converts a HF Llama-family checkpoint directory at ``src`` into a jspec directory at ``dst``."""
@@ -264,7 +215,8 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
 
     check_destination(dst, overwrite)
     hf_config = read_hf_config(src)
-    config = from_hf_config(hf_config)
+    with _naming_config(src):
+        config = from_hf_config(hf_config)
     dtype = resolve_dtype(dtype, hf_config)
     files = safetensors_files(src)
     abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
@@ -273,47 +225,6 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     with atomic_directory(dst, overwrite) as out:
         write_jspec_dir(out, hf_config, params, "llama", dtype, src)
     return os.path.abspath(dst)
-
-
-def read_jspec_meta(model_dir: str) -> dict:
-    """jspec.json of a converted directory; FileNotFoundError naming the directory if it is not one."""
-    if not os.path.isdir(model_dir):
-        raise FileNotFoundError(f"model directory {model_dir!r} does not exist")
-    path = os.path.join(model_dir, "jspec.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"{model_dir!r} is not a converted jspec checkpoint (no jspec.json); convert a Hugging Face "
-            f"directory first: python scripts/convert_checkpoint.py --src HF_DIR --dst {model_dir}")
-    with open(path) as f:
-        return json.load(f)
-
-
-def load_llama(model_dir: str, dtype: str | None = None) -> tuple[ModelConfig, Any, str]:
-    """Loads a converted Llama-family directory -> (config, params, dtype name). ``dtype`` casts if given."""
-    from models.llama import init_params
-
-    meta = _read_kind(model_dir, "llama")
-    config = from_hf_config(read_hf_config(model_dir))
-    stored = meta["dtype"]
-    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[stored]))
-    params = load_params(os.path.join(model_dir, "params"), abstract)
-    return (config,) + _cast_params(params, stored, dtype)
-
-
-def _cast_params(params: Any, stored: str, dtype: str | None) -> tuple[Any, str]:
-    """(params cast to ``dtype``, its name); unchanged when ``dtype`` is None or already the stored one."""
-    if dtype is None or dtype == stored:
-        return params, stored
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(DTYPES)}")
-    return jax.tree.map(lambda a: a.astype(DTYPES[dtype]), params), dtype
-
-
-def _read_kind(model_dir: str, kind: str) -> dict:
-    meta = read_jspec_meta(model_dir)
-    if meta.get("kind") != kind:
-        raise ValueError(f"{model_dir!r} holds a {meta.get('kind')!r} checkpoint, expected {kind!r}")
-    return meta
 
 
 # --- EAGLE-3 heads -------------------------------------------------------------------------------------------
@@ -350,12 +261,6 @@ def eagle3_param_path(hf_name: str) -> tuple[tuple[str, ...], None, bool] | None
     if parts[-1].endswith("_proj"):  # Linear: weight [out, in] -> kernel [in, out]
         return ("midlayer",) + parts + ("kernel",), None, True
     return ("midlayer",) + parts + ("weight",), None, False
-
-
-def _eagle3_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
-    """Inverse of eagle3_param_path, writing the ``midlayer.`` spelling: param path -> (HF name, transpose?)."""
-    *module, leaf = path
-    return ".".join(module) + ".weight", leaf == "kernel"
 
 
 def looks_like_eagle3(names: list[str]) -> bool:
@@ -405,12 +310,6 @@ def _eagle3_d2t(d2t: np.ndarray | None, draft_vocab_size: int, target_vocab_size
     return d2t.astype(np.int32)
 
 
-def _abstract_eagle3_head(config, dtype: str) -> Any:
-    from models.eagle3 import init_eagle3_params
-
-    return jax.eval_shape(lambda: init_eagle3_params(config, jax.random.key(0), DTYPES[dtype]))
-
-
 def _check_eagle3_layers(hf_config: dict) -> None:
     layers = hf_config.get("num_hidden_layers", 1)
     if layers != 1:
@@ -428,8 +327,9 @@ def convert_hf_eagle3(src: str, dst: str, dtype: str = "auto", overwrite: bool =
 
     check_destination(dst, overwrite)
     hf_config = read_hf_config(src)
-    _check_eagle3_layers(hf_config)
-    config = eagle3_config_from_hf(hf_config)
+    with _naming_config(src):
+        _check_eagle3_layers(hf_config)
+        config = eagle3_config_from_hf(hf_config)
     dtype = resolve_dtype(dtype, hf_config)
     found: dict[str, np.ndarray] = {}
 
@@ -449,112 +349,3 @@ def convert_hf_eagle3(src: str, dst: str, dtype: str = "auto", overwrite: bool =
     return os.path.abspath(dst)
 
 
-def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax.Array, str]:
-    """Loads a converted EAGLE-3 directory -> (Eagle3Config, head params, d2t i32[V_draft], dtype name).
-
-    ``dtype`` casts the head parameters if given (d2t stays int32).
-    """
-    from models.eagle3 import eagle3_config_from_hf
-
-    meta = _read_kind(model_dir, "eagle3")
-    config = eagle3_config_from_hf(read_hf_config(model_dir))
-    stored = meta["dtype"]
-    abstract = {"head": _abstract_eagle3_head(config, stored),
-                "d2t": jax.ShapeDtypeStruct((config.draft_vocab_size,), jnp.int32)}
-    restored = load_params(os.path.join(model_dir, "params"), abstract)
-    head, dtype_name = _cast_params(restored["head"], stored, dtype)
-    return config, head, restored["d2t"], dtype_name
-
-
-def _checked_params(params: Any, abstract_for_dtype: Callable[[str], Any], what: str) -> tuple[dict, str]:
-    """Flattens ``params`` and checks one dtype and the exact shapes of ``abstract_for_dtype(dtype)``
-    -> (flat params, dtype name); ValueError listing every mismatch."""
-    flat = traverse_util.flatten_dict(params)
-    dtypes = sorted({str(np.asarray(leaf).dtype) for leaf in flat.values()})
-    if len(dtypes) != 1 or dtypes[0] not in DTYPES:
-        raise ValueError(f"{what} have dtypes {dtypes}: expected one of {sorted(DTYPES)}")
-    expected = {path: shape for path, (shape, _) in _expected_shapes(abstract_for_dtype(dtypes[0])).items()}
-    got = {path: tuple(np.shape(leaf)) for path, leaf in flat.items()}
-    if got != expected:
-        wrong = sorted("/".join(p) + f": got {got.get(p)}, expected {expected.get(p)}"
-                       for p in set(got) | set(expected) if got.get(p) != expected.get(p))
-        raise ValueError(f"{what} do not match config.json: {wrong}")
-    return flat, dtypes[0]
-
-
-def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, overwrite: bool = False) -> str:
-    """Writes an HF-layout EAGLE-3 checkpoint (config.json + model.safetensors, ``midlayer.`` names) at
-    ``directory`` from head ``params`` (the Eagle3Head tree) and ``d2t`` (int[V_draft]).
-
-    config.json is ``hf_config`` with architectures ["LlamaForCausalLMEagle3"] and torch_dtype set to the
-    params' dtype. Raises ValueError when the params or d2t do not fit the config.
-    """
-    from safetensors.numpy import save_file
-
-    from models.eagle3 import eagle3_config_from_hf
-
-    _check_eagle3_layers(hf_config)
-    config = eagle3_config_from_hf(hf_config)
-    flat, dtype = _checked_params(params, lambda dtype: _abstract_eagle3_head(config, dtype), "EAGLE-3 params")
-    tensors = {}
-    for path, leaf in flat.items():
-        name, transpose = _eagle3_hf_name(path)
-        array = np.asarray(leaf)
-        tensors[name] = np.ascontiguousarray(array.T if transpose else array)
-    d2t = _eagle3_d2t(np.asarray(d2t), config.draft_vocab_size, config.target_vocab_size)
-    tensors["d2t"] = d2t.astype(np.int64)
-    hf_config = dict(hf_config, architectures=["LlamaForCausalLMEagle3"], torch_dtype=dtype)
-    with atomic_directory(directory, overwrite) as out:
-        with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump(hf_config, f, indent=2)
-        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    return os.path.abspath(directory)
-
-
-# --- Llama-family targets, written back to HF layout ----------------------------------------------------------
-
-def _llama_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
-    """Inverse of llama_param_path for one non-layer param path, or a layer path's name with ``{}`` for the
-    layer index: param path -> (HF name, transpose?)."""
-    if path == ("embed_tokens", "embedding"):
-        return "model.embed_tokens.weight", False
-    if path == ("norm", "weight"):
-        return "model.norm.weight", False
-    if path == ("lm_head", "kernel"):
-        return "lm_head.weight", True
-    if path[0] != "layers":
-        raise ValueError(f"param {'/'.join(path)} is not part of a Llama-family model")
-    *module, leaf = path[1:]
-    suffix = {"kernel": "weight", "bias": "bias", "weight": "weight"}[leaf]
-    return "model.layers.{}." + ".".join(module) + "." + suffix, leaf == "kernel"
-
-
-def write_hf_llama(directory: str, hf_config: dict, params: Any, overwrite: bool = False) -> str:
-    """Writes an HF-layout Llama-family checkpoint (config.json + model.safetensors) at ``directory`` from our
-    ``params`` (layers stacked on axis 0 are unstacked into ``model.layers.{i}.``).
-
-    config.json is ``hf_config`` with torch_dtype set to the params' dtype. Raises ValueError when the params do
-    not match the config's shapes.
-    """
-    from safetensors.numpy import save_file
-
-    from models.llama import init_params
-
-    config = from_hf_config(hf_config)
-    flat, dtype = _checked_params(
-        params, lambda dtype: jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype])),
-        "params")
-    tensors = {}
-    for path, leaf in flat.items():
-        name, transpose = _llama_hf_name(path)
-        array = np.asarray(leaf)
-        slices = [(name.format(i), array[i]) for i in range(array.shape[0])] if path[0] == "layers" \
-            else [(name, array)]
-        for hf_name, value in slices:
-            tensors[hf_name] = np.ascontiguousarray(value.T if transpose else value)
-    hf_config = dict(hf_config, torch_dtype=dtype)
-    with atomic_directory(directory, overwrite) as out:
-        with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump(hf_config, f, indent=2)
-        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    return os.path.abspath(directory)

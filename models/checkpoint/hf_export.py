@@ -1,0 +1,123 @@
+"""Flax params out to Hugging Face layout: config.json + model.safetensors that transformers (and our own
+importer) read as-is.
+
+``write_hf_llama`` writes a Llama-family target (stacked layers unstacked into ``model.layers.{i}.``);
+``write_hf_eagle3`` writes an EAGLE-3 head with ``midlayer.`` names, so that heads we train are ordinary HF
+EAGLE-3 checkpoints. Both check the params against the config first and write atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from flax import traverse_util
+
+from models.checkpoint.hf_import import _check_eagle3_layers, _eagle3_d2t, _expected_shapes
+from models.checkpoint.store import DTYPES, _abstract_eagle3_head, atomic_directory
+from models.config import from_hf_config
+
+
+def _checked_params(params: Any, abstract_for_dtype: Callable[[str], Any], what: str) -> tuple[dict, str]:
+    """Flattens ``params`` and checks one dtype and the exact shapes of ``abstract_for_dtype(dtype)``
+    -> (flat params, dtype name); ValueError listing every mismatch."""
+    flat = traverse_util.flatten_dict(params)
+    dtypes = sorted({str(np.asarray(leaf).dtype) for leaf in flat.values()})
+    if len(dtypes) != 1 or dtypes[0] not in DTYPES:
+        raise ValueError(f"{what} have dtypes {dtypes}: expected one of {sorted(DTYPES)}")
+    expected = {path: shape for path, (shape, _) in _expected_shapes(abstract_for_dtype(dtypes[0])).items()}
+    got = {path: tuple(np.shape(leaf)) for path, leaf in flat.items()}
+    if got != expected:
+        wrong = sorted("/".join(p) + f": got {got.get(p)}, expected {expected.get(p)}"
+                       for p in set(got) | set(expected) if got.get(p) != expected.get(p))
+        raise ValueError(f"{what} do not match config.json: {wrong}")
+    return flat, dtypes[0]
+
+
+# --- EAGLE-3 heads -------------------------------------------------------------------------------------------
+
+def _eagle3_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
+    """Inverse of eagle3_param_path, writing the ``midlayer.`` spelling: param path -> (HF name, transpose?)."""
+    *module, leaf = path
+    return ".".join(module) + ".weight", leaf == "kernel"
+
+
+def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, overwrite: bool = False) -> str:
+    """Writes an HF-layout EAGLE-3 checkpoint (config.json + model.safetensors, ``midlayer.`` names) at
+    ``directory`` from head ``params`` (the Eagle3Head tree) and ``d2t`` (int[V_draft]).
+
+    config.json is ``hf_config`` with architectures ["LlamaForCausalLMEagle3"] and torch_dtype set to the
+    params' dtype. Raises ValueError when the params or d2t do not fit the config.
+    """
+    from safetensors.numpy import save_file
+
+    from models.eagle3 import eagle3_config_from_hf
+
+    _check_eagle3_layers(hf_config)
+    config = eagle3_config_from_hf(hf_config)
+    flat, dtype = _checked_params(params, lambda dtype: _abstract_eagle3_head(config, dtype), "EAGLE-3 params")
+    tensors = {}
+    for path, leaf in flat.items():
+        name, transpose = _eagle3_hf_name(path)
+        array = np.asarray(leaf)
+        tensors[name] = np.ascontiguousarray(array.T if transpose else array)
+    d2t = _eagle3_d2t(np.asarray(d2t), config.draft_vocab_size, config.target_vocab_size)
+    tensors["d2t"] = d2t.astype(np.int64)
+    hf_config = dict(hf_config, architectures=["LlamaForCausalLMEagle3"], torch_dtype=dtype)
+    with atomic_directory(directory, overwrite) as out:
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return os.path.abspath(directory)
+
+
+# --- Llama-family targets, written back to HF layout ----------------------------------------------------------
+
+def _llama_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
+    """Inverse of llama_param_path for one non-layer param path, or a layer path's name with ``{}`` for the
+    layer index: param path -> (HF name, transpose?)."""
+    if path == ("embed_tokens", "embedding"):
+        return "model.embed_tokens.weight", False
+    if path == ("norm", "weight"):
+        return "model.norm.weight", False
+    if path == ("lm_head", "kernel"):
+        return "lm_head.weight", True
+    if path[0] != "layers":
+        raise ValueError(f"param {'/'.join(path)} is not part of a Llama-family model")
+    *module, leaf = path[1:]
+    suffix = {"kernel": "weight", "bias": "bias", "weight": "weight"}[leaf]
+    return "model.layers.{}." + ".".join(module) + "." + suffix, leaf == "kernel"
+
+
+def write_hf_llama(directory: str, hf_config: dict, params: Any, overwrite: bool = False) -> str:
+    """Writes an HF-layout Llama-family checkpoint (config.json + model.safetensors) at ``directory`` from our
+    ``params`` (layers stacked on axis 0 are unstacked into ``model.layers.{i}.``).
+
+    config.json is ``hf_config`` with torch_dtype set to the params' dtype. Raises ValueError when the params do
+    not match the config's shapes.
+    """
+    from safetensors.numpy import save_file
+
+    from models.llama import init_params
+
+    config = from_hf_config(hf_config)
+    flat, dtype = _checked_params(
+        params, lambda dtype: jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype])),
+        "params")
+    tensors = {}
+    for path, leaf in flat.items():
+        name, transpose = _llama_hf_name(path)
+        array = np.asarray(leaf)
+        slices = [(name.format(i), array[i]) for i in range(array.shape[0])] if path[0] == "layers" \
+            else [(name, array)]
+        for hf_name, value in slices:
+            tensors[hf_name] = np.ascontiguousarray(value.T if transpose else value)
+    hf_config = dict(hf_config, torch_dtype=dtype)
+    with atomic_directory(directory, overwrite) as out:
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return os.path.abspath(directory)

@@ -1,0 +1,177 @@
+"""The jspec checkpoint directory: what ``convert_hf_checkpoint`` writes and ``load_llama``/``load_eagle3`` read.
+
+A converted directory holds::
+
+    config.json        the Hugging Face config, verbatim (ModelConfig is rebuilt from it)
+    jspec.json         {"format": 1, "kind": "llama" | "eagle3", "dtype": "bfloat16"}
+    params/            orbax checkpoint of the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]})
+    tokenizer.json ... tokenizer files copied from the source when present
+
+Directories are written into a temporary sibling and renamed into place at the end (``atomic_directory``), so a
+failed write leaves nothing at the destination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+
+from models.config import ModelConfig, from_hf_config
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+FORMAT_VERSION = 1
+
+
+def save_params(directory: str, params: Any) -> None:
+    """Writes the param pytree as an orbax checkpoint at ``directory`` (which must not exist)."""
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(os.path.abspath(directory), params)
+        checkpointer.wait_until_finished()
+
+
+def load_params(directory: str, abstract_params: Any) -> Any:
+    """Restores an orbax param checkpoint into the structure/dtypes of ``abstract_params``.
+
+    Every array lands on this process's default device, whatever device the checkpoint was written from
+    (orbax otherwise restores the saved sharding and refuses a CPU-written checkpoint on a GPU).
+    """
+    import orbax.checkpoint as ocp
+
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract_params)
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(os.path.abspath(directory), placed)
+
+
+def check_destination(dst: str, overwrite: bool) -> None:
+    if os.path.exists(dst) and not overwrite:
+        raise FileExistsError(f"destination {os.path.abspath(dst)!r} already exists (pass overwrite/--overwrite "
+                              f"to replace it)")
+
+
+@contextlib.contextmanager
+def atomic_directory(dst: str, overwrite: bool = False) -> Iterator[str]:
+    """Yields a temp dir beside ``dst``; renames it to ``dst`` on success, deletes it on failure."""
+    dst = os.path.abspath(dst)
+    check_destination(dst, overwrite)
+    parent = os.path.dirname(dst)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.tmp-", dir=parent)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if os.path.exists(dst):
+        shutil.rmtree(dst)
+    os.rename(tmp, dst)
+
+
+def write_jspec_dir(out: str, hf_config: dict, params: Any, kind: str, dtype: str, src: str | None) -> None:
+    """Writes config.json, jspec.json, params/ and tokenizer files into the (temporary) directory ``out``."""
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    with open(os.path.join(out, "jspec.json"), "w") as f:
+        json.dump({"format": FORMAT_VERSION, "kind": kind, "dtype": dtype}, f, indent=2)
+    save_params(os.path.join(out, "params"), params)
+    if src is not None:
+        for name in TOKENIZER_FILES:
+            path = os.path.join(src, name)
+            if os.path.isfile(path):
+                shutil.copy2(path, os.path.join(out, name))
+
+
+def read_hf_config(src: str) -> dict:
+    """config.json of a HF (or converted) directory; ValueError naming the file if it is not a JSON object."""
+    if not os.path.isdir(src):
+        raise FileNotFoundError(f"checkpoint directory {src!r} does not exist")
+    path = os.path.join(src, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config.json in {src!r}")
+    with open(path) as f:
+        try:
+            hf_config = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(hf_config).__name__}")
+    return hf_config
+
+
+def read_jspec_meta(model_dir: str) -> dict:
+    """jspec.json of a converted directory; FileNotFoundError naming the directory if it is not one."""
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"model directory {model_dir!r} does not exist")
+    path = os.path.join(model_dir, "jspec.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{model_dir!r} is not a converted jspec checkpoint (no jspec.json); convert a Hugging Face "
+            f"directory first: python scripts/convert_checkpoint.py --src HF_DIR --dst {model_dir}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_llama(model_dir: str, dtype: str | None = None) -> tuple[ModelConfig, Any, str]:
+    """Loads a converted Llama-family directory -> (config, params, dtype name). ``dtype`` casts if given."""
+    from models.llama import init_params
+
+    meta = _read_kind(model_dir, "llama")
+    config = from_hf_config(read_hf_config(model_dir))
+    stored = meta["dtype"]
+    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[stored]))
+    params = load_params(os.path.join(model_dir, "params"), abstract)
+    return (config,) + _cast_params(params, stored, dtype)
+
+
+def _cast_params(params: Any, stored: str, dtype: str | None) -> tuple[Any, str]:
+    """(params cast to ``dtype``, its name); unchanged when ``dtype`` is None or already the stored one."""
+    if dtype is None or dtype == stored:
+        return params, stored
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(DTYPES)}")
+    return jax.tree.map(lambda a: a.astype(DTYPES[dtype]), params), dtype
+
+
+def _read_kind(model_dir: str, kind: str) -> dict:
+    meta = read_jspec_meta(model_dir)
+    if meta.get("kind") != kind:
+        raise ValueError(f"{model_dir!r} holds a {meta.get('kind')!r} checkpoint, expected {kind!r}")
+    if meta.get("dtype") not in DTYPES:
+        raise ValueError(f"{os.path.join(model_dir, 'jspec.json')}: dtype={meta.get('dtype')!r}, expected one of "
+                         f"{sorted(DTYPES)}")
+    return meta
+
+
+def _abstract_eagle3_head(config, dtype: str) -> Any:
+    from models.eagle3 import init_eagle3_params
+
+    return jax.eval_shape(lambda: init_eagle3_params(config, jax.random.key(0), DTYPES[dtype]))
+
+
+def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax.Array, str]:
+    """Loads a converted EAGLE-3 directory -> (Eagle3Config, head params, d2t i32[V_draft], dtype name).
+
+    ``dtype`` casts the head parameters if given (d2t stays int32).
+    """
+    from models.eagle3 import eagle3_config_from_hf
+
+    meta = _read_kind(model_dir, "eagle3")
+    config = eagle3_config_from_hf(read_hf_config(model_dir))
+    stored = meta["dtype"]
+    abstract = {"head": _abstract_eagle3_head(config, stored),
+                "d2t": jax.ShapeDtypeStruct((config.draft_vocab_size,), jnp.int32)}
+    restored = load_params(os.path.join(model_dir, "params"), abstract)
+    head, dtype_name = _cast_params(restored["head"], stored, dtype)
+    return config, head, restored["d2t"], dtype_name
+
