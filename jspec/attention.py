@@ -1,23 +1,43 @@
 """The target's attention inside generate: the tree-attention kernel for verify passes, cuDNN/XLA otherwise.
 
-A verify pass (T tree tokens, mask over exactly those T, written at cache_len) goes to
-``pallas_kernels.tree_attention``'s Pallas kernel on GPU. Everything else (prefill, plain decode, drafter windows
-wider than T, and verify passes off the GPU) goes to ``models.attention.dense_attention`` (cuDNN/XLA's
-``dot_product_attention``): the kernel's jnp reference is its specification, and slower than that on a CPU.
+A verify pass is T tree tokens written at ``cache_len`` itself (``write_offset`` the Python int 0) under a mask
+over exactly those T (W = T). Only there is window slot j new token j, so only there may attention read the window
+from ``k_new``/``v_new``, as ``pallas_kernels.tree_attention``'s Pallas kernel does; on GPU it goes to that kernel.
+Everything else (prefill, plain decode, drafter windows wider than T, a window written at another offset, an
+offset given as an array, and verify passes off the GPU) goes to ``models.attention.dense_attention``
+(cuDNN/XLA's ``dot_product_attention``), which reads the window from the cache wherever it was written: the
+kernel's jnp reference is its specification, and slower than that on a CPU.
+
+The route is chosen at trace time, from shapes and the offset's Python type: a traced offset may be anything,
+so even a zero one goes dense (the target's verify call passes none, and the model hands on its default 0).
 """
 
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from models.attention import dense_attention
-from pallas_kernels._impl import Impl, resolve_impl
+from pallas_kernels._impl import Impl, ImplName, resolve_impl
 from pallas_kernels.tree_attention import tree_attention
 
 
+def is_verify_pass(q: jax.Array, local_mask: jax.Array | None, write_offset: jax.Array | int) -> bool:
+    """Whether the new tokens fill a window of exactly T slots from its start, known at trace time: a mask
+    bool[B, T, T] and an offset that is the integer 0 itself, not an array (whose value a trace cannot see)."""
+    static_zero = isinstance(write_offset, (int, np.integer)) and int(write_offset) == 0
+    return local_mask is not None and local_mask.shape[2] == q.shape[1] and static_zero
+
+
 def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
-                     cache_len: jax.Array, local_mask: jax.Array | None, *, scale: float) -> jax.Array:
-    """An ``models.attention.AttentionFn``; shapes as documented there."""
-    if local_mask is None or local_mask.shape[2] != q.shape[1] or resolve_impl("auto") is not Impl.PALLAS:
-        return dense_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, scale=scale)
-    return tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, local_mask, scale=scale, impl="auto")
+                     cache_len: jax.Array, local_mask: jax.Array | None, write_offset: jax.Array | int, *,
+                     scale: float, impl: ImplName = "auto") -> jax.Array:
+    """An ``models.attention.AttentionFn``; shapes as documented there.
+
+    impl: the tree kernel's lowering for verify passes: "auto" (Pallas on a GPU, dense attention elsewhere),
+    "pallas", "interpret" (the kernel in the Pallas interpreter: tests on CPU), or "reference" (dense attention).
+    Calls that are not verify passes go dense whatever impl says.
+    """
+    if is_verify_pass(q, local_mask, write_offset) and resolve_impl(impl) is not Impl.REFERENCE:
+        return tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, local_mask, scale=scale, impl=impl)
+    return dense_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)

@@ -15,10 +15,13 @@ Slots past the window hold garbage and are never read. Cache layout of one layer
     slot:   0 ........ cache_len-1 | cache_len ......... cache_len+W-1 | ... S-1
             committed tokens        | the window (tree / draft tokens) | unused (garbage)
 
-``AttentionFn(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, *, scale) -> out`` with
+``AttentionFn(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, *, scale) -> out`` with
 q: [B, T, Hq, D]; k_cache, v_cache: [B, S, Hkv, D] (already holding the new tokens); k_new, v_new:
-[B, T, Hkv, D]; cache_len: i32[B]; out: [B, T, Hq, D]. An implementation may read the window from the cache or,
-when W = T and the offset is 0, from k_new/v_new (the tree-attention kernel does the latter).
+[B, T, Hkv, D]; cache_len: i32[B]; write_offset: where in the window the new tokens went, as the model received
+it (a Python int stays one, so an implementation can tell a static 0 at trace time; or an i32 scalar);
+out: [B, T, Hq, D]. An implementation may read the window from the cache or, only when W = T and write_offset
+is statically 0, from k_new/v_new (the tree-attention kernel does the latter): with any other offset, window slot
+j is not new token j.
 """
 
 from __future__ import annotations
@@ -57,8 +60,8 @@ class KVCache(NamedTuple):
 
 class AttentionFn(Protocol):
     def __call__(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array,
-                 v_new: jax.Array, cache_len: jax.Array, local_mask: jax.Array | None, *,
-                 scale: float) -> jax.Array: ...
+                 v_new: jax.Array, cache_len: jax.Array, local_mask: jax.Array | None,
+                 write_offset: jax.Array | int, *, scale: float) -> jax.Array: ...
 
 
 def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new: int,
@@ -75,9 +78,12 @@ def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new:
 
 
 def dense_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
-                    cache_len: jax.Array, local_mask: jax.Array | None, *, scale: float) -> jax.Array:
-    """Attention over the whole cache through ``jax.nn.dot_product_attention`` (GQA native; cuDNN on GPU)."""
-    del k_new, v_new  # already in the cache
+                    cache_len: jax.Array, local_mask: jax.Array | None, write_offset: jax.Array | int, *,
+                    scale: float) -> jax.Array:
+    """Attention over the whole cache through ``jax.nn.dot_product_attention`` (GQA native; cuDNN on GPU).
+
+    Reads the window from the cache, so any write_offset is right."""
+    del k_new, v_new, write_offset  # already in the cache, wherever the model wrote them
     mask = visibility_mask(cache_len, local_mask, q.shape[1], k_cache.shape[1])
     # A masked score's weight is exactly 0, but 0 * NaN is NaN: zero the values of slots no query reads, so
     # garbage in unused slots can never reach the output.

@@ -143,8 +143,7 @@ class Eagle3Head(nn.Module):
                               name="fc")(hidden)
         cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
         pre, k, v = Eagle3Layer(cfg, self.attention_fn, self.dtype, name="midlayer")(
-            embeds, hidden, cos, sin, cache.k[0], cache.v[0], cache_len, local_mask,
-            jnp.asarray(write_offset, jnp.int32))
+            embeds, hidden, cos, sin, cache.k[0], cache.v[0], cache_len, local_mask, write_offset)
         normed = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(pre)
         logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                           name="lm_head")(normed)

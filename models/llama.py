@@ -94,7 +94,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache = write_new_tokens(k_cache, k, cache_len + write_offset)
         v_cache = write_new_tokens(v_cache, v, cache_len + write_offset)
-        out = self.attention_fn(q, k_cache, v_cache, k, v, cache_len, local_mask, scale=cfg.head_dim ** -0.5)
+        out = self.attention_fn(q, k_cache, v_cache, k, v, cache_len, local_mask, write_offset,
+                                scale=cfg.head_dim ** -0.5)
         out = out.reshape(batch, num_new, cfg.num_heads * cfg.head_dim).astype(self.dtype)
         return proj(cfg.hidden_size, cfg.o_bias, "o_proj")(out), k_cache, v_cache
 
@@ -144,7 +145,8 @@ class LlamaModel(nn.Module):
     Call: ``tokens`` i32[B, T], ``positions`` i32[B, T] (rope positions), ``cache`` KVCache with S slots,
     ``cache_len`` i32[B] (where the T new tokens are written; cache_len + T <= S), ``local_mask``
     bool[B, T, W] or None (causal; see models/attention.py), ``write_offset`` (new tokens go to slots
-    cache_len + write_offset ..; a drafter growing a tree), ``logits_index`` i32[B, K] or None (which of the T rows get logits; None: all),
+    cache_len + write_offset ..; a drafter growing a tree; handed to the attention function as given, so a Python
+    int stays static), ``logits_index`` i32[B, K] or None (which of the T rows get logits; None: all),
     ``tap_layers``: static tuple of layer indices whose residual-stream input is returned (HF
     ``hidden_states[i]``).
 
@@ -203,7 +205,7 @@ class LlamaModel(nn.Module):
             length=cfg.num_layers,
         )(cfg, self.attention_fn, self.dtype, name="layers")
         (x, taps), (k, v) = layers((x, taps), (cache.k, cache.v, jnp.asarray(tap_slot)), cos, sin, cache_len,
-                                   local_mask, jnp.asarray(write_offset, jnp.int32))
+                                   local_mask, write_offset)  # a broadcast Python int stays one
         return x, taps, KVCache(k, v)
 
     def _unrolled_layers(self, x, cache, cos, sin, cache_len, local_mask, write_offset, tapped):
@@ -212,14 +214,13 @@ class LlamaModel(nn.Module):
         cfg = self.config
         if not cache.per_layer or len(cache.k) != cfg.num_layers:
             raise ValueError(f"LlamaModel(scan_layers=False) takes a per-layer KVCache of {cfg.num_layers} layers")
-        offset = jnp.asarray(write_offset, jnp.int32)
         taps, ks, vs = [], [], []
         for i in range(cfg.num_layers):
             if i in tapped:
                 taps.append(x)
             layer = DecoderLayer(cfg, self.attention_fn, self.dtype, name=f"layers_{i}")
             (x, _), (k, v) = layer((x, None), (cache.k[i], cache.v[i], None), cos, sin, cache_len, local_mask,
-                                   offset)
+                                   write_offset)
             ks.append(k)
             vs.append(v)
         return x, (jnp.stack(taps) if taps else None), KVCache(tuple(ks), tuple(vs))
@@ -257,13 +258,3 @@ def unstack_layers(params: dict, config: ModelConfig) -> dict:
         out["lm_head"] = {"kernel": params["embed_tokens"]["embedding"].T}
     return out
 
-
-def stack_layers(params: dict, config: ModelConfig) -> dict:
-    """The inverse of :func:`unstack_layers`."""
-    if "layers" in params:
-        return params
-    names = [f"layers_{i}" for i in range(config.num_layers)]
-    dropped = set(names) | ({"lm_head"} if config.tie_word_embeddings else set())
-    out = {name: value for name, value in params.items() if name not in dropped}
-    out["layers"] = jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *[params[name] for name in names])
-    return out
