@@ -3,7 +3,7 @@
     python scripts/benchmark.py [--batch-sizes 1,4,16] [--num-prompts 16] [--out bench-results]
     python scripts/benchmark.py --synthetic llama3-8b,llama3-1b --out $OUT     # GPU roofline mode
 
-See jspec/bench.py (and jspec/bench_synthetic.py) for what is measured and how.
+See jspec/tools/bench.py (and jspec/tools/roofline/) for what is measured and how.
 """
 
 import sys

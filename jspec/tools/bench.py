@@ -2,7 +2,7 @@
 
     jspec bench                                  # bundled code model, 16 HumanEval prompts, batch 1/4/16, peers
     jspec bench --batch-sizes 1 --num-prompts 8 --repeats 3 --out bench-results
-    jspec bench --synthetic llama3-8b,llama3-1b --out $OUT      # GPU roofline mode (jspec/bench_synthetic.py)
+    jspec bench --synthetic llama3-8b,llama3-1b --out $OUT      # GPU roofline mode (jspec/tools/roofline/)
 
 Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
 chain (``--chain-depth`` drafts), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
