@@ -10,16 +10,16 @@ grows, so no left-shift or per-sequence position offset is needed.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jspec.commit import commit_tokens
+from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays, sample_tokens
 from jspec.state import DecodeState
-from jspec.drafters.base import PrefillContext
 from jspec.step import StepInputs, plain_step, spec_step
 from models.attention import KVCache
 from models.llama import unstack_layers
@@ -57,6 +57,20 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     return state
 
 
+def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
+           max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
+           setup: GenerateSetup) -> tuple[Any, DecodeState, StepInputs]:
+    """The start :func:`generate` and :func:`generate_start` share -> (params_t per layer, state, inputs).
+
+    Unstacks the target params, splits the key (prefill, loop), bundles the loop's inputs and prefills.
+    """
+    params_t = unstack_layers(params_t, setup.target)
+    prefill_key, loop_key = jax.random.split(key)
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
+    state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup)
+    return params_t, state, inputs
+
+
 def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup,
              max_steps: jax.Array | None = None) -> DecodeState:
     """Steps until every sequence is done (or ``max_steps`` more iterations ran, for streaming chunks)."""
@@ -84,10 +98,8 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
     Target params may be stacked (as loaded) or per layer (``models.llama.unstack_layers``); pass them per layer
     to keep the per-call unstacking copy out of the program (SpecEngine does).
     """
-    params_t = unstack_layers(params_t, setup.target)
-    prefill_key, loop_key = jax.random.split(key)
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
-    state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup)
+    params_t, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
+                                     sampling, setup=setup)
     state = run_loop(params_t, params_d, state, inputs, setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist)
 
@@ -97,10 +109,9 @@ def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.A
                    max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
                    setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`."""
-    params_t = unstack_layers(params_t, setup.target)
-    prefill_key, loop_key = jax.random.split(key)
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
-    return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup), inputs
+    _, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
+                              sampling, setup=setup)
+    return state, inputs
 
 
 @functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))

@@ -19,16 +19,21 @@ from models.attention import KVCache
 
 
 def commit_path(cache: KVCache, accept_index: jax.Array, cache_len: jax.Array) -> KVCache:
-    """cache: per layer [B, S, Hkv, D] (or stacked [L, B, S, Hkv, D]); accept_index: i32[B, D + 1] local node ids,
-    -1 padded; cache_len: i32[B]."""
+    """Moves the accepted path's K/V to cache[b, cache_len[b] : cache_len[b] + D + 1] in every layer.
+
+    cache: per layer (``KVCache.k``, ``KVCache.v``: tuples of num_layers arrays [B, S, Hkv, D]);
+    accept_index: i32[B, D + 1] local node ids of the accepted path, root first, -1 padded; cache_len: i32[B].
+    Slots before cache_len are untouched; padded (-1) entries copy the root's row into the garbage region.
+    """
+    if not cache.per_layer:
+        raise ValueError(f"commit_path expects a per-layer cache (tuples of [B, S, Hkv, D]); got a stacked "
+                         f"{cache.k.shape} buffer")
     batch, width = accept_index.shape
     rows = jnp.arange(batch)[:, None]
     source = cache_len[:, None] + jnp.maximum(accept_index, 0)
     target = cache_len[:, None] + jnp.arange(width)[None]
 
-    def move(buffer: jax.Array) -> jax.Array:
-        if buffer.ndim == 5:
-            return buffer.at[:, rows, target].set(buffer[:, rows, source])
+    def move(buffer: jax.Array) -> jax.Array:  # [B, S, Hkv, D]
         return buffer.at[rows, target].set(buffer[rows, source])
 
     return jax.tree.map(move, cache)

@@ -2,8 +2,9 @@
 
 Invariant between steps, per sequence b::
 
-    tokens[b, :seq_len[b]]      prompt + generated tokens (slot = position)
-    cache holds K/V of tokens[b, :seq_len[b] - 1]; the last token is the root of the next step's tree
+    tokens[b, :seq_len[b]]                  prompt + generated tokens (slot = position)
+    cache.k[l][b, :seq_len[b] - 1]          K of tokens[b, :seq_len[b] - 1] in layer l (V likewise); the last
+                                            token is the root of the next step's tree, its K/V not in the cache yet
     tokens[b, prompt_len[b] : seq_len[b]]   the num_generated[b] new tokens
 """
 
@@ -19,7 +20,7 @@ from models.attention import KVCache
 class DecodeState(NamedTuple):
     tokens: jax.Array         # i32[B, S] prompt + generated tokens; slots >= seq_len are padding
     seq_len: jax.Array        # i32[B] tokens committed so far (prompt included)
-    cache: KVCache            # target K/V: [num_layers, B, S_cache, Hkv, D]
+    cache: KVCache            # target K/V per layer: k, v tuples of num_layers arrays [B, S_cache, Hkv, D]
     num_generated: jax.Array  # i32[B] new tokens committed
     done: jax.Array           # bool[B] stopped (EOS / stop id / max_new_tokens); frozen from then on
     num_steps: jax.Array      # i32[B] target verify steps taken while not done
