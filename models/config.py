@@ -82,7 +82,16 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     def check_max_seq_len(self, max_seq_len: int) -> None:
-        """Refuses a sliding window that would bind within ``max_seq_len`` tokens (we attend to all of them)."""
+        """Refuses a ``max_seq_len`` this model cannot serve: past ``max_position_embeddings``, the positions it
+        was trained on (times the factor of linear rope scaling, whose configs keep the original length there;
+        llama3 configs already give the scaled one), or past a sliding window that would bind (we attend to every
+        token)."""
+        limit, what = self.max_position_embeddings, f"max_position_embeddings={self.max_position_embeddings}"
+        if self.rope_scaling.rope_type == "linear":
+            limit = int(limit * self.rope_scaling.factor)
+            what += f" x linear rope_scaling factor={self.rope_scaling.factor} = {limit}"
+        if max_seq_len > limit:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's {what}")
         if self.sliding_window is not None and self.sliding_window < max_seq_len:
             raise ValueError(
                 f"sliding_window={self.sliding_window} is shorter than max_seq_len={max_seq_len}; jspec attends "

@@ -49,6 +49,27 @@ def test_sliding_window_refused_only_when_it_binds():
     assert qwen.sliding_window is None
 
 
+def test_max_seq_len_beyond_max_position_embeddings_refused_naming_both():
+    config = from_hf_config({**BASE, "max_position_embeddings": 2048})
+    config.check_max_seq_len(2048)
+    with pytest.raises(ValueError, match="max_seq_len=2049 exceeds the model's max_position_embeddings=2048$"):
+        config.check_max_seq_len(2049)
+
+
+def test_linear_rope_scaling_stretches_the_positions():
+    """HF linear-scaled configs keep the original max_position_embeddings (e.g. 4096 x factor 4 for 16k)."""
+    config = from_hf_config({**BASE, "max_position_embeddings": 4096,
+                             "rope_scaling": {"rope_type": "linear", "factor": 4.0}})
+    config.check_max_seq_len(16384)
+    with pytest.raises(ValueError, match=r"max_seq_len=16385 exceeds .*max_position_embeddings=4096 x linear "
+                                         r"rope_scaling factor=4.0 = 16384"):
+        config.check_max_seq_len(16385)
+    llama3 = from_hf_config({**BASE, "max_position_embeddings": 131072,
+                             "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ValueError, match="max_position_embeddings=131072$"):  # already the scaled length
+        llama3.check_max_seq_len(131073)
+
+
 def test_json_round_trip():
     config = from_hf_config({**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "eos_token_id": [1, 2]})
     assert ModelConfig.from_json_dict(config.to_json_dict()) == config

@@ -1,5 +1,6 @@
 """The jspec command: convert and generate end to end (streamed, batched, JSON), the vLLM-style flags, the
-subcommands that forward their arguments, and one-line errors for bad input."""
+subcommands that forward their arguments, and one-line errors for bad input. (Ctrl-C and the compilation cache,
+which need a process of their own: test_cli_process.py.)"""
 
 import contextlib
 import io
@@ -9,7 +10,9 @@ import os
 import pytest
 from tokenizers import Tokenizer
 
-from jspec.tools.cli import TextStream, main, parse_args
+import jspec
+from jspec.tools import bundled
+from jspec.tools.cli import TextStream, as_flags, build_parser, main, parse_args
 from jspec.tools.demo_model import write_random_hf_checkpoint
 
 SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "hidden_size": 32,
@@ -34,6 +37,14 @@ def completion(stdout: str, prompt: str = PROMPT) -> str:
     return block[len(prompt):]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _jspec_home(tmp_path_factory):
+    """main() keeps compiled programs under $JSPEC_HOME/compile-cache: a fresh one, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JSPEC_HOME", str(tmp_path_factory.mktemp("jspec-home")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
     """A converted random SMALL Llama with a byte-level BPE tokenizer."""
@@ -52,14 +63,33 @@ def plain_json(small_model):
     return json.loads(out)
 
 
-def test_convert_then_generate_json(small_model, capsys):
-    assert main(["generate", "--model", small_model, "--max-new-tokens", "5", "--json",
-                 "def f(x):", "import os"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert len(result["texts"]) == 2
-    assert all(1 <= len(ids) <= 5 for ids in result["token_ids"])
-    assert result["stats"]["acceptance_length"] == 1.0
-    assert result["sampling"]["max_new_tokens"] == 5 and result["baseline"] is None
+def test_convert_then_generate_json_prints_what_the_engine_generates(small_model, capsys):
+    prompts = ["def f(x):", "import os"]
+    assert main(["generate", "--model", small_model, "--max-new-tokens", "5", "--json", *prompts]) == 0
+    report = json.loads(capsys.readouterr().out)
+    engine = jspec.SpecEngine.from_pretrained(small_model, max_batch_size=2, max_seq_len=1024)
+    expected = engine.generate(prompts, max_new_tokens=5)
+    assert report["token_ids"] == expected.token_ids and report["texts"] == expected.texts
+    assert report["prompts"] == prompts and report["sampling"]["max_new_tokens"] == 5
+    for ids in report["token_ids"]:  # 5 new tokens unless EOS came first
+        assert len(ids) == 5 or (0 < len(ids) < 5 and ids[-1] in engine.eos_token_ids), ids
+    stats = report["stats"]
+    assert stats["num_generated_tokens"] == sum(len(ids) for ids in report["token_ids"])
+    # plain decoding: one verify step per token after the prefill's
+    assert stats["num_verify_steps"] == sum(len(ids) - 1 for ids in report["token_ids"])
+    assert report["drafter"] is None and report["spec"] is None and report["baseline"] is None
+
+
+def test_compiled_programs_are_kept_under_jspec_home_and_the_cache_is_off_after_main(small_model, plain_json,
+                                                                                    tmp_path, monkeypatch):
+    import jax
+
+    assert os.listdir(os.path.join(os.environ["JSPEC_HOME"], "compile-cache"))  # plain_json's programs
+    assert jax.config.jax_compilation_cache_dir is None
+    monkeypatch.setenv("JSPEC_HOME", str(tmp_path))
+    code, out, _ = run("generate", "--model", small_model, "--max-tokens", NEW, "--json", "--no-compile-cache", PROMPT)
+    assert code == 0 and json.loads(out)["token_ids"] == plain_json["token_ids"]
+    assert not os.path.exists(tmp_path / "compile-cache")
 
 
 def test_max_tokens_is_vllms_name_for_max_new_tokens(plain_json):
@@ -89,6 +119,22 @@ def test_speculative_stream_equals_plain_decoding_and_counts_steps_as_generate(s
     generated = report["stats"]
     assert (f"acceptance length {generated['acceptance_length']:.2f} ({generated['num_verify_steps']} target "
             f"steps)") in stats[0]
+
+
+@pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
+def test_bundled_eagle3_generates_plain_decodings_tokens_with_fewer_target_steps():
+    flags = ["generate", "--json", "--max-new-tokens", "24", "def fibonacci(n):"]
+    code, out, _ = run(*flags, "--no-baseline")  # the default: the bundled target with its EAGLE-3 head
+    assert code == 0
+    speculative = json.loads(out)
+    code, out, _ = run(*flags, "--drafter", "none")
+    assert code == 0
+    plain = json.loads(out)
+    assert speculative["drafter"] == bundled.bundled_dir("eagle3") and plain["drafter"] is None
+    assert speculative["token_ids"] == plain["token_ids"] and len(plain["token_ids"][0]) == 24
+    assert plain["stats"]["num_verify_steps"] == 23
+    assert speculative["stats"]["acceptance_length"] > 1.5  # the trained head's drafts are accepted
+    assert speculative["stats"]["num_verify_steps"] < 23 / 1.5
 
 
 def test_no_stream_with_a_stop_token_prints_the_completion_up_to_it(small_model, plain_json):
@@ -140,6 +186,77 @@ def test_bad_generate_flags_are_one_line_before_any_compile(small_model, argv):
     code, out, err = run(*argv[:1], "--model", small_model, *argv[1:])
     assert code == 2 and out == ""
     assert err.startswith("jspec: error:") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_empty_prompts_are_refused_by_name(small_model):
+    for prompt, what in [("", "empty"), ("  \n", "only whitespace")]:
+        code, out, err = run("generate", "--model", small_model, "def f(x):", prompt)
+        assert code == 2 and out == ""
+        assert err == f"jspec: error: prompt 1 is {what} ({prompt!r}): give the text to continue\n"
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory):
+    """SMALL with max_position_embeddings=64, converted."""
+    tmp = tmp_path_factory.mktemp("short")
+    hf = write_random_hf_checkpoint(str(tmp / "hf"), config={**SMALL, "max_position_embeddings": 64})
+    assert run("convert", "--src", hf, "--dst", str(tmp / "out"))[0] == 0
+    return str(tmp / "out")
+
+
+def test_max_seq_len_beyond_the_models_positions_is_refused(short_model):
+    code, out, err = run("generate", "--model", short_model, "--max-seq-len", "128", PROMPT)
+    assert code == 2 and out == ""
+    assert err == "jspec: error: --max-seq-len 128 exceeds the model's max_position_embeddings=64\n"
+    with pytest.raises(ValueError, match="max_seq_len=128 exceeds the model's max_position_embeddings=64"):
+        jspec.SpecEngine.from_pretrained(short_model, max_seq_len=128)
+    with pytest.raises(ValueError, match="max_seq_len=128 exceeds the model's max_position_embeddings=64"):
+        jspec.SpecEngine.from_pretrained(short_model, drafter=short_model, max_seq_len=128)  # a draft model too
+
+
+def test_default_max_seq_len_fits_the_model(short_model):
+    assert parse_args(["generate"]).max_seq_len is None  # resolved once the model is known
+    code, out, _ = run("generate", "--model", short_model, "--max-tokens", "4", "--json", PROMPT)
+    assert code == 0 and len(json.loads(out)["token_ids"][0]) >= 1  # 1024 would have been refused
+    if bundled.bundled_dir("target") is not None:
+        with open(os.path.join(bundled.bundled_dir("target"), "config.json")) as f:
+            assert json.load(f)["max_position_embeddings"] >= 1024  # the bundled model takes the plain default
+
+
+def test_too_long_a_prompt_names_the_flags(short_model):
+    code, _, err = run("generate", "--model", short_model, "--max-tokens", "8", "x = 1\n" * 40)
+    assert code == 2
+    assert err.startswith("jspec: error: prompt 0 has ")
+    assert "tokens; with --max-new-tokens 8 that exceeds --max-seq-len 64" in err
+
+
+def test_engine_argument_names_become_flags():
+    assert as_flags("prompt 0 has 30 tokens; with max_new_tokens=8 that exceeds max_seq_len=32") == (
+        "prompt 0 has 30 tokens; with --max-new-tokens 8 that exceeds --max-seq-len 32")
+    assert as_flags("so use max_seq_len <= 256") == "so use --max-seq-len <= 256"
+    assert as_flags("drafter.max_seq_len=3, max_seq_lens=4") == "drafter.max_seq_len=3, max_seq_lens=4"
+
+
+def test_a_key_error_is_a_bug_and_shows_its_traceback(monkeypatch):
+    def broken(args):
+        raise KeyError("num_layers")
+
+    monkeypatch.setattr("jspec.tools.cli.run_convert", broken)
+    with pytest.raises(KeyError, match="num_layers"):
+        main(["convert", "--src", "a", "--dst", "b"])
+
+
+@pytest.mark.parametrize("command, shown", [
+    ("generate", ["(default: 128)", "(default: dynamic)", "(default: 32)", "(default: 0.0)", "(default: 1.0)",
+                  "(default: 1024, or the model's max_position_embeddings if smaller)"]),
+    ("convert", ["(default: auto)"]),
+])
+def test_help_shows_the_defaults(command, shown):
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    text = " ".join(subparsers.choices[command].format_help().split())
+    for piece in shown:
+        assert piece in text, piece
+    assert "(default: None)" not in text and "(default: False)" not in text
 
 
 def test_a_config_without_a_required_key_is_one_line(tmp_path):
