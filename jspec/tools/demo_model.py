@@ -96,7 +96,9 @@ def write_random_hf_checkpoint(directory: str, seed: int = 0, config: dict | Non
 
 def default_demo_dir() -> str:
     """Where the converted demo model lives: $JSPEC_HOME/demo-random-llama (default ~/.cache/jspec)."""
-    home = os.environ.get("JSPEC_HOME", os.path.join(os.path.expanduser("~"), ".cache", "jspec"))
+    from jspec.tools.compile_cache import jspec_home
+
+    home = jspec_home()
     return os.path.join(home, "demo-random-llama")
 
 

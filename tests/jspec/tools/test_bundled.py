@@ -6,7 +6,7 @@ import os
 import pytest
 
 from jspec.tools import bundled
-from jspec.tools.cli import _resolve_models
+from jspec.tools.generate_cmd import _resolve_models
 from models.checkpoint import load_eagle3, load_llama
 from models.eagle3 import Eagle3Config
 
@@ -37,9 +37,14 @@ def test_bundle_is_small_enough_to_ship():
 def test_generate_defaults_to_the_bundled_eagle3_head():
     args = argparse.Namespace(model=None, drafter=None)
     model_dir, drafter, _ = _resolve_models(args)
-    assert (model_dir, drafter) == (bundled.bundled_dir("target"), bundled.bundled_dir("eagle3"))
+    assert (model_dir, drafter) == (bundled.bundled_dir("target"), "eagle3")  # the registry's name, as in Python
     args = argparse.Namespace(model=None, drafter="draft")
-    assert _resolve_models(args)[1] == bundled.bundled_dir("draft")
+    assert _resolve_models(args)[1] == "draft"
+    args = argparse.Namespace(model=None, drafter="none")
+    assert _resolve_models(args)[1] is None
+    args = argparse.Namespace(model=bundled.bundled_dir("draft"), drafter="eagle3")
+    with pytest.raises(ValueError, match="drafter='eagle3' names the bundled code model's eagle3"):
+        _resolve_models(args)
 
 
 @pytest.mark.parametrize("size", [2, 8, 16, 32])

@@ -12,7 +12,9 @@ from tokenizers import Tokenizer
 
 import jspec
 from jspec.tools import bundled
-from jspec.tools.cli import TextStream, as_flags, build_parser, main, parse_args
+from jspec.detokenize import TextStream
+from jspec.tools.cli import build_parser, main, parse_args
+from jspec.tools.generate_cmd import as_flags
 from jspec.tools.demo_model import write_random_hf_checkpoint
 
 SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "hidden_size": 32,
@@ -130,7 +132,7 @@ def test_bundled_eagle3_generates_plain_decodings_tokens_with_fewer_target_steps
     code, out, _ = run(*flags, "--drafter", "none")
     assert code == 0
     plain = json.loads(out)
-    assert speculative["drafter"] == bundled.bundled_dir("eagle3") and plain["drafter"] is None
+    assert speculative["drafter"] == "eagle3" and plain["drafter"] is None
     assert speculative["token_ids"] == plain["token_ids"] and len(plain["token_ids"][0]) == 24
     assert plain["stats"]["num_verify_steps"] == 23
     assert speculative["stats"]["acceptance_length"] > 1.5  # the trained head's drafts are accepted

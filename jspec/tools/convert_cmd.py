@@ -1,0 +1,49 @@
+"""``jspec convert``: a Hugging Face checkpoint -> a jspec directory, all or nothing at --dst."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+
+from jspec.tools.interrupt import on_interrupt
+
+def add_convert_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``jspec convert`` (scripts/convert_checkpoint.py shows the same)."""
+    parser.add_argument("--src", required=True, help="Hugging Face directory: config.json + *.safetensors "
+                                                      "(a Llama-family target or an EAGLE-3 head)")
+    parser.add_argument("--dst", required=True, help="output directory (must not exist unless --overwrite)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="parameter dtype; auto: the checkpoint's own")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
+
+
+def _remove_tree(path: str) -> None:
+    """Removes ``path``, trying again while another thread (orbax's writers) still adds files to it."""
+    for _ in range(5):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """Converts into a staging directory beside --dst and renames it into place, so that neither a failure nor
+    Ctrl-C (which ends the process at once: see :func:`exit_on_interrupt`) leaves anything at --dst or beside it."""
+    from models.checkpoint import check_destination, convert_hf_checkpoint
+
+    dst = os.path.abspath(args.dst)
+    check_destination(dst, args.overwrite)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.converting-", dir=os.path.dirname(dst))
+    try:
+        with on_interrupt(lambda: _remove_tree(staging)):
+            converted = convert_hf_checkpoint(args.src, os.path.join(staging, "out"), dtype=args.dtype)
+            check_destination(dst, args.overwrite)
+            if os.path.exists(dst):
+                shutil.rmtree(dst)
+            os.rename(converted, dst)
+    finally:
+        _remove_tree(staging)
+    print(f"wrote {dst}")
+    return 0

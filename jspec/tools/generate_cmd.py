@@ -1,0 +1,276 @@
+"""``jspec generate``: speculative generation from the command line, streamed for one prompt, timed against plain
+decoding on the same weights."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable
+
+from jspec.detokenize import TextStream
+
+DEFAULT_MAX_SEQ_LEN = 1024
+
+def _token_ids(text: str) -> list[int]:
+    """argparse type of --stop-token-ids: "2,13" -> [2, 13]."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token ids, e.g. 2,13") from None
+
+
+def add_generate_args(parser: argparse.ArgumentParser) -> None:
+    from jspec.tools.bundled import DEFAULT_SPEC
+
+    parser.add_argument("prompts", nargs="*", default=["def fibonacci(n):"],
+                        help="prompt texts (one prompt is streamed as it is generated)")
+    models = parser.add_argument_group("models")
+    models.add_argument("--model", default=None,
+                        help="converted target directory (default: the bundled code model)")
+    models.add_argument("--drafter", default=None,
+                        help="a drafter name (jspec.drafters.DRAFTERS: 'eagle3' / 'draft' are the bundled head / draft "
+                             "model, 'ngram' prompt lookup), 'none', or a converted drafter directory (default: the "
+                             "bundled EAGLE-3 head without --model, none with it)")
+    models.add_argument("--max-seq-len", type=int, default=None,
+                        help=f"token slots per sequence: prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
+                             f"model's max_position_embeddings if smaller)")
+    models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                        help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
+    tree = parser.add_argument_group("draft tree")
+    tree.add_argument("--tree", default=DEFAULT_SPEC.tree, choices=["chain", "static", "dynamic"],
+                      help="shape of the draft tree")
+    tree.add_argument("--num-draft-tokens", type=int, default=DEFAULT_SPEC.num_draft_tokens,
+                      help="tree nodes per step, root included (chain: depth + 1)")
+    tree.add_argument("--num-steps", type=int, default=DEFAULT_SPEC.num_steps, help="dynamic tree depth")
+    tree.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
+    sampling = parser.add_argument_group("sampling (as in vLLM / Hugging Face)")
+    sampling.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=128,
+                          help="new tokens per prompt at most")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    sampling.add_argument("--top-k", type=int, default=0, help="0 = disabled")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="1.0 = disabled")
+    sampling.add_argument("--seed", type=int, default=0, help="seed of the sampling keys")
+    sampling.add_argument("--stop-token-ids", type=_token_ids, action="extend", default=None, metavar="IDS",
+                          help="comma-separated token ids that end a sequence (kept in the output), besides EOS")
+    output = parser.add_argument_group("output")
+    output.add_argument("--no-stream", action="store_true",
+                        help="print the completion at the end (several prompts are never streamed)")
+    output.add_argument("--no-baseline", action="store_true",
+                        help="skip the plain-decoding run that the speedup is measured against")
+    output.add_argument("--json", action="store_true", help="print one JSON object instead of text (no streaming)")
+
+
+def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
+    """-> (target dir, drafter as SpecEngine.from_pretrained takes it (a registered name, a directory, or None),
+    a description of the target for the user). The drafter is checked against the registry now, before loading."""
+    from jspec.bundle import bundled_dir
+    from jspec.drafters import resolve
+    from jspec.tools.demo_model import ensure_demo_model
+
+    drafter = args.drafter
+    if args.model is not None:
+        model_dir, what = args.model, args.model
+    elif bundled_dir("target") is not None:
+        model_dir, what = bundled_dir("target"), "the bundled code model (trained on the Python stdlib)"
+        drafter = "eagle3" if drafter is None else drafter
+    else:
+        model_dir = ensure_demo_model()
+        what = f"the tiny RANDOM-weight demo model at {model_dir} (no bundled model installed): gibberish by design"
+    if drafter == "none":
+        drafter = None
+    if drafter is not None:
+        resolve(drafter, model_dir)
+    return model_dir, drafter, what
+
+
+def _check_prompts(prompts: list[str]) -> None:
+    """Refuses an empty or all-whitespace prompt text (a tokenizer that adds BOS would otherwise turn it into a
+    one-token prompt and generate from nothing)."""
+    for i, prompt in enumerate(prompts):
+        if not prompt.strip():
+            raise ValueError(f"prompt {i} is {'empty' if not prompt else 'only whitespace'} ({prompt!r}): give the "
+                             f"text to continue")
+
+
+def _max_seq_len(requested: int | None, model_dir: str) -> int:
+    """--max-seq-len (default: DEFAULT_MAX_SEQ_LEN, or the model's max_position_embeddings if smaller), checked
+    against the model's config.json before anything loads. Without a config.json, loading the model reports what
+    is wrong with the directory."""
+    from models.config import load_hf_config
+
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        return DEFAULT_MAX_SEQ_LEN if requested is None else requested
+    config = load_hf_config(model_dir)
+    max_seq_len = min(DEFAULT_MAX_SEQ_LEN, config.max_position_embeddings) if requested is None else requested
+    config.check_max_seq_len(max_seq_len)
+    return max_seq_len
+
+
+_ENGINE_LENGTHS = re.compile(r"(?<![\w.-])(max_seq_len|max_new_tokens)\b(=)?")
+
+
+def as_flags(message: str) -> str:
+    """An engine error in the CLI's terms: ``max_seq_len=32`` -> ``--max-seq-len 32`` (and max_new_tokens)."""
+    return _ENGINE_LENGTHS.sub(lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(2) else ""), message)
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags, validated now (before any model loads), as SpecEngine.generate keyword arguments."""
+    from jspec.config import SamplingParams
+
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(args.stop_token_ids or ()))
+    return dataclasses.asdict(params)
+
+
+def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec):
+    """-> (the engine with the drafter, the plain-decoding engine on the same params or None)."""
+    import jspec
+    from jspec.tools.force_accept import force_accept_from_env
+
+    engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
+                                              max_batch_size=max(1, len(args.prompts)),
+                                              max_seq_len=args.max_seq_len, dtype=args.dtype,
+                                              force_accept=force_accept_from_env() if drafter else None)
+    if drafter is None or args.no_baseline:
+        return engine, None
+    baseline = jspec.SpecEngine(engine.config, engine.params, tokenizer=engine.tokenizer,
+                                max_batch_size=engine.max_batch_size, max_seq_len=args.max_seq_len,
+                                dtype=engine.setup.dtype, eos_token_ids=engine.eos_token_ids)
+    return engine, baseline
+
+
+# --- jspec generate: streaming ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class StreamRun:
+    """One streamed prompt: its new tokens, the target verify steps taken, and the seconds spent in the engine
+    (prefill included; the caller's time to print each chunk is not)."""
+
+    token_ids: list[int]
+    num_verify_steps: int
+    run_seconds: float
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens committed per verify step, the prefill's token excluded (GenerateStats' definition)."""
+        return (len(self.token_ids) - 1) / self.num_verify_steps if self.num_verify_steps else 1.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.run_seconds if self.run_seconds > 0 else 0.0
+
+
+def warm_up_stream(engine, prompt: str, sampling: dict[str, Any]) -> float:
+    """Streams ``prompt`` through its prefill and first step, which compiles both streaming programs at this
+    request's shapes, so that a following :func:`timed_stream` of it compiles nothing. -> seconds taken."""
+    start = time.perf_counter()
+    for i, _ in enumerate(engine.stream([prompt], **sampling)):
+        if i == 1:
+            break
+    return time.perf_counter() - start
+
+
+def timed_stream(engine, prompt: str, sampling: dict[str, Any],
+                 on_tokens: Callable[[list[int]], None] | None = None) -> StreamRun:
+    """Streams one prompt, calling ``on_tokens(all new tokens so far)`` after each chunk.
+
+    With one prompt and one step per chunk, the first chunk is the prefill's token and every later chunk is one
+    verify step (a step of an unfinished sequence commits at least one token).
+    """
+    token_ids: list[int] = []
+    chunks, outside = 0, 0.0
+    start = time.perf_counter()
+    for chunk in engine.stream([prompt], **sampling):
+        token_ids += chunk[0]
+        chunks += 1
+        if on_tokens is not None:
+            before = time.perf_counter()
+            on_tokens(token_ids)
+            outside += time.perf_counter() - before
+    return StreamRun(token_ids, max(chunks - 1, 0), time.perf_counter() - start - outside)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _generate_streamed(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> None:
+    """Prints the one prompt's completion as it is committed, then stats measured on that streamed run."""
+    prompt = args.prompts[0]
+    warmup_seconds = warm_up_stream(engine, prompt, sampling)
+    print(f"--- {prompt!r}")
+    _write(prompt)
+    text = TextStream(engine.tokenizer)
+    run = timed_stream(engine, prompt, sampling, on_tokens=lambda ids: _write(text.piece(ids)))
+    _write(text.piece(run.token_ids, final=True) + "\n")
+    print(f"--- {len(run.token_ids)} tokens, acceptance length {run.acceptance_length:.2f} "
+          f"({run.num_verify_steps} target steps), {run.tokens_per_second:.1f} tokens/s as streamed (a host sync "
+          f"per step; compile + warm-up {warmup_seconds:.1f}s not counted)")
+    if baseline is not None:
+        warm_up_stream(baseline, prompt, sampling)
+        plain = timed_stream(baseline, prompt, sampling)
+        print(f"--- plain decoding, streamed the same way: {plain.tokens_per_second:.1f} tokens/s -> speedup "
+              f"{run.tokens_per_second / plain.tokens_per_second:.2f}x")
+
+
+# --- jspec generate: all at once -------------------------------------------------------------------------------
+
+def _generate_batch(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> dict[str, Any]:
+    """One timed ``generate`` call for all prompts (and one for the baseline) -> the JSON report's fields."""
+    out = engine.generate(args.prompts, **sampling)
+    plain = baseline.generate(args.prompts, **sampling).stats if baseline is not None else None
+    speedup = out.stats.tokens_per_second / plain.tokens_per_second if plain else None
+    return {"prompts": args.prompts, "texts": out.texts, "token_ids": out.token_ids,
+            "stats": dataclasses.asdict(out.stats), "baseline": dataclasses.asdict(plain) if plain else None,
+            "speedup": speedup}
+
+
+def _print_batch(report: dict[str, Any]) -> None:
+    stats, plain = report["stats"], report["baseline"]
+    for prompt, text in zip(report["prompts"], report["texts"] or [str(t) for t in report["token_ids"]]):
+        print(f"--- {prompt!r}\n{prompt}{text}")
+    print(f"--- {stats['num_generated_tokens']} tokens, acceptance length {stats['acceptance_length']:.2f} "
+          f"({stats['num_verify_steps']} target steps), {stats['tokens_per_second']:.1f} tokens/s (one generate "
+          f"call), compile {stats['compile_seconds']:.1f}s")
+    if plain is not None:
+        print(f"--- plain decoding: {plain['tokens_per_second']:.1f} tokens/s -> speedup {report['speedup']:.2f}x")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """``jspec generate``; the engine's errors about lengths name the flags (see :func:`as_flags`)."""
+    try:
+        return _run_generate(args)
+    except ValueError as error:
+        raise ValueError(as_flags(str(error))) from error
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from jspec.tools.bundled import spec_for
+
+    _check_prompts(args.prompts)
+    sampling = _sampling(args)
+    model_dir, drafter, what = _resolve_models(args)
+    args.max_seq_len = _max_seq_len(args.max_seq_len, model_dir)
+    spec = spec_for(args.tree, args.num_draft_tokens, args.num_steps, args.topk) if drafter else None
+    engine, baseline = _engines(args, model_dir, drafter, spec)
+    if args.json:
+        report = _generate_batch(args, engine, baseline, sampling)
+        report.update(model=model_dir, drafter=drafter, spec=dataclasses.asdict(spec) if spec else None,
+                      sampling=sampling)
+        print(json.dumps(report))
+        return 0
+    print(f"[jspec] target: {what}")
+    if drafter is not None:
+        print(f"[jspec] drafter: {drafter} ({spec.tree} tree, {spec.tree_size} tokens per step)")
+    if len(args.prompts) == 1 and not args.no_stream:
+        _generate_streamed(args, engine, baseline, sampling)
+    else:
+        _print_batch(_generate_batch(args, engine, baseline, sampling))
+    return 0
