@@ -26,7 +26,7 @@ from jspec.sampling import SamplingArrays
 from jspec.tokenizer import generation_eos, load_tokenizer
 from models.checkpoint import load_llama
 from models.config import ModelConfig
-from models.llama import unstack_layers
+from models.llama import unstack_layers_jit
 
 logger = logging.getLogger("jspec")
 
@@ -77,7 +77,7 @@ class SpecEngine:
         if (drafter is None) != (drafter_params is None):
             raise ValueError("drafter and drafter_params go together: pass both or neither")
         self.config = target_config
-        self.params = unstack_layers(target_params, target_config)  # once, outside any program
+        self.params = unstack_layers_jit(target_params, config=target_config)  # once, outside generate
         self.drafter_params = drafter_params
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size

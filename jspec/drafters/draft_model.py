@@ -44,7 +44,7 @@ from jspec.sampling import SamplingArrays, sampling_probs
 from models.attention import KVCache
 from models.checkpoint import DTYPES, load_llama
 from models.config import ModelConfig
-from models.llama import LlamaModel, unstack_layers
+from models.llama import LlamaModel, unstack_layers, unstack_layers_jit
 
 if TYPE_CHECKING:
     from jspec.drafters.registry import DrafterSource
@@ -169,7 +169,7 @@ def load(source: "DrafterSource") -> tuple[DraftModelDrafter, Any]:
     if source.target_dir is not None:
         check_same_tokenizer(source.path, source.target_dir)
     drafter = DraftModelDrafter(draft_config, source.target, source.spec, source.max_seq_len, source.dtype)
-    return drafter, unstack_layers(draft_params, draft_config)
+    return drafter, unstack_layers_jit(draft_params, config=draft_config)
 
 
 def check_same_tokenizer(drafter_dir: str, target_dir: str) -> None:

@@ -20,6 +20,22 @@ __all__ = ["BUNDLE_DIR", "DEFAULT_SPEC", "PARTS", "RANKED_PATHS", "build_bundle"
 
 # The best acceptance measured by scripts/eval_acceptance.py on HumanEval (greedy); see the README.
 DEFAULT_SPEC = SpecConfig(tree="dynamic", num_steps=10, topk=4, num_draft_tokens=32)
+# The fastest method measured on a CPU (docs/benchmarks.md: n-gram chain of 9 drafts, 1.85x plain over 16
+# HumanEval prompts): on XLA:CPU a verify pass of this 7-layer target costs several plain steps, and a model
+# drafter's forwards cost about as much as the target's, so only drafts that cost nothing to make pay there.
+CPU_DRAFTER, CPU_SPEC = "ngram", SpecConfig(tree="chain", num_steps=9)
+
+
+def default_method(backend: str) -> tuple[str, SpecConfig]:
+    """The bundled model's default (drafter name, tree) on ``backend`` ("cpu", "gpu", "tpu"): prompt lookup on a
+    CPU, where it is the only drafter faster than plain decoding; the EAGLE-3 head elsewhere."""
+    return (CPU_DRAFTER, CPU_SPEC) if backend == "cpu" else ("eagle3", DEFAULT_SPEC)
+
+
+def default_spec(drafter: str) -> SpecConfig:
+    """The tree a drafter runs when no tree flag is given: the n-gram chain for prompt lookup (drafts cost nothing,
+    so long chains pay), DEFAULT_SPEC for model drafters."""
+    return CPU_SPEC if drafter == CPU_DRAFTER else DEFAULT_SPEC
 # Static tree paths, most likely first (every path's parent precedes it): a static tree of T nodes is the first
 # T - 1 of them, so static, chain and dynamic trees can be compared at the same num_draft_tokens.
 RANKED_PATHS = ((0,), (0, 0), (1,), (0, 0, 0), (0, 1), (2,), (1, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2), (3,),

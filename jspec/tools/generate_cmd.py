@@ -25,8 +25,6 @@ def _token_ids(text: str) -> list[int]:
 
 
 def add_generate_args(parser: argparse.ArgumentParser) -> None:
-    from jspec.tools.bundled import DEFAULT_SPEC
-
     parser.add_argument("prompts", nargs="*", default=["def fibonacci(n):"],
                         help="prompt texts (one prompt is streamed as it is generated)")
     models = parser.add_argument_group("models")
@@ -34,20 +32,22 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                         help="converted target directory (default: the bundled code model)")
     models.add_argument("--drafter", default=None,
                         help="a drafter name (jspec.drafters.DRAFTERS: 'eagle3' / 'draft' are the bundled head / draft "
-                             "model, 'ngram' prompt lookup), 'none', or a converted drafter directory (default: the "
-                             "bundled EAGLE-3 head without --model, none with it)")
+                             "model, 'ngram' prompt lookup), 'none', or a converted drafter directory (default without "
+                             "--model: 'ngram' on a CPU, where it is the fastest measured, 'eagle3' on a GPU/TPU; "
+                             "none with --model)")
     models.add_argument("--max-seq-len", type=int, default=None,
                         help=f"token slots per sequence: prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
                              f"model's max_position_embeddings if smaller)")
     models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                         help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
-    tree = parser.add_argument_group("draft tree")
-    tree.add_argument("--tree", default=DEFAULT_SPEC.tree, choices=["chain", "static", "dynamic"],
+    tree = parser.add_argument_group("draft tree (defaults: a chain of 10 tokens for ngram, a dynamic tree of 32 "
+                                     "tokens, depth 10, top-4, for model drafters)")
+    tree.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
                       help="shape of the draft tree")
-    tree.add_argument("--num-draft-tokens", type=int, default=DEFAULT_SPEC.num_draft_tokens,
+    tree.add_argument("--num-draft-tokens", type=int, default=None,
                       help="tree nodes per step, root included (chain: depth + 1)")
-    tree.add_argument("--num-steps", type=int, default=DEFAULT_SPEC.num_steps, help="dynamic tree depth")
-    tree.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
+    tree.add_argument("--num-steps", type=int, default=None, help="dynamic tree depth")
+    tree.add_argument("--topk", type=int, default=None, help="dynamic tree branching")
     sampling = parser.add_argument_group("sampling (as in vLLM / Hugging Face)")
     sampling.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=128,
                           help="new tokens per prompt at most")
@@ -68,8 +68,11 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     """-> (target dir, drafter as SpecEngine.from_pretrained takes it (a registered name, a directory, or None),
     a description of the target for the user). The drafter is checked against the registry now, before loading."""
+    import jax
+
     from jspec.bundle import bundled_dir
     from jspec.drafters import resolve
+    from jspec.tools.bundled import default_method
     from jspec.tools.demo_model import ensure_demo_model
 
     drafter = args.drafter
@@ -77,7 +80,7 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
         model_dir, what = args.model, args.model
     elif bundled_dir("target") is not None:
         model_dir, what = bundled_dir("target"), "the bundled code model (trained on the Python stdlib)"
-        drafter = "eagle3" if drafter is None else drafter
+        drafter = default_method(jax.default_backend())[0] if drafter is None else drafter
     else:
         model_dir = ensure_demo_model()
         what = f"the tiny RANDOM-weight demo model at {model_dir} (no bundled model installed): gibberish by design"
@@ -251,14 +254,28 @@ def run_generate(args: argparse.Namespace) -> int:
         raise ValueError(as_flags(str(error))) from error
 
 
-def _run_generate(args: argparse.Namespace) -> int:
-    from jspec.tools.bundled import spec_for
+def draft_spec(args: argparse.Namespace, drafter: str | None):
+    """The tree flags over the drafter's default tree (``jspec.tools.bundled.default_spec``) -> SpecConfig, or
+    None for plain decoding."""
+    from jspec.tools.bundled import default_spec, spec_for
 
+    if drafter is None:
+        return None
+    base = default_spec(drafter)
+    tree = args.tree or base.tree
+    if tree == base.tree and args.num_draft_tokens is args.num_steps is args.topk is None:
+        return base
+    given = lambda value, default: default if value is None else value
+    return spec_for(tree, given(args.num_draft_tokens, base.tree_size), given(args.num_steps, base.num_steps),
+                    given(args.topk, base.topk))
+
+
+def _run_generate(args: argparse.Namespace) -> int:
     _check_prompts(args.prompts)
     sampling = _sampling(args)
     model_dir, drafter, what = _resolve_models(args)
     args.max_seq_len = _max_seq_len(args.max_seq_len, model_dir)
-    spec = spec_for(args.tree, args.num_draft_tokens, args.num_steps, args.topk) if drafter else None
+    spec = draft_spec(args, drafter)
     engine, baseline = _engines(args, model_dir, drafter, spec)
     if args.json:
         report = _generate_batch(args, engine, baseline, sampling)
@@ -269,6 +286,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     print(f"[jspec] target: {what}")
     if drafter is not None:
         print(f"[jspec] drafter: {drafter} ({spec.tree} tree, {spec.tree_size} tokens per step)")
+        if args.drafter is None and drafter == "ngram":
+            print("[jspec] (prompt lookup: on a CPU the fastest drafter for this small model; "
+                  "`--drafter eagle3` runs its EAGLE-3 head)")
     if len(args.prompts) == 1 and not args.no_stream:
         _generate_streamed(args, engine, baseline, sampling)
     else:

@@ -3,6 +3,7 @@
 import argparse
 import os
 
+import jax
 import pytest
 
 from jspec.tools import bundled
@@ -34,10 +35,11 @@ def test_bundle_is_small_enough_to_ship():
 
 
 @needs_bundle
-def test_generate_defaults_to_the_bundled_eagle3_head():
+def test_generate_defaults_to_the_bundled_model_with_the_backends_fastest_drafter():
     args = argparse.Namespace(model=None, drafter=None)
     model_dir, drafter, _ = _resolve_models(args)
-    assert (model_dir, drafter) == (bundled.bundled_dir("target"), "eagle3")  # the registry's name, as in Python
+    expected = "ngram" if jax.default_backend() == "cpu" else "eagle3"  # the registry's name, as in Python
+    assert (model_dir, drafter) == (bundled.bundled_dir("target"), expected)
     args = argparse.Namespace(model=None, drafter="draft")
     assert _resolve_models(args)[1] == "draft"
     args = argparse.Namespace(model=None, drafter="none")
@@ -56,3 +58,10 @@ def test_trees_of_the_same_size(size):
 def test_ranked_paths_are_prefix_closed_in_order():
     for i, path in enumerate(bundled.RANKED_PATHS):
         assert len(path) == 1 or path[:-1] in bundled.RANKED_PATHS[:i]
+
+
+def test_default_trees_per_drafter():
+    assert bundled.default_method("cpu") == ("ngram", bundled.CPU_SPEC)
+    assert bundled.default_method("gpu") == ("eagle3", bundled.DEFAULT_SPEC)
+    assert bundled.default_spec("ngram").tree == "chain" and bundled.default_spec("ngram").tree_size == 10
+    assert bundled.default_spec("eagle3") == bundled.default_spec("draft") == bundled.DEFAULT_SPEC

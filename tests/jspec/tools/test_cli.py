@@ -126,7 +126,7 @@ def test_speculative_stream_equals_plain_decoding_and_counts_steps_as_generate(s
 @pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 def test_bundled_eagle3_generates_plain_decodings_tokens_with_fewer_target_steps():
     flags = ["generate", "--json", "--max-new-tokens", "24", "def fibonacci(n):"]
-    code, out, _ = run(*flags, "--no-baseline")  # the default: the bundled target with its EAGLE-3 head
+    code, out, _ = run(*flags, "--no-baseline", "--drafter", "eagle3")  # the bundled target with its EAGLE-3 head
     assert code == 0
     speculative = json.loads(out)
     code, out, _ = run(*flags, "--drafter", "none")
@@ -249,7 +249,8 @@ def test_a_key_error_is_a_bug_and_shows_its_traceback(monkeypatch):
 
 
 @pytest.mark.parametrize("command, shown", [
-    ("generate", ["(default: 128)", "(default: dynamic)", "(default: 32)", "(default: 0.0)", "(default: 1.0)",
+    ("generate", ["(default: 128)", "defaults: a chain of 10 tokens for ngram, a dynamic tree of 32", "(default: 0.0)",
+                  "(default: 1.0)",
                   "(default: 1024, or the model's max_position_embeddings if smaller)"]),
     ("convert", ["(default: auto)"]),
 ])
@@ -327,3 +328,21 @@ def test_bench_help():
     with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stdout(io.StringIO()) as out:
         main(["bench", "--help"])
     assert exit_info.value.code == 0 and "usage:" in out.getvalue()
+
+
+@pytest.mark.parametrize("flags, drafter, expected", [
+    ([], "ngram", dict(tree="chain", num_steps=9)),
+    ([], "eagle3", dict(tree="dynamic", num_steps=10, topk=4, num_draft_tokens=32)),
+    (["--num-draft-tokens", "6"], "ngram", dict(tree="chain", num_steps=5)),
+    (["--tree", "dynamic"], "ngram", dict(tree="dynamic", num_steps=9, topk=4, num_draft_tokens=10)),
+    (["--tree", "chain", "--num-draft-tokens", "4"], "eagle3", dict(tree="chain", num_steps=3)),
+    (["--num-steps", "3", "--topk", "2", "--num-draft-tokens", "8"], "draft",
+     dict(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=8)),
+])
+def test_tree_flags_override_the_drafters_default_tree(flags, drafter, expected):
+    import jspec
+    from jspec.tools.generate_cmd import draft_spec
+
+    args = parse_args(["generate", *flags])
+    assert draft_spec(args, drafter) == jspec.SpecConfig(**expected)
+    assert draft_spec(args, None) is None
