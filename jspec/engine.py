@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.batching import PaddedBatch, pad_batch, unpad_outputs, validate_prompts
+from jspec.chat import ChatTemplate, as_conversations, load_chat_template
 from jspec.config import SamplingParams, SpecConfig
 from jspec.detokenize import TextStream
 from jspec.drafters import Drafter, load as load_drafter
@@ -62,6 +63,8 @@ def default_dtype() -> str | None:
 
 class SpecEngine:
     """Speculative (or, with drafter=None, plain) generation over one target model."""
+
+    chat_template: ChatTemplate | None = None  # the checkpoint's (from_pretrained), for chat()
 
     def __init__(self, target_config: ModelConfig, target_params: Any, *, tokenizer=None,
                  drafter: Drafter | None = None, drafter_params: Any = None, max_batch_size: int = 8,
@@ -113,9 +116,11 @@ class SpecEngine:
             static_drafter, drafter_params = load_drafter(drafter, target=config, target_dir=target_dir,
                                                           spec=spec or SpecConfig(), max_seq_len=max_seq_len,
                                                           dtype=dtype)
-        return cls(config, params, tokenizer=load_tokenizer(target_dir), drafter=static_drafter,
-                   drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                   dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept)
+        engine = cls(config, params, tokenizer=load_tokenizer(target_dir), drafter=static_drafter,
+                     drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                     dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept)
+        engine.chat_template = load_chat_template(target_dir)
+        return engine
 
     # --- the call ----------------------------------------------------------------------------------------------
 
@@ -132,6 +137,24 @@ class SpecEngine:
             texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in token_ids]
         stats = self._stats(result, batch.batch_size, run_seconds, compile_seconds)
         return GenerateOutput(token_ids, texts, stats)
+
+    def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]], max_new_tokens: int = 128,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             stop_token_ids: Sequence[int] | None = None, add_generation_prompt: bool = True) -> GenerateOutput:
+        """Generates the reply to a conversation ([{"role": "user", "content": "..."}, ...]) or to each of a list
+        of them: rendered with the checkpoint's chat_template and encoded as transformers'
+        ``apply_chat_template(..., tokenize=True)`` does (``jspec.chat``), then :meth:`generate`. Stops at EOS and
+        at tokenizer_config.json's eos_token, the model's end of turn (e.g. Qwen's ``<|im_end|>``)."""
+        conversations = as_conversations(messages)
+        if self.chat_template is None or self.tokenizer is None:
+            raise ValueError("chat needs the checkpoint's chat_template (tokenizer_config.json) and tokenizer.json, "
+                             "and this engine has none; use generate")
+        ids = self.chat_template.encode(self.tokenizer, conversations, add_generation_prompt)
+        end_of_turn = self.chat_template.end_of_turn_ids(self.tokenizer)
+        stop = tuple(stop_token_ids or ())
+        stop += tuple(i for i in end_of_turn if i not in self.eos_token_ids + stop)
+        return self.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=seed, stop_token_ids=stop)
 
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,

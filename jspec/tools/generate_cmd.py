@@ -27,6 +27,9 @@ def _token_ids(text: str) -> list[int]:
 def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", default=["def fibonacci(n):"],
                         help="prompt texts (one prompt is streamed as it is generated)")
+    parser.add_argument("--chat", action="store_true",
+                        help="each prompt is a user message, rendered with the model's chat template "
+                             "(tokenizer_config.json); generation also stops at its end-of-turn token")
     models = parser.add_argument_group("models")
     models.add_argument("--model", default=None,
                         help="converted target directory (default: the bundled code model)")
@@ -131,6 +134,30 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return dataclasses.asdict(params)
 
 
+def _chat_template(args: argparse.Namespace, model_dir: str):
+    """--chat: the model's chat template, refused now (before loading) if it has none; None without --chat."""
+    from jspec.chat import load_chat_template
+
+    if not args.chat:
+        return None
+    template = load_chat_template(model_dir)
+    if template is None:
+        raise ValueError(f"--chat: the model at {model_dir} has no chat_template (tokenizer_config.json); "
+                         f"give plain prompts without --chat")
+    return template
+
+
+def _chat_inputs(args: argparse.Namespace, engine, template) -> None:
+    """--chat: args.inputs become each prompt's one-message conversation as token ids (what transformers'
+    apply_chat_template gives), args.prompts the rendered texts (what is printed), and the end-of-turn token
+    a stop id."""
+    conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]
+    args.prompts = template.render(conversations)
+    args.inputs = template.encode(engine.tokenizer, conversations)
+    end_of_turn = [i for i in template.end_of_turn_ids(engine.tokenizer) if i not in engine.eos_token_ids]
+    args.stop_token_ids = (args.stop_token_ids or []) + end_of_turn
+
+
 def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec):
     """-> (the engine with the drafter, the plain-decoding engine on the same params or None)."""
     import jspec
@@ -206,19 +233,19 @@ def _write(text: str) -> None:
 
 def _generate_streamed(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> None:
     """Prints the one prompt's completion as it is committed, then stats measured on that streamed run."""
-    prompt = args.prompts[0]
-    warmup_seconds = warm_up_stream(engine, prompt, sampling)
+    prompt, inputs = args.prompts[0], args.inputs[0]
+    warmup_seconds = warm_up_stream(engine, inputs, sampling)
     print(f"--- {prompt!r}")
     _write(prompt)
     text = TextStream(engine.tokenizer)
-    run = timed_stream(engine, prompt, sampling, on_tokens=lambda ids: _write(text.piece(ids)))
+    run = timed_stream(engine, inputs, sampling, on_tokens=lambda ids: _write(text.piece(ids)))
     _write(text.piece(run.token_ids, final=True) + "\n")
     print(f"--- {len(run.token_ids)} tokens, acceptance length {run.acceptance_length:.2f} "
           f"({run.num_verify_steps} target steps), {run.tokens_per_second:.1f} tokens/s as streamed (a host sync "
           f"per step; compile + warm-up {warmup_seconds:.1f}s not counted)")
     if baseline is not None:
-        warm_up_stream(baseline, prompt, sampling)
-        plain = timed_stream(baseline, prompt, sampling)
+        warm_up_stream(baseline, inputs, sampling)
+        plain = timed_stream(baseline, inputs, sampling)
         print(f"--- plain decoding, streamed the same way: {plain.tokens_per_second:.1f} tokens/s -> speedup "
               f"{run.tokens_per_second / plain.tokens_per_second:.2f}x")
 
@@ -227,8 +254,8 @@ def _generate_streamed(args: argparse.Namespace, engine, baseline, sampling: dic
 
 def _generate_batch(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> dict[str, Any]:
     """One timed ``generate`` call for all prompts (and one for the baseline) -> the JSON report's fields."""
-    out = engine.generate(args.prompts, **sampling)
-    plain = baseline.generate(args.prompts, **sampling).stats if baseline is not None else None
+    out = engine.generate(args.inputs, **sampling)
+    plain = baseline.generate(args.inputs, **sampling).stats if baseline is not None else None
     speedup = out.stats.tokens_per_second / plain.tokens_per_second if plain else None
     return {"prompts": args.prompts, "texts": out.texts, "token_ids": out.token_ids,
             "stats": dataclasses.asdict(out.stats), "baseline": dataclasses.asdict(plain) if plain else None,
@@ -275,8 +302,13 @@ def _run_generate(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     model_dir, drafter, what = _resolve_models(args)
     args.max_seq_len = _max_seq_len(args.max_seq_len, model_dir)
+    template = _chat_template(args, model_dir)
     spec = draft_spec(args, drafter)
     engine, baseline = _engines(args, model_dir, drafter, spec)
+    args.inputs = args.prompts  # what the engines are given: texts, or --chat's token ids
+    if template is not None:
+        _chat_inputs(args, engine, template)
+        sampling = _sampling(args)
     if args.json:
         report = _generate_batch(args, engine, baseline, sampling)
         report.update(model=model_dir, drafter=drafter, spec=dataclasses.asdict(spec) if spec else None,
