@@ -151,6 +151,8 @@ def _chat_inputs(args: argparse.Namespace, engine, template) -> None:
     """--chat: args.inputs become each prompt's one-message conversation as token ids (what transformers'
     apply_chat_template gives), args.prompts the rendered texts (what is printed), and the end-of-turn token
     a stop id."""
+    if engine.tokenizer is None:
+        raise ValueError("--chat needs the model's tokenizer.json, and it has none")
     conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]
     args.prompts = template.render(conversations)
     args.inputs = template.encode(engine.tokenizer, conversations)

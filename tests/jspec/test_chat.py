@@ -347,3 +347,13 @@ def test_cli_chat_without_a_template_is_one_error_line(tmp_path):
     assert code == 2 and out == ""
     assert err == (f"jspec: error: --chat: the model at {model} has no chat_template (tokenizer_config.json); "
                    f"give plain prompts without --chat\n")
+
+
+def test_cli_chat_streams_the_rendered_prompt_and_engine_chats_reply(qwen_model, qwen_engine, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JSPEC_HOME", str(tmp_path_factory.mktemp("home")))
+        code, out, err = run("generate", "--model", qwen_model, "--chat", "--max-tokens", "6", "What is 2 + 2?")
+    assert code == 0, err
+    rendered = "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    expected = qwen_engine.chat(CONVERSATIONS["user"], max_new_tokens=6)
+    assert f"--- {rendered!r}\n{rendered}{expected.texts[0]}\n--- {len(expected.token_ids[0])} tokens" in out, out
