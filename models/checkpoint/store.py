@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from models.config import ModelConfig, from_hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 FORMAT_VERSION = 1
 
