@@ -60,3 +60,74 @@ def save_and_convert(model: transformers.PreTrainedModel, root: str, dtype: str 
                            "--dst", out_dir, "--dtype", dtype], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return hf_dir, out_dir
+
+
+# --- checkpoints as the Hub ships them (tests/models/test_shipped_targets.py) ---------------------------------
+
+TOKENIZER_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding drafts several tokens and the target checks them in one pass.",
+    "Hello world! How are you today? I am fine, thank you.",
+    "def add(a, b):\n    return a + b\n",
+    "Numbers 0123456789 and symbols #$%&*+-/<=>@[]^_{|}~ appear too.",
+]
+
+
+def build_tokenizer(base_vocab: int, specials: list[str], *, bos: str | None, eos: str, pad: str | None,
+                    chat_template: str):
+    """A byte-level BPE (Llama 3 / Qwen style) of exactly ``base_vocab`` learned tokens, then ``specials`` as added
+    special tokens at ids base_vocab, base_vocab + 1, ...; a BOS post-processor when ``bos`` is given. Returns
+    transformers' fast tokenizer (what ``save_pretrained`` writes as tokenizer.json + tokenizer_config.json)."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=base_vocab, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(TOKENIZER_CORPUS * 4, trainer)
+    assert tok.get_vocab_size() == base_vocab, tok.get_vocab_size()
+    tok.add_special_tokens(specials)
+    if bos is not None:
+        bos_id = tok.token_to_id(bos)
+        tok.post_processor = tokenizers.processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad,
+                                                chat_template=chat_template)
+
+
+def random_hf_model(config: transformers.PretrainedConfig, seed: int = 0) -> transformers.PreTrainedModel:
+    """AutoModelForCausalLM of ``config`` with random weights (norms and biases perturbed so they matter), rounded
+    to bfloat16 values (the Hub ships bfloat16) and held in float32."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(0.1 * torch.randn_like(param))
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
+            param.copy_(param.to(torch.bfloat16).to(torch.float32))
+    return model
+
+
+def write_as_shipped(hf_dir: str, **extra) -> dict:
+    """Rewrites ``hf_dir/config.json`` the way Hub checkpoints carry it (written by transformers 4.x): rope_theta
+    at the top level and ``rope_scaling`` (null for default rope) instead of transformers 5's ``rope_parameters``,
+    ``torch_dtype``; ``extra`` fields set last. Returns the new dict."""
+    import json
+
+    path = os.path.join(hf_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    rope = dict(config.pop("rope_parameters", None) or {})
+    if "rope_theta" in rope:
+        config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+    config.pop("dtype", None)
+    config["torch_dtype"] = "bfloat16"
+    config["transformers_version"] = "4.43.0.dev0"
+    config.update(extra)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    return config
