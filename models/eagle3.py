@@ -3,7 +3,8 @@ Test"), numerics as the reference implementation and SGLang's ``LlamaForCausalLM
 
 The head is one Llama decoder layer whose attention reads 2H features per token::
 
-    fused  = fc(concat(h[2], h[L//2], h[L-3]))        3H_target -> H, no bias (first draft position only;
+    fused  = fc(concat(h[a], h[b], h[c]))              3H_target -> H, no bias; (a, b, c) = Eagle3Config.taps,
+                                                       by default (2, L//2, L-3) (first draft position only;
                                                        later positions feed the head's own pre-norm output)
     x      = concat(input_layernorm(embed(token)), hidden_norm(fused))       [B, T, 2H]
     h      = self_attn(x) + fused                      q/k/v: 2H -> heads; rope as the target's
@@ -35,7 +36,8 @@ from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig, RopeScaling, _rope_scaling_from_hf
 from models.llama import MLP, Attention, RMSNorm, rope_cos_sin
 
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle")
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle",
+                        "Eagle3Speculator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,10 @@ class Eagle3Config:
     layer: ModelConfig
     target_hidden_size: int
     target_vocab_size: int
+    # The target layers whose residual-stream inputs the head fuses, in fc's order, as Hugging Face
+    # ``hidden_states`` indices (= the target's ``tap_layers``); None: the EAGLE default (2, L//2, L-3). The
+    # converter records them in config.json (``jspec_eagle3.tap_layers``), resolved from the writer's convention.
+    taps: tuple[int, int, int] | None = None
 
     @property
     def draft_vocab_size(self) -> int:
@@ -62,10 +68,24 @@ class Eagle3Config:
         if self.layer.hidden_size != target.hidden_size:
             raise ValueError(f"EAGLE-3 head hidden_size={self.layer.hidden_size} differs from the target's "
                              f"hidden_size={target.hidden_size}, whose embedding it shares")
+        self.target_taps(target)
+
+    def target_taps(self, target: ModelConfig) -> tuple[int, int, int]:
+        """The target layers this head reads (HF ``hidden_states`` indices: inputs of those layers): the recorded
+        ``taps``, or the default rule; ValueError when one is not the input of a layer of ``target``."""
+        if self.taps is None:
+            return self.tap_layers(target)
+        bad = [t for t in self.taps if not 0 <= t < target.num_layers]
+        if bad:
+            raise ValueError(
+                f"EAGLE-3 head reads target hidden_states{list(self.taps)}, but {bad} is not the input of a layer "
+                f"of the target (num_layers={target.num_layers}: valid 0..{target.num_layers - 1}; "
+                f"hidden_states[{target.num_layers}] is after the final norm, which jspec does not tap)")
+        return self.taps
 
     @staticmethod
     def tap_layers(target: ModelConfig) -> tuple[int, int, int]:
-        """The target layers whose residual-stream inputs the head fuses: (2, L//2, L-3) (HF hidden_states)."""
+        """The default taps, EAGLE's rule: inputs of layers (2, L//2, L-3) (HF hidden_states indices)."""
         num_layers = target.num_layers
         layers = (2, num_layers // 2, num_layers - 3)
         if min(layers) < 0 or max(layers) >= num_layers:
@@ -96,7 +116,20 @@ def eagle3_config_from_hf(hf: dict[str, Any]) -> Eagle3Config:
         model_type="llama",
     )
     return Eagle3Config(layer=layer, target_hidden_size=int(hf.get("target_hidden_size") or hf["hidden_size"]),
-                        target_vocab_size=int(hf["vocab_size"]))
+                        target_vocab_size=int(hf["vocab_size"]), taps=_recorded_taps(hf))
+
+
+def _recorded_taps(hf: dict[str, Any]) -> tuple[int, int, int] | None:
+    """``jspec_eagle3.tap_layers`` of a converted config.json (written by models/checkpoint/eagle3_layouts.py),
+    or None (the default rule)."""
+    taps = (hf.get("jspec_eagle3") or {}).get("tap_layers")
+    if taps is None:
+        return None
+    if (not isinstance(taps, (list, tuple)) or len(taps) != 3
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in taps)):
+        raise ValueError(f"jspec_eagle3.tap_layers={taps!r}: expected 3 non-negative integers (HF hidden_states "
+                         f"indices)")
+    return tuple(taps)
 
 
 class Eagle3Output(NamedTuple):

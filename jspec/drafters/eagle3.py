@@ -63,7 +63,7 @@ class Eagle3Drafter(DrafterBase):
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
-        return Eagle3Config.tap_layers(self.target)
+        return self.head.target_taps(self.target)
 
     def _model(self) -> Eagle3Head:
         return Eagle3Head(self.head, DTYPES[self.dtype])
@@ -74,7 +74,7 @@ class Eagle3Drafter(DrafterBase):
 
     @staticmethod
     def _features(taps: jax.Array) -> jax.Array:
-        """[3, B, N, H] -> [B, N, 3H] in tap order (layers 2, L//2, L-3)."""
+        """[3, B, N, H] -> [B, N, 3H] in tap order (the head's taps, by default layers 2, L//2, L-3)."""
         return jnp.concatenate(list(taps), axis=-1)
 
     def _run(self, params_t, params_d, cache, tokens, hidden, positions, cache_len, local_mask=None,

@@ -20,6 +20,7 @@ import numpy as np
 from flax import traverse_util
 from safetensors import SafetensorError, safe_open
 
+from models.checkpoint.eagle3_layouts import IGNORED_TENSORS, canonical_tensor_name, resolve_layout
 from models.checkpoint.store import (DTYPES, _abstract_eagle3_head, atomic_directory, check_destination,
                                      read_hf_config, write_jspec_dir)
 from models.config import ModelConfig, from_hf_config
@@ -235,19 +236,12 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
 # [V_draft, H]; d2t i64[V_draft] (target id = d + d2t[d]); t2d bool[V_target]. Some writers name the layer
 # "layers.0." or put "model." before every name.
 
-_EAGLE3_LAYER = re.compile(r"^(?:midlayer|layers\.0)\.(.+)\.weight$")
-# t2d is the inverse of d2t (a membership mask over the target vocabulary): nothing we need. embed_tokens, when a
-# writer includes it, is a copy of the target's embedding, which the head shares: the target's is used.
-_EAGLE3_IGNORED = ("t2d", "embed_tokens.weight")
-
-
-def _strip_model_prefix(hf_name: str) -> str:
-    return hf_name[len("model."):] if hf_name.startswith("model.") else hf_name
+_EAGLE3_LAYER = re.compile(r"^midlayer\.(.+)\.weight$")
 
 
 def eagle3_param_path(hf_name: str) -> tuple[tuple[str, ...], None, bool] | None:
     """HF EAGLE-3 tensor name -> (param path in the Eagle3Head tree, None, transpose?); None if not ours."""
-    name = _strip_model_prefix(hf_name)
+    name = canonical_tensor_name(hf_name)
     if name == "fc.weight":
         return ("fc", "kernel"), None, True
     if name == "norm.weight":
@@ -263,10 +257,63 @@ def eagle3_param_path(hf_name: str) -> tuple[tuple[str, ...], None, bool] | None
     return ("midlayer",) + parts + ("weight",), None, False
 
 
+# --- reading EAGLE's pytorch_model.bin -----------------------------------------------------------------------
+
+def torch_bin_files(src: str) -> list[str]:
+    """The pytorch_model*.bin files of a HF directory: from pytorch_model.bin.index.json when sharded."""
+    index = os.path.join(src, "pytorch_model.bin.index.json")
+    if os.path.isfile(index):
+        shards = sorted(set(_weight_map(index).values()))
+        missing = [s for s in shards if not os.path.isfile(os.path.join(src, s))]
+        if missing:
+            raise FileNotFoundError(f"pytorch_model.bin.index.json in {src!r} names missing shards: {missing}")
+        return [os.path.join(src, s) for s in shards]
+    path = os.path.join(src, "pytorch_model.bin")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no pytorch_model.bin in {src!r}")
+    return [path]
+
+
+def _load_torch_bin(path: str) -> dict:
+    """A pytorch_model.bin's tensors, read with ``weights_only=True``: a pickle that carries anything but tensors
+    (which could run code when loaded) is refused with ValueError."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"{path} is a PyTorch pickle; reading it needs torch: pip install torch "
+                         f"(CPU wheels suffice)") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # UnpicklingError for a forbidden object; anything else is a corrupt file
+        raise ValueError(f"{path}: refused to load (torch.load(weights_only=True) failed: "
+                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}); only plain "
+                         f"tensor dicts are read") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a dict of tensors (a state_dict), got {type(state).__name__}")
+    return state
+
+
+def iter_torch_bin(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """Yields (name, array) for every tensor of the .bin files (bf16 through float32, exactly)."""
+    for path in files:
+        for name, tensor in _load_torch_bin(path).items():
+            if str(tensor.dtype) == "torch.bfloat16":
+                tensor = tensor.float()
+            yield name, tensor.numpy()
+
+
+def _eagle3_tensor_files(src: str) -> tuple[list[str], Callable[[list[str]], Iterator[tuple[str, np.ndarray]]]]:
+    """(files, reader): safetensors when the directory has any, else EAGLE's pytorch_model.bin."""
+    if any(f.endswith(".safetensors") for f in os.listdir(src)) \
+            or os.path.isfile(os.path.join(src, "model.safetensors.index.json")):
+        return safetensors_files(src), iter_safetensors
+    return torch_bin_files(src), iter_torch_bin
+
+
 def looks_like_eagle3(names: list[str]) -> bool:
     """Whether HF tensor names are an EAGLE-3 head's: fc.weight plus a midlayer./layers.0. decoder layer."""
-    stripped = {_strip_model_prefix(n) for n in names}
-    return "fc.weight" in stripped and any(n.startswith(("midlayer.", "layers.0.")) for n in stripped)
+    stripped = {canonical_tensor_name(n) for n in names}
+    return "fc.weight" in stripped and any(n.startswith("midlayer.") for n in stripped)
 
 
 def checkpoint_kind(src: str) -> str:
@@ -281,7 +328,10 @@ def checkpoint_kind(src: str) -> str:
     architectures = read_hf_config(src).get("architectures") or []
     if any(arch in EAGLE3_ARCHITECTURES for arch in architectures):
         return "eagle3"
-    return "eagle3" if looks_like_eagle3(tensor_names(safetensors_files(src))) else "llama"
+    files, reader = _eagle3_tensor_files(src)
+    if reader is iter_torch_bin:  # EAGLE's own heads say LlamaForCausalLM and ship a pickle
+        return "eagle3" if looks_like_eagle3([name for name, _ in reader(files)]) else "llama"
+    return "eagle3" if looks_like_eagle3(tensor_names(files)) else "llama"
 
 
 def convert_hf_checkpoint(src: str, dst: str, dtype: str = "auto", overwrite: bool = False,
@@ -310,6 +360,20 @@ def _eagle3_d2t(d2t: np.ndarray | None, draft_vocab_size: int, target_vocab_size
     return d2t.astype(np.int32)
 
 
+def _check_eagle3_tensor(name: str, array: np.ndarray, config: Any) -> bool:
+    """Whether a tensor is one the head does without (t2d; embed_tokens after its shape check). Any other tensor
+    the head lacks (a bias such as fc.bias, an extra layer) is reported by name as unexpected by hf_to_params."""
+    canonical = canonical_tensor_name(name)
+    if canonical == "embed_tokens.weight":
+        want = (config.target_vocab_size, config.layer.hidden_size)
+        if tuple(array.shape) != want:
+            raise ValueError(f"EAGLE-3 tensor {name}: got {tuple(array.shape)}, expected {want} (a copy of the "
+                             f"target's embedding, which jspec shares instead; a head with its own embedding is "
+                             f"not supported)")
+        return True
+    return canonical in IGNORED_TENSORS
+
+
 def _check_eagle3_layers(hf_config: dict) -> None:
     layers = hf_config.get("num_hidden_layers", 1)
     if layers != 1:
@@ -320,6 +384,10 @@ def convert_hf_eagle3(src: str, dst: str, dtype: str = "auto", overwrite: bool =
                       progress: bool = True) -> str:
     """Converts a HF EAGLE-3 head directory at ``src`` into a jspec directory at ``dst`` (kind "eagle3").
 
+    Any writer's layout (models/checkpoint/eagle3_layouts.py: EAGLE's pytorch_model.bin, SpecForge/AngelSlim,
+    speculators, ModelOpt); config.json is written flat, with the resolved taps in ``jspec_eagle3``. A field or
+    tensor that changes the math and that jspec does not implement raises ValueError naming it.
+
     Raises ValueError listing every missing, unexpected and misshapen tensor; d2t is checked to map into the
     target vocabulary. Nothing is left at ``dst`` on failure.
     """
@@ -328,24 +396,29 @@ def convert_hf_eagle3(src: str, dst: str, dtype: str = "auto", overwrite: bool =
     check_destination(dst, overwrite)
     hf_config = read_hf_config(src)
     with _naming_config(src):
-        _check_eagle3_layers(hf_config)
-        config = eagle3_config_from_hf(hf_config)
-    dtype = resolve_dtype(dtype, hf_config)
+        _, flat_config = resolve_layout(hf_config, src)
+        _check_eagle3_layers(flat_config)
+        config = eagle3_config_from_hf(flat_config)
+    dtype = resolve_dtype(dtype, flat_config)
+    files, reader = _eagle3_tensor_files(src)
     found: dict[str, np.ndarray] = {}
 
-    def without_d2t(tensors):
+    def head_tensors(tensors):
         for name, array in tensors:
-            if _strip_model_prefix(name) == "d2t":
+            if canonical_tensor_name(name) == "d2t":
                 found["d2t"] = array
-            else:
+            elif not _check_eagle3_tensor(name, array, config):
                 yield name, array
 
-    head = hf_to_params(without_d2t(_tensors_with_progress(safetensors_files(src), progress)),
-                        _abstract_eagle3_head(config, dtype), DTYPES[dtype], eagle3_param_path,
-                        lambda name: _strip_model_prefix(name) in _EAGLE3_IGNORED)
+    tensors = reader(files)
+    if progress:
+        from tqdm import tqdm
+        tensors = tqdm(tensors, desc="converting", unit="tensor")
+    head = hf_to_params(head_tensors(tensors), _abstract_eagle3_head(config, dtype), DTYPES[dtype],
+                        eagle3_param_path)
     d2t = _eagle3_d2t(found.get("d2t"), config.draft_vocab_size, config.target_vocab_size)
     with atomic_directory(dst, overwrite) as out:
-        write_jspec_dir(out, hf_config, {"head": head, "d2t": jnp.asarray(d2t)}, "eagle3", dtype, src)
+        write_jspec_dir(out, flat_config, {"head": head, "d2t": jnp.asarray(d2t)}, "eagle3", dtype, src)
     return os.path.abspath(dst)
 
 
