@@ -209,3 +209,16 @@ def test_the_bin_layout_says_pip_install_torch_without_torch(setup, tmp_path, mo
     with pytest.raises(ValueError, match="pip install torch"):
         convert_hf_eagle3(src, tmp_path / "out", progress=False)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_recorded_taps_and_the_default_for_old_converted_dirs():
+    from models.eagle3 import eagle3_config_from_hf
+
+    old = eagle3_config_from_hf(SPECFORGE)  # converted before jspec_eagle3 existed: the default rule
+    assert old.taps is None and old.target_taps(TARGET) == (2, 2, 1)
+    recorded = eagle3_config_from_hf(dict(SPECFORGE, jspec_eagle3={"tap_layers": [0, 3, 1]}))
+    assert recorded.target_taps(TARGET) == (0, 3, 1)
+    recorded.check_target(TARGET)
+    for bad in ([1, 2], [1, -1, 2], "0,1,2"):
+        with pytest.raises(ValueError, match="jspec_eagle3.tap_layers"):
+            eagle3_config_from_hf(dict(SPECFORGE, jspec_eagle3={"tap_layers": bad}))
