@@ -19,7 +19,8 @@ read or written.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # A field -> (is its value one jspec computes exactly?, what the accepted value means). Checked in the
 # top-level config, eagle_config and transformer_layer_config alike; absent fields are fine.
@@ -126,5 +127,5 @@ def resolve_layout(hf_config: dict, src: str) -> tuple[str, dict]:
 
 def canonical_tensor_name(name: str) -> str:
     """A writer's tensor name -> the ``midlayer.`` spelling (no ``model.`` prefix, ``layers.0.`` -> midlayer)."""
-    name = name[len("model."):] if name.startswith("model.") else name
-    return "midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
+    name = name.removeprefix("model.")
+    return "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name

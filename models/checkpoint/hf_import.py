@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 from typing import Any, Callable, Iterator
 
@@ -284,10 +285,14 @@ def _load_torch_bin(path: str) -> dict:
                          f"(CPU wheels suffice)") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # UnpicklingError for a forbidden object; anything else is a corrupt file
-        raise ValueError(f"{path}: refused to load (torch.load(weights_only=True) failed: "
-                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}); only plain "
-                         f"tensor dicts are read") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
+        # UnpicklingError: a forbidden object (or not a pickle); RuntimeError/EOFError: a corrupt or truncated file
+        lines = [line.split("WeightsUnpickler error:")[-1].strip() for line in str(error).splitlines()]
+        lines = [line for line in lines if line and not line.startswith(("Weights only load failed", "Check the "))]
+        reason = "; ".join(lines) or type(error).__name__
+        raise ValueError(f"{path}: refused to load: torch.load(weights_only=True) rejected it ({type(error).__name__}: "
+                         f"{reason}); only plain tensor state_dicts are read, never arbitrary pickled objects, "
+                         f"which could run code") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: expected a dict of tensors (a state_dict), got {type(state).__name__}")
     return state
