@@ -2,7 +2,8 @@
 
 A converted directory holds::
 
-    config.json        the Hugging Face config, verbatim (ModelConfig is rebuilt from it)
+    config.json        the Hugging Face config (verbatim for targets; for EAGLE-3 heads the flat Llama-style config
+                       plus "jspec_eagle3": layout, resolved tap layers, suggested num_steps)
     jspec.json         {"format": 1, "kind": "llama" | "eagle3", "dtype": "bfloat16"}
     params/            orbax checkpoint of the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]})
     tokenizer.json ... tokenizer files copied from the source when present
