@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -144,7 +144,7 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def check_divergences(prompts, plain_ids, spec_ids, plain_logits: list[np.ndarray]) -> list[Divergence]:
+def check_divergences(plain_ids, spec_ids, plain_logits: list[np.ndarray]) -> list[Divergence]:
     """One Divergence per prompt whose speculative tokens leave the plain ones. ``plain_ids``/``spec_ids``:
     generated tokens (without the prompt); ``plain_logits[b][i]``: the plain logits that predict plain token i."""
     found = []
@@ -192,6 +192,6 @@ def measure(prompts: Sequence[str], *, max_new_tokens: int = 128, drafters=("eag
             report["logit_diff_spacings"][chunk] = max(report["logit_diff_spacings"][chunk], spacings)
         for name in drafters:
             spec_ids = generated(engines[name], ids, max_new_tokens)
-            for d in check_divergences(ids, plain_ids, spec_ids, dec):
+            for d in check_divergences(plain_ids, spec_ids, dec):
                 report["divergences"][name].append(dataclasses.asdict(dataclasses.replace(d, prompt=d.prompt + start)))
     return report
