@@ -41,13 +41,20 @@ MODEL_CLASSES = {
 def make_hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
     """A float32 eval-mode model with random weights (norm weights perturbed so they matter)."""
     torch.manual_seed(seed)
-    model = MODEL_CLASSES[family](FAMILIES[family]()).eval()
+    return perturbed(MODEL_CLASSES[family](FAMILIES[family]()).eval())
+
+
+def perturbed(model: transformers.PreTrainedModel, bf16_values: bool = False) -> transformers.PreTrainedModel:
+    """Norm weights and biases moved off their initial values so that they matter; with ``bf16_values`` every
+    parameter is rounded to a bfloat16 value (held in float32). In place; returns the model."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.add_(0.1 * torch.randn_like(param))
             if name.endswith(".bias"):
                 param.normal_(0.0, 0.1)
+            if bf16_values:
+                param.copy_(param.to(torch.bfloat16).to(torch.float32))
     return model
 
 
@@ -100,15 +107,7 @@ def random_hf_model(config: transformers.PretrainedConfig, seed: int = 0) -> tra
     """AutoModelForCausalLM of ``config`` with random weights (norms and biases perturbed so they matter), rounded
     to bfloat16 values (the Hub ships bfloat16) and held in float32."""
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.add_(0.1 * torch.randn_like(param))
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.1)
-            param.copy_(param.to(torch.bfloat16).to(torch.float32))
-    return model
+    return perturbed(transformers.AutoModelForCausalLM.from_config(config).eval(), bf16_values=True)
 
 
 def write_as_shipped(hf_dir: str, **extra) -> dict:
