@@ -34,17 +34,26 @@ _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 def safetensors_files(src: str) -> list[str]:
     """The .safetensors files of a HF directory: from model.safetensors.index.json when sharded."""
-    index = os.path.join(src, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        shards = sorted(set(_weight_map(index).values()))
-        missing = [s for s in shards if not os.path.isfile(os.path.join(src, s))]
-        if missing:
-            raise FileNotFoundError(f"model.safetensors.index.json in {src!r} names missing shards: {missing}")
-        return [os.path.join(src, s) for s in shards]
+    shards = _indexed_shards(src, "model.safetensors.index.json")
+    if shards is not None:
+        return shards
     files = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {src!r}")
     return [os.path.join(src, f) for f in files]
+
+
+def _indexed_shards(src: str, index_name: str) -> list[str] | None:
+    """The shard files ``src/index_name`` names (sorted, each once), None without that index;
+    FileNotFoundError naming the shards that are missing."""
+    index = os.path.join(src, index_name)
+    if not os.path.isfile(index):
+        return None
+    shards = sorted(set(_weight_map(index).values()))
+    missing = [s for s in shards if not os.path.isfile(os.path.join(src, s))]
+    if missing:
+        raise FileNotFoundError(f"{index_name} in {src!r} names missing shards: {missing}")
+    return [os.path.join(src, s) for s in shards]
 
 
 def _weight_map(index: str) -> dict:
@@ -262,13 +271,9 @@ def eagle3_param_path(hf_name: str) -> tuple[tuple[str, ...], None, bool] | None
 
 def torch_bin_files(src: str) -> list[str]:
     """The pytorch_model*.bin files of a HF directory: from pytorch_model.bin.index.json when sharded."""
-    index = os.path.join(src, "pytorch_model.bin.index.json")
-    if os.path.isfile(index):
-        shards = sorted(set(_weight_map(index).values()))
-        missing = [s for s in shards if not os.path.isfile(os.path.join(src, s))]
-        if missing:
-            raise FileNotFoundError(f"pytorch_model.bin.index.json in {src!r} names missing shards: {missing}")
-        return [os.path.join(src, s) for s in shards]
+    shards = _indexed_shards(src, "pytorch_model.bin.index.json")
+    if shards is not None:
+        return shards
     path = os.path.join(src, "pytorch_model.bin")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no pytorch_model.bin in {src!r}")
