@@ -17,6 +17,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from jax.sharding import PartitionSpec as P
+
+from jspec.sharding import KV_CACHE, per_shard
 from models.attention import dense_attention
 from pallas_kernels._impl import Impl, ImplName, resolve_impl
 from pallas_kernels.tree_attention import tree_attention
@@ -39,5 +42,9 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
     Calls that are not verify passes go dense whatever impl says.
     """
     if is_verify_pass(q, local_mask, write_offset) and resolve_impl(impl) is not Impl.REFERENCE:
-        return tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, local_mask, scale=scale, impl=impl)
+        # On a mesh each device runs the kernel on its rows and its heads (KV heads split as its query heads are).
+        kernel = per_shard(lambda *a: tree_attention(*a, scale=scale, impl=impl),
+                           in_specs=(KV_CACHE, KV_CACHE, KV_CACHE, P("data"), KV_CACHE, KV_CACHE, P("data")),
+                           out_specs=KV_CACHE)
+        return kernel(q, k_cache, v_cache, cache_len, k_new, v_new, local_mask)
     return dense_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)

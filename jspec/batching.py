@@ -52,10 +52,12 @@ def validate_prompts(prompts: Sequence[Sequence[int]], *, vocab_size: int, max_b
 
 
 def pad_batch(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_ids: Sequence[int],
-              max_batch_size: int, max_seq_len: int) -> PaddedBatch:
-    """Right-pads validated prompts into bucketed arrays (see the module docstring)."""
+              max_batch_size: int, max_seq_len: int, row_multiple: int = 1) -> PaddedBatch:
+    """Right-pads validated prompts into bucketed arrays (see the module docstring); the rows are a multiple of
+    ``row_multiple`` (the data-parallel size: every data shard gets as many rows)."""
     batch = len(prompts)
     rows = min(next_power_of_two(batch), max_batch_size)
+    rows = -(-rows // row_multiple) * row_multiple
     width = min(next_power_of_two(max(len(p) for p in prompts), MIN_PROMPT_BUCKET), max_seq_len)
     prompt_ids = np.zeros((rows, width), np.int32)
     prompt_lens = np.ones((rows,), np.int32)

@@ -6,6 +6,7 @@ Everything a user can get wrong is checked here, before anything is compiled. Co
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -24,10 +25,12 @@ from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
+from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
+                            param_specs, put, replicated, to_host)
 from jspec.tokenizer import generation_eos, load_tokenizer
 from models.checkpoint import load_llama
 from models.config import ModelConfig
-from models.llama import unstack_layers_jit
+from models.llama import unstack_layers, unstack_layers_jit
 
 logger = logging.getLogger("jspec")
 
@@ -69,10 +72,12 @@ class SpecEngine:
     def __init__(self, target_config: ModelConfig, target_params: Any, *, tokenizer=None,
                  drafter: Drafter | None = None, drafter_params: Any = None, max_batch_size: int = 8,
                  max_seq_len: int = 2048, dtype: str = "float32", eos_token_ids: Sequence[int] = (),
-                 force_accept: int | None = None):
+                 force_accept: int | None = None, mesh: jax.sharding.Mesh | None = None):
         """drafter: a static drafter (``jspec.drafters.Drafter``, e.g. from ``jspec.drafters.load``) or None (plain
         decoding); force_accept: verification accepts exactly min(N, depth) drafts per step, for timing without
-        trained weights (benchmarks only: the output is then NOT the target's)."""
+        trained weights (benchmarks only: the output is then NOT the target's); mesh: a ("data", "model") mesh
+        (``jspec.sharding.make_mesh``) to split the target over (tensor parallel) and the batch rows across (data
+        parallel), None for one device. Greedy float32 output equals one device's."""
         if drafter is not None and not isinstance(drafter, Drafter):
             raise ValueError(f"drafter={drafter!r}: expected a jspec.drafters.Drafter (or None)")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -80,12 +85,20 @@ class SpecEngine:
         if (drafter is None) != (drafter_params is None):
             raise ValueError("drafter and drafter_params go together: pass both or neither")
         self.config = target_config
-        self.params = unstack_layers_jit(target_params, config=target_config)  # once, outside generate
+        self.mesh = mesh
+        self.data_parallel_size = 1
+        if mesh is None:
+            self.params = unstack_layers_jit(target_params, config=target_config)  # once, outside generate
+        else:
+            self.data_parallel_size, tensor_parallel_size = mesh_sizes(mesh)
+            check_tensor_parallel(target_config, tensor_parallel_size)
+            self.params, target_config = _shard_target(target_params, target_config, mesh, tensor_parallel_size)
+            drafter_params = None if drafter_params is None else replicated(mesh, drafter_params)
         self.drafter_params = drafter_params
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.setup = GenerateSetup(target=target_config, max_seq_len=max_seq_len, dtype=dtype, drafter=drafter,
-                                   force_accept=force_accept if drafter is not None else None)
+                                   force_accept=force_accept if drafter is not None else None, mesh=mesh)
         if self.setup.force_accept is not None:
             logger.warning("force_accept=%d: verification accepts a fixed number of drafts; output is NOT the "
                            "target's (benchmarks only)", force_accept)
@@ -95,7 +108,8 @@ class SpecEngine:
     @classmethod
     def from_pretrained(cls, target_dir: str | os.PathLike, drafter: str | os.PathLike | None = None,
                         spec: SpecConfig | None = None, max_batch_size: int = 8, max_seq_len: int = 2048,
-                        dtype: str | None = None, force_accept: int | None = None) -> "SpecEngine":
+                        dtype: str | None = None, force_accept: int | None = None, tensor_parallel_size: int = 1,
+                        data_parallel_size: int = 1, mesh: jax.sharding.Mesh | None = None) -> "SpecEngine":
         """Loads a converted checkpoint directory (``jspec convert``; ``jspec.bundled_model()`` for the bundled one).
 
         drafter: None (plain decoding), a name from ``jspec.drafters.DRAFTERS`` (``"ngram"``: prompt lookup, no
@@ -103,14 +117,31 @@ class SpecEngine:
         only), or a converted directory holding an EAGLE-3 head or a Llama-family draft model with the target's
         vocabulary. spec: the draft tree (default ``SpecConfig()``). dtype: compute dtype, "float32" or
         "bfloat16"; None means float32 on a CPU and the checkpoint's stored dtype on a GPU/TPU
-        (:func:`default_dtype`). force_accept: benchmarks only (see ``__init__``).
+        (:func:`default_dtype`). force_accept: benchmarks only (see ``__init__``). tensor_parallel_size,
+        data_parallel_size: vLLM's names; the target is split over ``tensor_parallel_size`` devices and the batch
+        rows over ``data_parallel_size`` groups of them (a ("data", "model") mesh over the first dp x tp devices of
+        ``jax.devices()``, every process's once ``jax.distributed`` is initialized); or pass your own ``mesh`` with
+        those axes (``jspec.sharding.make_mesh``). Each parameter is restored straight into its sharding.
         """
         target_dir = os.fspath(target_dir)
         if spec is not None and not isinstance(spec, SpecConfig):
             raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig or None")
         if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
             raise ValueError(f"drafter={drafter!r}: expected None, a drafter name or a converted drafter directory")
-        config, params, dtype = load_llama(target_dir, dtype if dtype is not None else default_dtype())
+        if mesh is None and tensor_parallel_size * data_parallel_size != 1:
+            mesh = make_mesh(tensor_parallel_size, data_parallel_size)
+        elif mesh is not None and (tensor_parallel_size, data_parallel_size) != (1, 1):
+            raise ValueError(f"mesh={mesh} and tensor_parallel_size={tensor_parallel_size}/data_parallel_size="
+                             f"{data_parallel_size}: pass a mesh or the sizes, not both")
+        shardings = None
+        if mesh is not None:
+            tensor_parallel_size = mesh_sizes(mesh)[1]
+
+            def shardings(config, abstract):
+                check_tensor_parallel(config, tensor_parallel_size)
+                return named(mesh, param_specs(abstract, config, tensor_parallel_size))
+
+        config, params, dtype = load_llama(target_dir, dtype if dtype is not None else default_dtype(), shardings)
         static_drafter = drafter_params = None
         if drafter is not None:
             static_drafter, drafter_params = load_drafter(drafter, target=config, target_dir=target_dir,
@@ -118,9 +149,18 @@ class SpecEngine:
                                                           dtype=dtype)
         engine = cls(config, params, tokenizer=load_tokenizer(target_dir), drafter=static_drafter,
                      drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                     dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept)
+                     dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept, mesh=mesh)
         engine.chat_template = load_chat_template(target_dir)
         return engine
+
+    def plain(self) -> "SpecEngine":
+        """A plain-decoding engine (no drafter) over this engine's weights, as placed: the baseline a speedup is
+        measured against."""
+        plain = copy.copy(self)
+        plain.setup = dataclasses.replace(self.setup, drafter=None, force_accept=None)
+        plain.drafter_params = None
+        plain._compiled = {}
+        return plain
 
     # --- the call ----------------------------------------------------------------------------------------------
 
@@ -130,7 +170,7 @@ class SpecEngine:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids)."""
         batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
         result, run_seconds, compile_seconds = self._run(batch, params)
-        token_ids = unpad_outputs(np.asarray(result.tokens), batch.prompt_lens, np.asarray(result.num_generated),
+        token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, to_host(result.num_generated),
                                   batch.batch_size)
         texts = None
         if self.tokenizer is not None:
@@ -170,13 +210,13 @@ class SpecEngine:
         emitted = np.zeros(batch.batch_size, np.int64)
         chunk = jnp.asarray(steps_per_chunk, jnp.int32)
         while True:
-            num_generated = np.asarray(state.num_generated)[:batch.batch_size]
+            num_generated = to_host(state.num_generated)[:batch.batch_size]
             if (num_generated > emitted).any():
-                tokens = np.asarray(state.tokens)
+                tokens = to_host(state.tokens)
                 yield [tokens[b, batch.prompt_lens[b] + emitted[b]:batch.prompt_lens[b] + num_generated[b]].tolist()
                        for b in range(batch.batch_size)]
                 emitted = num_generated.astype(np.int64)
-            if bool(np.asarray(state.done).all()):
+            if bool(to_host(state.done).all()):
                 return
             state = generate_continue(self.params, self.drafter_params, state, inputs, chunk, setup=setup)
 
@@ -212,7 +252,8 @@ class SpecEngine:
                          max_seq_len=self.setup.max_seq_len, max_new_tokens=params.max_new_tokens)
         batch = pad_batch(ids, max_new_tokens=params.max_new_tokens,
                           stop_ids=self.eos_token_ids + params.stop_token_ids,
-                          max_batch_size=self.max_batch_size, max_seq_len=self.setup.max_seq_len)
+                          max_batch_size=self.max_batch_size, max_seq_len=self.setup.max_seq_len,
+                          row_multiple=self.data_parallel_size)
         return batch, params
 
     def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
@@ -231,12 +272,19 @@ class SpecEngine:
 
     def _arguments(self, batch: PaddedBatch, params: SamplingParams) -> tuple:
         rows = batch.prompt_ids.shape[0]
-        sampling = SamplingArrays(jnp.full((rows,), params.temperature, jnp.float32),
-                                  jnp.full((rows,), params.top_k, jnp.int32),
-                                  jnp.full((rows,), params.top_p, jnp.float32))
-        return (self.params, self.drafter_params, jnp.asarray(batch.prompt_ids), jnp.asarray(batch.prompt_lens),
-                jax.random.key(params.seed), jnp.asarray(batch.max_new_tokens), jnp.asarray(batch.stop_ids),
-                sampling)
+        sampling = SamplingArrays(np.full((rows,), params.temperature, np.float32),
+                                  np.full((rows,), params.top_k, np.int32),
+                                  np.full((rows,), params.top_p, np.float32))
+        per_row = (batch.prompt_ids, batch.prompt_lens, batch.max_new_tokens, batch.stop_ids, sampling)
+        if self.mesh is None:
+            prompt_ids, prompt_lens, max_new, stop_ids, sampling = jax.tree.map(jnp.asarray, per_row)
+            key = jax.random.key(params.seed)
+        else:  # rows over "data" (every process passes the same full batch and keeps its own rows)
+            rows_sharding = jax.sharding.NamedSharding(self.mesh, ROWS)
+            prompt_ids, prompt_lens, max_new, stop_ids, sampling = jax.tree.map(
+                lambda a: put(a, rows_sharding), per_row)
+            key = _replicated_key(self.mesh, params.seed)
+        return (self.params, self.drafter_params, prompt_ids, prompt_lens, key, max_new, stop_ids, sampling)
 
     def _run(self, batch: PaddedBatch, params: SamplingParams) -> tuple[GenerateResult, float, float]:
         args = self._arguments(batch, params)
@@ -258,9 +306,9 @@ class SpecEngine:
 
     def _stats(self, result: GenerateResult, batch_size: int, run_seconds: float,
                compile_seconds: float) -> GenerateStats:
-        num_generated = np.asarray(result.num_generated)[:batch_size]
-        num_steps = np.asarray(result.num_steps)[:batch_size]
-        hist = np.asarray(result.accepted_hist)[:batch_size].sum(axis=0)
+        num_generated = to_host(result.num_generated)[:batch_size]
+        num_steps = to_host(result.num_steps)[:batch_size]
+        hist = to_host(result.accepted_hist)[:batch_size].sum(axis=0)
         total_steps = int(num_steps.sum())
         from_steps = int(np.maximum(num_generated - 1, 0).sum())  # the prefill's token is not a step's
         acceptance = from_steps / total_steps if total_steps else 1.0
@@ -272,3 +320,25 @@ class SpecEngine:
                              num_verify_steps=total_steps, accepted_per_position=per_position,
                              num_generated_tokens=total_new, run_seconds=run_seconds,
                              compile_seconds=compile_seconds)
+
+
+def _shard_target(params: Any, config: ModelConfig, mesh: jax.sharding.Mesh,
+                  tensor_parallel_size: int) -> tuple[Any, ModelConfig]:
+    """Target params (stacked or per layer, on any devices) -> (per-layer params split over ``mesh`` by
+    ``jspec.sharding.param_specs``, the config they run under): one program, each device writing only its shards.
+    KV heads fewer than the "model" devices are repeated (``jspec.sharding.expand_kv_heads``)."""
+    repeats = kv_repeats(config, tensor_parallel_size)
+
+    def prepare(p):
+        return expand_kv_heads(unstack_layers(p, config), config, repeats)[0]
+
+    expanded_config = expand_kv_heads({}, config, repeats)[1]
+    abstract = jax.eval_shape(prepare, params)
+    shardings = named(mesh, param_specs(abstract, expanded_config, tensor_parallel_size))
+    return jax.jit(prepare, out_shardings=shardings)(params), expanded_config
+
+
+def _replicated_key(mesh: jax.sharding.Mesh, seed: int) -> jax.Array:
+    """jax.random.key(seed) on every device of ``mesh`` (also across processes)."""
+    replicated_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(jax.random.key, out_shardings=replicated_sharding)(np.uint32(seed))

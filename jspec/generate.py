@@ -19,6 +19,7 @@ from jspec.commit import commit_tokens
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays, sample_tokens
+from jspec.sharding import KV_CACHE, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs, plain_step, spec_step
 from models.attention import KVCache
@@ -39,6 +40,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     cfg = setup.target
     cache = KVCache.zeros(cfg.num_layers, batch, setup.cache_slots, cfg.num_kv_heads, cfg.head_dim,
                           setup.jnp_dtype, per_layer=True)
+    cache = constrain(cache, KV_CACHE)  # on a mesh: rows over "data", KV heads over "model"
     positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
     zeros = jnp.zeros((batch,), jnp.int32)
     out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, zeros,
@@ -54,7 +56,15 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     if setup.drafter is not None:
         draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first, out.taps))
         state = state._replace(draft=draft)
-    return state
+    return shard_state(state)
+
+
+def shard_state(state: DecodeState) -> DecodeState:
+    """On a mesh: the state's per-sequence arrays split by rows over "data", the target cache also by KV heads over
+    "model" (the drafter's state is left to the partitioner). Identity on one device."""
+    cache, draft = state.cache, state.draft
+    state = constrain_rows(state._replace(cache=None, draft=None))
+    return state._replace(cache=constrain(cache, KV_CACHE), draft=draft)
 
 
 def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
@@ -81,7 +91,10 @@ def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setu
         return going if stop_at is None else going & (s.step < stop_at)
 
     step = plain_step if setup.drafter is None else spec_step
-    body = functools.partial(step, params_t, params_d, inputs=inputs, setup=setup)
+
+    def body(s: DecodeState) -> DecodeState:
+        return shard_state(step(params_t, params_d, s, inputs=inputs, setup=setup))
+
     return jax.lax.while_loop(cond, body, state)
 
 
@@ -98,9 +111,10 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
     Target params may be stacked (as loaded) or per layer (``models.llama.unstack_layers``); pass them per layer
     to keep the per-call unstacking copy out of the program (SpecEngine does).
     """
-    params_t, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
-                                     sampling, setup=setup)
-    state = run_loop(params_t, params_d, state, inputs, setup=setup)
+    with traced_on(setup.mesh):
+        params_t, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens,
+                                         stop_ids, sampling, setup=setup)
+        state = run_loop(params_t, params_d, state, inputs, setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist)
 
 
@@ -109,8 +123,9 @@ def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.A
                    max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
                    setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`."""
-    _, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
-                              sampling, setup=setup)
+    with traced_on(setup.mesh):
+        _, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
+                                  sampling, setup=setup)
     return state, inputs
 
 
@@ -119,4 +134,5 @@ def generate_continue(params_t, params_d, state: DecodeState, inputs: StepInputs
                       setup: GenerateSetup) -> DecodeState:
     """Streaming, part 2: at most ``max_steps`` more steps (the state's buffers are donated and reused)."""
     params_t = unstack_layers(params_t, setup.target)
-    return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps)
+    with traced_on(setup.mesh):
+        return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax.sharding import Mesh
+
 from jspec.attention import target_attention
 from jspec.config import SpecConfig
 from jspec.drafters.base import Drafter
@@ -20,7 +22,8 @@ class GenerateSetup:
     target: the target model's config; max_seq_len: S, token slots per sequence (prompt + new tokens);
     dtype: activation/param dtype name; drafter: a static drafter object (jspec/drafters/base.py), None for
     plain decoding; attention_fn: the target's attention; force_accept: accept exactly min(N, depth) drafts per
-    step (benchmarks only). The drafter's ``max_seq_len`` is kept equal to the setup's (:meth:`with_max_seq_len`).
+    step (benchmarks only); mesh: the ("data", "model") device mesh the program is split over
+(``jspec.sharding``), None on one device. The drafter's ``max_seq_len`` is kept equal to the setup's (:meth:`with_max_seq_len`).
     """
 
     target: ModelConfig
@@ -29,6 +32,7 @@ class GenerateSetup:
     drafter: Drafter | None = None
     attention_fn: AttentionFn = target_attention
     force_accept: int | None = None
+    mesh: Mesh | None = None
 
     def __post_init__(self):
         if not isinstance(self.max_seq_len, int) or self.max_seq_len < 2:

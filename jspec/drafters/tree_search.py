@@ -16,8 +16,10 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jspec.drafters.base import DraftTree
+from jspec.sharding import per_shard
 from jspec.trees import StaticTree
 from pallas_kernels.tree_build import build_dynamic_tree
 
@@ -142,8 +144,9 @@ def static_draft_tree(tree: StaticTree, tokens: jax.Array, cache_len: jax.Array)
 
 def dynamic_draft_tree(draft: DynamicDraft, cache_len: jax.Array, *, topk: int, num_steps: int) -> DraftTree:
     """Verification buffers of a dynamic tree, built on device by pallas_kernels.tree_build."""
-    arrays = build_dynamic_tree(draft.parent_list, draft.selected_index, cache_len, topk=topk,
-                                num_steps=num_steps, impl="auto")
+    build = per_shard(lambda *a: build_dynamic_tree(*a, topk=topk, num_steps=num_steps, impl="auto"),
+                      in_specs=(P("data"),) * 3, out_specs=P("data"))  # on a mesh: each data shard its rows
+    arrays = build(draft.parent_list, draft.selected_index, cache_len)
     return DraftTree(draft.tokens, arrays.mask, arrays.positions, arrays.retrieve_next_token,
                      arrays.retrieve_next_sibling)
 

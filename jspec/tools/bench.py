@@ -38,6 +38,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_processes
+
 PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
 
@@ -95,7 +97,8 @@ def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[s
         engines[method] = jspec.SpecEngine.from_pretrained(target, drafter=method_drafter(name, drafters), spec=spec,
                                                            max_batch_size=max(batch_sizes),
                                                            max_seq_len=args.max_seq_len, dtype=args.dtype,
-                                                           force_accept=force_accept if name else None)
+                                                           force_accept=force_accept if name else None,
+                                                           **mesh_kwargs(args))
     ids = engines["plain"].encode(prompts)
     bar = tqdm(total=len(order) * len(batch_sizes) * (1 + args.repeats), desc="jspec passes", unit="pass")
     rows, plain_outputs = [], {}
@@ -289,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
+    add_parallel_args(parser)
     return parser
 
 
@@ -329,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return synthetic_main(argv)
     args = build_parser().parse_args(argv)
     methods, batch_sizes = _check_args(args)
+    start_processes(args)
     import jspec
     from jspec.drafters import resolve as resolve_drafter
     from jspec.train.corpus import human_eval_prompts

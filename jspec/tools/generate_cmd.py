@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from jspec.detokenize import TextStream
+from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_processes
 
 DEFAULT_MAX_SEQ_LEN = 1024
 
@@ -66,6 +67,7 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--no-baseline", action="store_true",
                         help="skip the plain-decoding run that the speedup is measured against")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of text (no streaming)")
+    add_parallel_args(parser)
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
@@ -168,13 +170,11 @@ def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec
     engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
                                               max_batch_size=max(1, len(args.prompts)),
                                               max_seq_len=args.max_seq_len, dtype=args.dtype,
-                                              force_accept=force_accept_from_env() if drafter else None)
+                                              force_accept=force_accept_from_env() if drafter else None,
+                                              **mesh_kwargs(args))
     if drafter is None or args.no_baseline:
         return engine, None
-    baseline = jspec.SpecEngine(engine.config, engine.params, tokenizer=engine.tokenizer,
-                                max_batch_size=engine.max_batch_size, max_seq_len=args.max_seq_len,
-                                dtype=engine.setup.dtype, eos_token_ids=engine.eos_token_ids)
-    return engine, baseline
+    return engine, engine.plain()
 
 
 # --- jspec generate: streaming ---------------------------------------------------------------------------------
@@ -300,6 +300,7 @@ def draft_spec(args: argparse.Namespace, drafter: str | None):
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    start_processes(args)
     _check_prompts(args.prompts)
     sampling = _sampling(args)
     model_dir, drafter, what = _resolve_models(args)

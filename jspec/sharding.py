@@ -1,0 +1,212 @@
+"""The device mesh and every partition rule: tensor parallelism over "model", batch rows over "data".
+
+One ``jax.sharding.Mesh`` with axes ("data", "model") holds ``data_parallel_size x tensor_parallel_size``
+devices (on one host or several, after ``jax.distributed.initialize``). The rules (Megatron):
+
+    embed_tokens/embedding [V, H]        vocabulary split over "model" (a lookup is a masked local gather + psum)
+    q/k/v/gate/up_proj/kernel [in, out]  output features split over "model" (whole heads per device)
+    o/down_proj/kernel [in, out]         input features split over "model" (one all-reduce after each)
+    lm_head/kernel [H, V]                vocabulary split over "model" (logits gathered for sampling)
+    norms, o/down biases                 replicated
+    target KV cache [B, S, Hkv, D]       rows over "data", KV heads over "model"
+    decode state (tokens, lengths ...)   rows over "data", replicated over "model"
+
+Stacked parameters (``layers/...`` with a leading L axis) get the same rule behind a replicated L axis.
+
+When the target has fewer KV heads than "model" devices, each KV head is repeated ``tp / Hkv`` times
+(:func:`expand_kv_heads`, as sglang-jax and tpu-inference do), so every device holds exactly one KV head, the one
+its query heads read: attention is unchanged (a query head reads the same K/V values), and the cost is the KV cache
+and the k/v projections stored ``tp / Hkv`` times over in total (per device: one head instead of ``Hkv / tp``).
+
+Drafters (EAGLE-3 head, draft model, n-gram state) are replicated over "model" and split over "data" like the
+state. A drafter forward is a few small matmuls per draft step and latency-bound; splitting it would add two
+all-reduces per drafter layer per draft step (5-8 sequential steps per target step), while replicating costs its
+weights once per device (an EAGLE-3 head for Llama-3.1-70B is ~2.8 GB in bf16 next to 17.6 GB of the target's
+weights per device at tp=8, see docs/scaling.md). The drafter reads the target's (vocabulary-split) embedding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from models.config import ModelConfig
+
+MESH_AXES = ("data", "model")
+ROWS = P("data")                          # [B, ...] arrays: batch rows over "data"
+KV_CACHE = P("data", None, "model", None)  # [B, S, Hkv, D]
+
+_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # output features split
+_ROW = ("o_proj", "down_proj")                                    # input features split
+
+
+def make_mesh(tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ("data", "model") mesh over the first ``data_parallel_size * tensor_parallel_size`` devices
+    (``jax.devices()``: every process's devices once ``jax.distributed`` is initialized)."""
+    for name, value in (("tensor_parallel_size", tensor_parallel_size), ("data_parallel_size", data_parallel_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r}: expected an integer >= 1")
+    devices = list(jax.devices() if devices is None else devices)
+    need = tensor_parallel_size * data_parallel_size
+    if need > len(devices):
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} x data_parallel_size={data_parallel_size} "
+                         f"needs {need} devices, but only {len(devices)} ({devices[0].platform}) are available")
+    grid = np.asarray(devices[:need], dtype=object).reshape(data_parallel_size, tensor_parallel_size)
+    return Mesh(grid, MESH_AXES)
+
+
+def mesh_sizes(mesh: Mesh) -> tuple[int, int]:
+    """(data_parallel_size, tensor_parallel_size) of a ("data", "model") mesh; ValueError for another mesh."""
+    if tuple(mesh.axis_names) != MESH_AXES:
+        raise ValueError(f"mesh axes {tuple(mesh.axis_names)}: expected {MESH_AXES} (jspec.sharding.make_mesh)")
+    return int(mesh.shape["data"]), int(mesh.shape["model"])
+
+
+def check_tensor_parallel(config: ModelConfig, tensor_parallel_size: int, what: str = "target") -> None:
+    """Raises ValueError naming both numbers when a split dimension does not divide by the "model" axis."""
+    tp = tensor_parallel_size
+    for name, value in (("num_attention_heads", config.num_heads), ("intermediate_size", config.intermediate_size)):
+        if value % tp:
+            raise ValueError(f"{what} {name}={value} is not divisible by tensor_parallel_size={tp}")
+    kv = config.num_kv_heads
+    if kv % tp and tp % kv:
+        raise ValueError(f"{what} num_key_value_heads={kv} and tensor_parallel_size={tp}: one must divide the "
+                         f"other (KV heads are split over, or repeated across, the model axis)")
+
+
+def kv_repeats(config: ModelConfig, tensor_parallel_size: int) -> int:
+    """How many times each KV head is stored so every "model" device holds whole heads (1: no repetition)."""
+    kv = config.num_kv_heads
+    return tensor_parallel_size // kv if kv < tensor_parallel_size else 1
+
+
+def expand_kv_heads(params: dict, config: ModelConfig, repeats: int) -> tuple[dict, ModelConfig]:
+    """Repeats every KV head ``repeats`` times in k_proj/v_proj (kernel and bias, stacked or per layer) -> (params,
+    config with num_kv_heads * repeats). Head j becomes heads j * repeats .. (j + 1) * repeats - 1, so query head h
+    still reads the K/V of original head h // (Hq / Hkv): the model's output is unchanged."""
+    if repeats == 1:
+        return params, config
+    head_dim, kv = config.head_dim, config.num_kv_heads
+
+    def expand(path, leaf):
+        names = _names(path)
+        if len(names) < 2 or names[-2] not in ("k_proj", "v_proj"):
+            return leaf
+        split = leaf.reshape(leaf.shape[:-1] + (kv, head_dim))
+        return jnp.repeat(split, repeats, axis=-2).reshape(leaf.shape[:-1] + (kv * repeats * head_dim,))
+
+    expanded = jax.tree_util.tree_map_with_path(expand, params)
+    return expanded, dataclasses.replace(config, num_kv_heads=kv * repeats)
+
+
+def _names(path) -> list[str]:
+    return [str(getattr(key, "key", getattr(key, "name", key))) for key in path]
+
+
+def _rule(names: list[str], vocab_split: bool) -> tuple:
+    """The PartitionSpec entries of an unstacked parameter, by its module and leaf name."""
+    module, leaf = (names[-2], names[-1]) if len(names) >= 2 else ("", names[-1])
+    if module == "embed_tokens" and leaf == "embedding":
+        return ("model", None) if vocab_split else (None, None)
+    if module == "lm_head" and leaf == "kernel":
+        return (None, "model") if vocab_split else (None, None)
+    if module in _COLUMN:
+        return (None, "model") if leaf == "kernel" else ("model",)
+    if module in _ROW and leaf == "kernel":
+        return ("model", None)
+    return ()
+
+
+def param_specs(params: Any, config: ModelConfig, tensor_parallel_size: int) -> Any:
+    """The PartitionSpec of every leaf of a Llama-family param tree (stacked or per layer), Megatron-style.
+
+    The vocabulary is split only when it divides by tensor_parallel_size (else embedding and lm_head are
+    replicated: more bytes per device, no error)."""
+    vocab_split = config.vocab_size % tensor_parallel_size == 0
+
+    def spec(path, leaf):
+        rule = _rule(_names(path), vocab_split)
+        ndim = len(np.shape(leaf))
+        return P(*((None,) * (ndim - len(rule)) + rule)) if rule else P()
+
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def named(mesh: Mesh, specs: Any) -> Any:
+    """PartitionSpecs -> NamedShardings on ``mesh`` (same tree)."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def replicated(mesh: Mesh, tree: Any) -> Any:
+    """``tree``'s arrays copied to every device of ``mesh``."""
+    return jax.tree.map(lambda a: put(a, NamedSharding(mesh, P())), tree)
+
+
+def put(value: Any, sharding: NamedSharding) -> jax.Array:
+    """A host or device array placed with ``sharding``, also when the mesh spans several processes (each
+    process passes the same full value and keeps its own shards)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """The whole value of a (possibly multi-process) array as numpy, on every process."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+# --- inside the program ------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def traced_on(mesh: Mesh | None) -> Iterator[None]:
+    """Traces the enclosed code on ``mesh`` (its abstract mesh becomes ``jax.sharding.get_abstract_mesh()``), so
+    kernels can wrap themselves in ``shard_map``; does nothing for ``mesh=None``."""
+    if mesh is None:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        yield
+
+
+def current_mesh():
+    """The abstract mesh the program is being traced on (:func:`traced_on`), or None on one device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty else mesh
+
+
+def constrain(x: Any, spec: P) -> Any:
+    """``with_sharding_constraint`` of every leaf to ``spec`` on the current mesh; identity on one device."""
+    mesh = current_mesh()
+    if mesh is None:
+        return x
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(mesh, spec)), x)
+
+
+def constrain_rows(x: Any) -> Any:
+    """Every leaf split by rows over "data" (its leading axis), replicated over "model"."""
+    mesh = current_mesh()
+    if mesh is None:
+        return x
+    return jax.tree.map(lambda a: a if np.ndim(a) == 0 else
+                        jax.lax.with_sharding_constraint(a, NamedSharding(mesh, ROWS)), x)
+
+
+def per_shard(fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
+    """``fn`` run on each device's shard (``shard_map``) when traced on a mesh, as it is otherwise: how a Pallas
+    kernel (which the partitioner cannot split) runs on a mesh."""
+    mesh = current_mesh()
+    if mesh is None:
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)

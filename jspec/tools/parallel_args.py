@@ -1,0 +1,60 @@
+"""The parallelism flags of ``jspec generate`` and ``jspec bench``: tensor/data parallel sizes (vLLM's names) and
+multi-host start-up through ``jax.distributed``.
+
+Multi-host: every process runs the same command with its own ``--process-id`` (or none of the three flags, where
+JAX finds them in its cluster environment: SLURM, Open MPI, TPU pods). All processes compute the same output;
+only process 0 prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("parallelism (a (data, model) device mesh; see docs/scaling.md)")
+    group.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                       help="devices the target's weights are split over (heads, MLP features, vocabulary)")
+    group.add_argument("-dp", "--data-parallel-size", type=int, default=1,
+                       help="groups of tensor-parallel devices that the batch rows are split across")
+    group.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
+                       help="multi-host: process 0's address, the same on every process (jax.distributed)")
+    group.add_argument("--num-processes", type=int, default=None, help="multi-host: how many processes in all")
+    group.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index, 0-based")
+
+
+def check_parallel_args(args: argparse.Namespace) -> None:
+    """Refuses bad values by flag name, before anything starts."""
+    for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size),
+                        ("--data-parallel-size", args.data_parallel_size)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: expected an integer >= 1")
+    given = [args.coordinator_address is not None, args.num_processes is not None, args.process_id is not None]
+    if any(given) and not all(given):
+        raise ValueError("multi-host needs all three of --coordinator-address, --num-processes and --process-id")
+    if all(given) and not 0 <= args.process_id < args.num_processes:
+        raise ValueError(f"--process-id {args.process_id}: expected 0 .. {args.num_processes - 1} "
+                         f"(--num-processes {args.num_processes})")
+
+
+def start_processes(args: argparse.Namespace) -> None:
+    """``jax.distributed.initialize`` when the multi-host flags are given (before JAX touches any device; CPU
+    collectives through gloo), and from then on only process 0 writes to stdout."""
+    check_parallel_args(args)
+    if args.coordinator_address is None:
+        return
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                               process_id=args.process_id)
+    if jax.process_index() != 0:  # the file descriptor too: gloo's C++ logging writes to it directly
+        sys.stdout.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def mesh_kwargs(args: argparse.Namespace) -> dict:
+    """The flags as ``SpecEngine.from_pretrained`` keyword arguments."""
+    return {"tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size}

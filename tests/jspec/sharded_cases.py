@@ -1,0 +1,114 @@
+"""Runs the sharded-engine cases on 8 virtual CPU devices and prints one JSON report (tests/jspec/test_sharding_engine.py).
+
+Run as a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (JAX reads it at start-up):
+every case builds a single-device engine and sharded ones over the same weights and records their tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jspec
+from jspec.drafters.draft_model import DraftModelDrafter
+from jspec.drafters.eagle3 import Eagle3Drafter
+from jspec.drafters.ngram import NgramDrafter
+from jspec.sharding import make_mesh
+from models.config import ModelConfig
+from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
+from models.llama import init_params
+from tests.hlo_collectives import loop_collectives
+
+# 8 query heads, 2 KV heads: tp 2 splits the KV heads, tp 4 and 8 repeat them (2 and 4 copies).
+TARGET = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
+                     num_kv_heads=2, head_dim=8)
+HEAD = eagle3_config_from_hf({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "vocab_size": 256, "draft_vocab_size": 256})
+MAX_SEQ_LEN = 128
+MESHES = {"tp2": (2, 1), "tp4": (4, 1), "tp8": (8, 1), "dp2xtp4": (4, 2)}
+SPECS = {"chain": jspec.SpecConfig(tree="chain", num_steps=3),
+         "dynamic": jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)}
+
+
+def target_params() -> dict:
+    """A near-bigram target (small attention output, sharp lm_head): drafts get accepted, trees branch."""
+    params = init_params(TARGET, jax.random.key(0))
+    params["layers"]["self_attn"]["o_proj"]["kernel"] = params["layers"]["self_attn"]["o_proj"]["kernel"] * 0.3
+    params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 6.0
+    return params
+
+
+def drafters(params_t: dict) -> dict:
+    """name -> (drafter or None, drafter params or None)."""
+    head = {"head": init_eagle3_params(HEAD, jax.random.key(1)), "d2t": jnp.zeros((256,), jnp.int32)}
+    return {
+        "plain": (None, None),
+        "eagle3-chain": (Eagle3Drafter(HEAD, TARGET, SPECS["chain"], MAX_SEQ_LEN), head),
+        "eagle3-dynamic": (Eagle3Drafter(HEAD, TARGET, SPECS["dynamic"], MAX_SEQ_LEN), head),
+        # The target drafting for itself: every draft is accepted, so commits move whole paths.
+        "draft-model": (DraftModelDrafter(TARGET, TARGET, SPECS["chain"], MAX_SEQ_LEN), params_t),
+        "ngram": (NgramDrafter(jspec.SpecConfig(tree="chain", num_steps=4), MAX_SEQ_LEN), {}),
+    }
+
+
+def prompts() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    motif = rng.integers(0, 256, 6).tolist()
+    return [motif * 3 + [7], rng.integers(0, 256, 9).tolist(), motif + [1, 2] + motif, [5]]
+
+
+def engine(params_t, drafter, params_d, mesh) -> jspec.SpecEngine:
+    return jspec.SpecEngine(TARGET, params_t, drafter=drafter, drafter_params=params_d, max_batch_size=4,
+                            max_seq_len=MAX_SEQ_LEN, mesh=mesh)
+
+
+def run_cases(names: list[str]) -> dict:
+    params_t = target_params()
+    report = {}
+    for name, (drafter, params_d) in drafters(params_t).items():
+        if name not in names:
+            continue
+        single = engine(params_t, drafter, params_d, None)
+        case = {"single": single.generate(prompts(), max_new_tokens=24).token_ids,
+                "single_sampled": single.generate(prompts(), max_new_tokens=16, temperature=0.8, seed=3).token_ids,
+                "acceptance": single.generate(prompts(), max_new_tokens=24).stats.acceptance_length}
+        for mesh_name, (tp, dp) in MESHES.items():
+            sharded = engine(params_t, drafter, params_d, make_mesh(tp, dp))
+            first = sharded.generate(prompts(), max_new_tokens=24)
+            again = sharded.generate(prompts()[::-1], max_new_tokens=24)  # same bucket: no compilation
+            case[mesh_name] = {"greedy": first.token_ids, "again": again.token_ids[::-1],
+                               "num_compiled": sharded.num_compiled,
+                               "again_compile_seconds": again.stats.compile_seconds}
+            if mesh_name in ("tp4", "dp2xtp4"):
+                case[mesh_name]["sampled"] = sharded.generate(prompts(), max_new_tokens=16, temperature=0.8,
+                                                              seed=3).token_ids
+        report[name] = case
+    return report
+
+
+def collectives(names: list[str]) -> dict:
+    """name -> the generation loop body's collectives at tp=4: [kind, shape, op_name] per instruction."""
+    params_t = target_params()
+    report = {}
+    for name, (drafter, params_d) in drafters(params_t).items():
+        if name not in names:
+            continue
+        sharded = engine(params_t, drafter, params_d, make_mesh(4, 1))
+        batch, sampling = sharded._prepare([[1, 2, 3]], 8, 0.0, 0, 1.0, 0, None)
+        args = sharded._arguments(batch, sampling)
+        setup = sharded.setup.with_max_seq_len(batch.seq_len)
+        text = jspec.generate.lower(*args, setup=setup).compile().as_text()
+        report[name] = [list(c) for c in loop_collectives(text)]
+    return report
+
+
+if __name__ == "__main__":
+    what, names = sys.argv[1], sys.argv[2].split(",")
+    assert len(jax.devices()) == 8, jax.devices()
+    out = run_cases(names) if what == "cases" else collectives(names)
+    print(json.dumps(out))

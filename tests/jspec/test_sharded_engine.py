@@ -1,0 +1,95 @@
+"""A sharded engine against the single-device one, on 8 virtual CPU devices (tests/jspec/sharded_cases.py runs in a
+subprocess, since the device count is fixed when JAX starts).
+
+For plain decoding, EAGLE-3 chains and dynamic trees, a draft model and n-gram drafting, over tp 2, 4, 8 and
+dp 2 x tp 4: greedy float32 tokens equal one device's token for token; seeded sampling (tp 4, dp 2 x tp 4) too
+(the vocabulary-split logits are gathered before sampling, and threefry draws do not depend on the sharding); a
+second call in the same bucket compiles nothing. The compiled loop body holds one all-reduce per target layer
+after o_proj and one after down_proj per target forward, and never gathers a weight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.jspec import sharded_cases as cases
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DRAFTERS = ("plain", "eagle3-chain", "eagle3-dynamic", "draft-model", "ngram")
+
+
+def run_on_8_devices(what: str, name: str) -> dict:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-m", "tests.jspec.sharded_cases", what, name], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])[name]
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_sharded_tokens_equal_one_device(name):
+    case = run_on_8_devices("cases", name)
+    single = case["single"]
+    assert all(len(tokens) == 24 for tokens in single[:3])
+    for mesh in cases.MESHES:
+        assert case[mesh]["greedy"] == single, f"{name} on {mesh}: greedy tokens differ from one device's"
+        assert case[mesh]["again"] == single, f"{name} on {mesh}: second call differs"
+        assert case[mesh]["num_compiled"] == 1 and case[mesh]["again_compile_seconds"] == 0.0
+    for mesh in ("tp4", "dp2xtp4"):
+        assert case[mesh]["sampled"] == case["single_sampled"], f"{name} on {mesh}: seeded sampling differs"
+    if name == "draft-model":  # the target drafting for itself: whole chains accepted, so commits are exercised
+        assert case["acceptance"] > 3.0
+
+
+def _weight_shapes() -> set[tuple[int, ...]]:
+    """Every matrix shape a weight has, whole or split 2, 4 or 8 ways along either axis."""
+    import jax
+
+    params = cases.target_params()
+    shapes = set()
+    for leaf in jax.tree.leaves(params):
+        shape = leaf.shape[-2:]
+        if len(shape) == 2:
+            for split in (1, 2, 4, 8):
+                shapes |= {(shape[0] // split, shape[1]), (shape[0], shape[1] // split)}
+    return shapes
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_loop_collectives_are_per_layer_all_reduces(name):
+    found = run_on_8_devices("collectives", name)
+    target, tp, batch = cases.TARGET, 4, 1
+    # Target forwards in one step: the verify pass, and for drafters that report what they drafted also the
+    # root-only decode of lax.cond's other branch.
+    forwards = 2 if name == "ngram" else 1
+    for proj in ("o_proj", "down_proj"):
+        reduces = [shape for kind, shape, op in found if kind == "all-reduce" and f"{proj}/dot_general" in op]
+        assert len(reduces) == forwards * target.num_layers, (proj, reduces)
+        assert all(shape[0] == batch and shape[-1] == target.hidden_size for shape in reduces)
+    weights = _weight_shapes()
+    for kind, shape, op in found:
+        squeezed = tuple(d for d in shape if d != 1)
+        assert squeezed not in weights, f"{kind} {shape} ({op}) moves a weight"
+        if kind == "all-gather":  # the logits (vocabulary split) and argmax (value, index) pairs, nothing else
+            assert shape[-1] in (target.vocab_size, tp), (kind, shape, op)
+        assert int(np.prod(shape)) <= batch * 8 * target.vocab_size, (kind, shape, op)  # never above the logits
+
+
+def test_heads_not_divisible_by_tp_is_a_clear_error():
+    import jspec
+    from jspec.sharding import check_tensor_parallel, make_mesh
+    from models.config import ModelConfig
+
+    with pytest.raises(ValueError, match="num_attention_heads=6 is not divisible by tensor_parallel_size=4"):
+        check_tensor_parallel(ModelConfig(vocab_size=8, hidden_size=12, intermediate_size=8, num_layers=1,
+                                          num_heads=6, num_kv_heads=2, head_dim=2), 4)
+    with pytest.raises(ValueError, match="needs 16 devices"):
+        make_mesh(8, 2)
+    with pytest.raises(ValueError, match="tensor_parallel_size=0"):
+        jspec.SpecEngine.from_pretrained(jspec.bundled_model(), tensor_parallel_size=0)
