@@ -1,0 +1,40 @@
+"""Per-device parameter bytes at tp=4, read from each array's addressable shards (4 virtual CPU devices, bundled
+target): orbax restores every parameter straight into its sharding, and each device holds 1/4 of every split
+weight plus the replicated ones (norms). The bundled target has 2 KV heads: at tp=4 each is stored twice, so each
+device holds one KV head's k/v projection."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-m", "tests.jspec.sharded_params"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("which", ["restored", "engine"])
+def test_each_device_holds_a_quarter_of_the_split_weights(report, which):
+    got = report[which]
+    split, replicated = got["split_replicated"]
+    assert got["single_device_leaves"] == 0
+    assert replicated < 0.01 * (split + replicated)  # only norms are whole on every device
+    assert len(got["device_bytes"]) == 4
+    for device, held in got["device_bytes"].items():
+        assert held == split // 4 + replicated, (device, held, split, replicated)
+
+
+def test_kv_heads_repeated_to_one_per_device(report):
+    assert report["kv_heads"] == 4
+    assert report["k_proj_per_device"] == [256, 64]  # hidden 256 -> one head of 64
