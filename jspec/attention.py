@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-
 from jax.sharding import PartitionSpec as P
 
 from jspec.sharding import KV_CACHE, per_shard

@@ -6,7 +6,6 @@ every case builds a single-device engine and sharded ones over the same weights 
 
 from __future__ import annotations
 
-import collections
 import json
 import sys
 

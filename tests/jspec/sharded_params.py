@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import jax
-import numpy as np
 
 import jspec
 from jspec.sharding import make_mesh, named, param_specs
