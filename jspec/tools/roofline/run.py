@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 from typing import Iterator, Sequence
 
 from jspec.tools.roofline.floor import default_copy_bytes, measure_copy_bandwidth
@@ -40,8 +41,11 @@ def run_synthetic_models(names: Sequence[str], out_dir: str | None = None,
                          budget_seconds: float = DEFAULT_BUDGET_SECONDS, batches: Sequence[int] = (1, 8, 32),
                          force_accepts: Sequence[int] | None = None, repeats: int = 3, seed: int = 0,
                          copy_bytes: int | None = None, show: bool = True,
-                         methods: Sequence[str] = METHODS) -> dict[str, dict]:
+                         methods: Sequence[str] = METHODS, mesh=None) -> dict[str, dict]:
     """Benchmarks several shapes under one budget, interleaved by priority -> {name: report}.
+
+    mesh: run every engine through this ("data", "model") mesh (``jspec.sharding.make_mesh``; 1 x 1 checks that
+    the mesh code path costs nothing on one device); floors stay the single-device ones.
 
     force_accepts: the k to time for each tree (None: 0..max_depth of each); copy_bytes: size of the
     bandwidth probe's array (None: 1 GiB on an accelerator, 16 MiB on CPU); methods: a subset of ``METHODS``
@@ -58,6 +62,8 @@ def run_synthetic_models(names: Sequence[str], out_dir: str | None = None,
     models = [build_models(name, seed) for name in names]
     reports = {m.name: new_report(m, bandwidth, copy_runs, copy_bytes, batches, repeats, budget_seconds)
                for m in models}
+    for report in reports.values():
+        report["mesh"] = None if mesh is None else {axis: int(size) for axis, size in mesh.shape.items()}
     by_name = {m.name: m for m in models}
     with _quiet_engine_warnings():
         for plan in plan_rows(models, batches, force_accepts, methods):
@@ -66,7 +72,7 @@ def run_synthetic_models(names: Sequence[str], out_dir: str | None = None,
             if reason is not None:
                 report["skipped"].append({**plan.key(), "reason": reason})
             else:
-                row = measure_row(by_name[plan.model], plan, repeats, seed)
+                row = measure_row(by_name[plan.model], plan, repeats, seed, mesh)
                 budget.record(plan, row)
                 report["rows"].append(row)
                 add_ratios(report["rows"], bandwidth)
@@ -86,10 +92,10 @@ def run_synthetic_models(names: Sequence[str], out_dir: str | None = None,
 def run_synthetic(name: str, out_dir: str | None = None, budget_seconds: float = DEFAULT_BUDGET_SECONDS,
                   batches: Sequence[int] = (1, 8, 32), force_accepts: Sequence[int] | None = None,
                   repeats: int = 3, seed: int = 0, copy_bytes: int | None = None, show: bool = True,
-                  methods: Sequence[str] = METHODS) -> dict:
+                  methods: Sequence[str] = METHODS, mesh=None) -> dict:
     """Benchmarks one shape (``SHAPES``) -> its report, also written to ``out_dir/synthetic_<name>.json``."""
     return run_synthetic_models([name], out_dir, budget_seconds, batches, force_accepts, repeats, seed,
-                                copy_bytes, show, methods)[name]
+                                copy_bytes, show, methods, mesh)[name]
 
 
 # --- command line --------------------------------------------------------------------------------------------
@@ -112,12 +118,28 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic-force-accepts", type=_int_list, default=None, metavar="K[,K]",
                         help="forced acceptances to time (default: 0..depth of each tree)")
     parser.add_argument("--synthetic-repeats", type=int, default=3)
+    parser.add_argument("--synthetic-mesh", default=None, metavar="DPxTP",
+                        help="run through a (data, model) device mesh, e.g. 1x1 (the mesh code path on one device) "
+                             "or 1x8; default: no mesh")
+
+
+def _mesh(text: str | None):
+    """--synthetic-mesh "DPxTP" -> a jspec.sharding mesh (None without the flag)."""
+    if text is None:
+        return None
+    from jspec.sharding import make_mesh
+
+    match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+    if match is None:
+        raise ValueError(f"--synthetic-mesh {text!r}: expected DPxTP, e.g. 1x8")
+    return make_mesh(tensor_parallel_size=int(match.group(2)), data_parallel_size=int(match.group(1)))
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, dict]:
     names = [n.strip() for n in args.synthetic.split(",") if n.strip()]
     return run_synthetic_models(names, args.out, args.budget_seconds, args.synthetic_batches,
-                                args.synthetic_force_accepts, args.synthetic_repeats)
+                                args.synthetic_force_accepts, args.synthetic_repeats,
+                                mesh=_mesh(args.synthetic_mesh))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

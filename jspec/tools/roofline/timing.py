@@ -24,17 +24,18 @@ from jspec.tools.roofline.plan import RowPlan
 from jspec.tools.roofline.shapes import SyntheticModels
 
 
-def make_engine(models: SyntheticModels, plan: RowPlan) -> SpecEngine:
-    """An engine whose one sequence bucket (2 * prompt_len) holds every call of the row."""
+def make_engine(models: SyntheticModels, plan: RowPlan, mesh=None) -> SpecEngine:
+    """An engine whose one sequence bucket (2 * prompt_len) holds every call of the row; on ``mesh`` (a
+    ``jspec.sharding.make_mesh``) when given."""
     shape, seq_len = models.shape, 2 * models.shape.prompt_len
     spec = shape.spec(plan.method)
     if spec is None:
         return SpecEngine(models.target, models.params_t, max_batch_size=plan.batch, max_seq_len=seq_len,
-                          dtype=shape.dtype)
+                          dtype=shape.dtype, mesh=mesh)
     drafter = Eagle3Drafter(models.head, models.target, spec, seq_len, shape.dtype)
     return SpecEngine(models.target, models.params_t, drafter=drafter, drafter_params=models.params_d,
                       max_batch_size=plan.batch, max_seq_len=seq_len, dtype=shape.dtype,
-                      force_accept=plan.force_accept)
+                      force_accept=plan.force_accept, mesh=mesh)
 
 
 def random_prompts(vocab_size: int, batch: int, length: int, seed: int) -> list[list[int]]:
@@ -64,7 +65,7 @@ def is_out_of_memory(error: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
 
 
-def measure_row(models: SyntheticModels, plan: RowPlan, repeats: int, seed: int) -> dict:
+def measure_row(models: SyntheticModels, plan: RowPlan, repeats: int, seed: int, mesh=None) -> dict:
     """Times one configuration -> its JSON row (status "ok", "oom" or "error"; never raises an Exception)."""
     shape = models.shape
     spec = shape.spec(plan.method)
@@ -73,7 +74,7 @@ def measure_row(models: SyntheticModels, plan: RowPlan, repeats: int, seed: int)
     row = {**plan.key(), "tier": plan.tier, "new_tokens": new_tokens, "status": "ok", "error": None}
     start = time.perf_counter()
     try:
-        engine = make_engine(models, plan)
+        engine = make_engine(models, plan, mesh)
         prompts = random_prompts(models.target.vocab_size, plan.batch, shape.prompt_len, seed)
         row.update(time_steps(engine, prompts, new_tokens, repeats))
     except Exception as error:  # noqa: BLE001 -- one failed configuration must not end the benchmark

@@ -115,3 +115,16 @@ def test_main_needs_a_shape_and_rejects_unknown_ones():
         roofline.main([])
     with pytest.raises(ValueError, match="llama3-70b"):
         roofline.main(["--synthetic", "llama3-70b"])
+
+
+def test_synthetic_through_a_one_device_mesh():
+    """--synthetic-mesh 1x1: the same rows through the mesh code path (what a GPU run compares against the
+    no-mesh figures)."""
+    mesh = run._mesh("1x1")
+    report = run.run_synthetic("tiny", None, budget_seconds=300, batches=(1,), methods=("plain",), repeats=1,
+                               show=False, mesh=mesh)
+    assert report["mesh"] == {"data": 1, "model": 1}
+    (row,) = report["rows"]
+    assert row["status"] == "ok", row["error"]
+    with pytest.raises(ValueError, match="expected DPxTP"):
+        run._mesh("8")
