@@ -13,10 +13,12 @@ import json
 import os
 import pickle
 import re
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from flax import traverse_util
 from safetensors import SafetensorError, safe_open
@@ -74,7 +76,7 @@ def _open_safetensors(path: str) -> Iterator[Any]:
     """safe_open(path); a file that is not safetensors (truncated, corrupt) raises ValueError naming it."""
     with contextlib.ExitStack() as stack:
         try:
-            f = stack.enter_context(safe_open(path, framework="flax"))
+            f = stack.enter_context(safe_open(path, framework="numpy"))
         except SafetensorError as error:
             reason = str(error).removeprefix("Error while deserializing header: ")
             raise ValueError(f"{path}: not a readable safetensors file ({reason}); truncated or corrupt?") from error
@@ -86,7 +88,7 @@ def iter_safetensors(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
     for path in files:
         with _open_safetensors(path) as f:
             for name in f.keys():
-                yield name, np.asarray(f.get_tensor(name))
+                yield name, f.get_tensor(name)
 
 
 def tensor_names(files: list[str]) -> list[str]:
@@ -100,14 +102,6 @@ def tensor_names(files: list[str]) -> list[str]:
 
 def count_tensors(files: list[str]) -> int:
     return len(tensor_names(files))
-
-
-def _tensors_with_progress(files: list[str], progress: bool) -> Iterator[tuple[str, np.ndarray]]:
-    tensors = iter_safetensors(files)
-    if progress:
-        from tqdm import tqdm
-        tensors = tqdm(tensors, total=count_tensors(files), desc="converting", unit="tensor")
-    return tensors
 
 
 # --- HF names -> param paths ---------------------------------------------------------------------------------
@@ -138,59 +132,152 @@ def _expected_shapes(abstract_params: Any) -> dict[tuple[str, ...], tuple[tuple[
     return {path: (tuple(leaf.shape), leaf.dtype) for path, leaf in flat.items()}
 
 
-def hf_to_params(tensors: Iterator[tuple[str, np.ndarray]], abstract_params: Any, dtype,
-                 name_to_path: Callable[[str], tuple[tuple[str, ...], int | None, bool] | None],
-                 ignore: Callable[[str], bool] = lambda name: False) -> dict:
-    """Assembles HF tensors into the param pytree described by ``abstract_params`` (shapes only).
+class _TensorCheck:
+    """Matches HF tensors (name, shape) to the param paths of ``abstract_params`` and collects every missing,
+    unexpected and misshapen tensor, to be raised at once by ``raise_problems``."""
 
-    Layer tensors are stacked on the leading axis. Raises ValueError listing every missing, unexpected and
-    misshapen tensor at once.
-    """
-    expected = _expected_shapes(abstract_params)
-    np_dtype = np.dtype(dtype)
-    buffers: dict[tuple[str, ...], np.ndarray] = {}
-    filled: dict[tuple[str, ...], set[int]] = {}
-    unexpected, misshapen = [], []
-    for name, array in tensors:
-        if _IGNORED.match(name) or ignore(name):
-            continue
-        mapped = name_to_path(name)
-        if mapped is None or mapped[0] not in expected:
-            unexpected.append(name)
-            continue
+    def __init__(self, abstract_params: Any,
+                 name_to_path: Callable[[str], tuple[tuple[str, ...], int | None, bool] | None],
+                 ignore: Callable[[str], bool] = lambda name: False):
+        self.expected = _expected_shapes(abstract_params)
+        self.name_to_path, self.ignore = name_to_path, ignore
+        self.filled: dict[tuple[str, ...], set[int]] = {}
+        self.unexpected: list[str] = []
+        self.misshapen: list[str] = []
+
+    def place(self, name: str, shape: tuple[int, ...]) -> tuple[tuple[str, ...], int | None, bool] | None:
+        """(param path, layer or None, transpose?) for a tensor that fits; None for one ignored or reported."""
+        if _IGNORED.match(name) or self.ignore(name):
+            return None
+        mapped = self.name_to_path(name)
+        if mapped is None or mapped[0] not in self.expected:
+            self.unexpected.append(name)
+            return None
         path, layer, transpose = mapped
-        shape, _ = expected[path]
-        value = array.T if transpose else array
-        want = shape[1:] if layer is not None else shape
-        if tuple(value.shape) != want or (layer is not None and layer >= shape[0]):
-            filled.setdefault(path, set()).add(layer if layer is not None else 0)  # reported once, as misshapen
-            misshapen.append(f"{name}: got {tuple(array.shape)}, expected {want if not transpose else want[::-1]}"
-                             + (f" (layer {layer} of {shape[0]})" if layer is not None else ""))
-            continue
-        if layer is None:
-            buffers[path] = np.asarray(value, np_dtype)
-            filled[path] = {0}
-        else:
-            if path not in buffers:
-                buffers[path] = np.zeros(shape, np_dtype)
-            buffers[path][layer] = value
-            filled.setdefault(path, set()).add(layer)
-    missing = []
-    for path, (shape, _) in expected.items():
-        layers_needed = set(range(shape[0])) if path[0] == "layers" else {0}
-        absent = layers_needed - filled.get(path, set())
-        if absent:
-            missing.append("/".join(path) + (f" (layers {sorted(absent)})" if path[0] == "layers" else ""))
-    if missing or unexpected or misshapen:
+        want_shape, _ = self.expected[path]
+        want = want_shape[1:] if layer is not None else want_shape
+        got = tuple(shape)[::-1] if transpose else tuple(shape)
+        self.filled.setdefault(path, set()).add(layer if layer is not None else 0)  # misshapen: reported once
+        if got != want or (layer is not None and layer >= want_shape[0]):
+            self.misshapen.append(f"{name}: got {tuple(shape)}, expected {want if not transpose else want[::-1]}"
+                                  + (f" (layer {layer} of {want_shape[0]})" if layer is not None else ""))
+            return None
+        return mapped
+
+    def raise_problems(self) -> None:
+        missing = []
+        for path, (shape, _) in self.expected.items():
+            layers_needed = set(range(shape[0])) if path[0] == "layers" else {0}
+            absent = layers_needed - self.filled.get(path, set())
+            if absent:
+                missing.append("/".join(path) + (f" (layers {sorted(absent)})" if path[0] == "layers" else ""))
         problems = []
         if missing:
             problems.append(f"missing: {missing}")
-        if unexpected:
-            problems.append(f"unexpected: {unexpected}")
-        if misshapen:
-            problems.append(f"misshapen: {misshapen}")
-        raise ValueError("checkpoint does not match the model config; " + "; ".join(problems))
+        if self.unexpected:
+            problems.append(f"unexpected: {self.unexpected}")
+        if self.misshapen:
+            problems.append(f"misshapen: {self.misshapen}")
+        if problems:
+            raise ValueError("checkpoint does not match the model config; " + "; ".join(problems))
+
+
+def hf_to_params(tensors: Iterator[tuple[str, np.ndarray]], abstract_params: Any, dtype,
+                 name_to_path: Callable[[str], tuple[tuple[str, ...], int | None, bool] | None],
+                 ignore: Callable[[str], bool] = lambda name: False) -> dict:
+    """Assembles HF tensors into the param pytree described by ``abstract_params`` (shapes only), in memory.
+
+    Layer tensors are stacked on the leading axis. Raises ValueError listing every missing, unexpected and
+    misshapen tensor at once. (``convert_hf_llama`` streams instead: ``_stream_llama_leaves``.)
+    """
+    check = _TensorCheck(abstract_params, name_to_path, ignore)
+    np_dtype = np.dtype(dtype)
+    buffers: dict[tuple[str, ...], np.ndarray] = {}
+    for name, array in tensors:
+        placed = check.place(name, array.shape)
+        if placed is None:
+            continue
+        path, layer, transpose = placed
+        if path not in buffers:
+            buffers[path] = np.empty(check.expected[path][0], np_dtype)
+        (buffers[path] if layer is None else buffers[path][layer])[...] = array.T if transpose else array
+    check.raise_problems()
     return traverse_util.unflatten_dict({p: jnp.asarray(a) for p, a in buffers.items()})
+
+
+# --- streaming a Llama checkpoint: one stacked parameter in memory at a time ---------------------------------
+#
+# The tensors are checked from the safetensors headers alone (names, shapes); then every parameter is built in
+# turn (a stacked [L, ...] buffer filled layer by layer, each source tensor read on its own and cast into place),
+# handed to the writer and dropped. Peak host memory: the largest parameter plus one source tensor.
+
+_Source = tuple[int | None, str, str, bool]  # (layer or None, file, tensor name, transpose?)
+
+
+def _plan_llama(files: list[str], abstract_params: Any,
+                ignore: Callable[[str], bool]) -> dict[tuple[str, ...], list[_Source]]:
+    """param path -> the source tensors that fill it, checked from the headers (no tensor data read)."""
+    check = _TensorCheck(abstract_params, llama_param_path, ignore)
+    plan: dict[tuple[str, ...], list[_Source]] = {}
+    for file in files:
+        with _open_safetensors(file) as f:
+            for name in f.keys():
+                placed = check.place(name, tuple(f.get_slice(name).get_shape()))
+                if placed is not None:
+                    path, layer, transpose = placed
+                    plan.setdefault(path, []).append((layer, file, name, transpose))
+    check.raise_problems()
+    return plan
+
+
+# safetensors dtype -> numpy; others (float8 ...) are read through safe_open.
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+                       "BOOL": np.bool_}
+
+
+def _read_tensor(file: str, name: str, out: np.ndarray | None = None) -> np.ndarray:
+    """One tensor of a (checked, see ``_plan_llama``) safetensors file, read straight from the file into its
+    array: one copy in memory (safe_open's get_tensor holds two at its peak, and maps the file). ``out``: the
+    array to fill, cast to its dtype; a contiguous ``out`` of the stored dtype is read into without a copy."""
+    with open(file, "rb") as f:
+        header_size = int.from_bytes(f.read(8), "little")
+        info = json.loads(f.read(header_size))[name]
+        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None:  # float8 and such: safetensors knows them
+            with _open_safetensors(file) as tensors:
+                array = tensors.get_tensor(name)
+        else:
+            begin, end = info["data_offsets"]
+            f.seek(8 + header_size + begin)
+            direct = out is not None and out.dtype == np.dtype(dtype) and out.flags.c_contiguous
+            array = out if direct else np.empty(info["shape"], dtype)
+            if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != end - begin:
+                raise ValueError(f"{file}: tensor {name} is cut short; truncated?")
+            if direct:
+                return out
+    if out is None:
+        return array
+    out[...] = array
+    return out
+
+
+def _stream_llama_leaves(plan: dict[tuple[str, ...], list[_Source]], abstract_params: Any, dtype,
+                         on_tensor: Callable[[], None] = lambda: None) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+    """Yields (param path, array) one parameter at a time; each array is built when drawn (see above)."""
+    np_dtype = np.dtype(dtype)
+    for path, (shape, _) in _expected_shapes(abstract_params).items():
+        buffer = np.empty(shape, np_dtype)
+        for layer, file, name, transpose in plan[path]:
+            target = buffer if layer is None else buffer[layer]
+            if transpose:
+                target[...] = _read_tensor(file, name).T
+            else:
+                _read_tensor(file, name, out=target)
+            del target
+            on_tensor()
+        yield path, buffer
+        del buffer  # before the next parameter is allocated
 
 
 def _ignore_tied_lm_head(config: ModelConfig) -> Callable[[str], bool]:
@@ -231,10 +318,16 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     dtype = resolve_dtype(dtype, hf_config)
     files = safetensors_files(src)
     abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
-    tensors = _tensors_with_progress(files, progress)
-    params = hf_to_params(tensors, abstract, DTYPES[dtype], llama_param_path, _ignore_tied_lm_head(config))
-    with atomic_directory(dst, overwrite) as out:
-        write_jspec_dir(out, hf_config, params, "llama", dtype, src)
+    plan = _plan_llama(files, abstract, _ignore_tied_lm_head(config))
+    with contextlib.ExitStack() as stack:
+        on_tensor = lambda: None
+        if progress:
+            from tqdm import tqdm
+            bar = stack.enter_context(tqdm(total=sum(map(len, plan.values())), desc="converting", unit="tensor"))
+            on_tensor = bar.update
+        with atomic_directory(dst, overwrite) as out:
+            write_jspec_dir(out, hf_config, _stream_llama_leaves(plan, abstract, DTYPES[dtype], on_tensor), "llama",
+                            dtype, src)
     return os.path.abspath(dst)
 
 

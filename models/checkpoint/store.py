@@ -4,8 +4,12 @@ A converted directory holds::
 
     config.json        the Hugging Face config (verbatim for targets; for EAGLE-3 heads the flat Llama-style config
                        plus "jspec_eagle3": layout, resolved tap layers, suggested num_steps)
-    jspec.json         {"format": 1, "kind": "llama" | "eagle3", "dtype": "bfloat16"}
-    params/            orbax checkpoint of the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]})
+    jspec.json         {"format": 2, "kind": "llama" | "eagle3", "dtype": "bfloat16"}
+    params/            the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]}), one orbax
+                       checkpoint per leaf: params/leaves.json lists the leaf paths, params/<a.b.c>/ holds the
+                       leaf at path (a, b, c) (as the one-leaf tree {a: {b: {c: array}}}). Written leaf by leaf, so
+                       converting needs host memory for one leaf, not the model. Format 1 (params/ one orbax
+                       checkpoint of the whole tree) still loads.
     tokenizer.json ... tokenizer files copied from the source when present
 
 Directories are written into a temporary sibling and renamed into place at the end (``atomic_directory``), so a
@@ -15,31 +19,95 @@ failed write leaves nothing at the destination.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
+import logging
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
 
 from models.config import ModelConfig, from_hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+LEAVES_FILE = "leaves.json"  # in params/ of format 2: {"leaves": [[key, ...], ...]}
 
 
 def save_params(directory: str, params: Any) -> None:
-    """Writes the param pytree as an orbax checkpoint at ``directory`` (which must not exist)."""
+    """Writes params at ``directory`` (which must not exist), one orbax checkpoint per leaf (see the module doc).
+
+    params: a nested dict of arrays, or an iterable of (path, array) pairs, path a tuple of keys. An iterator's
+    arrays are written one at a time and dropped before the next is drawn, so a generator that builds each leaf
+    on demand bounds the host memory by about one leaf.
+    """
     import orbax.checkpoint as ocp
 
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.abspath(directory), params)
-        checkpointer.wait_until_finished()
+    leaves = traverse_util.flatten_dict(params).items() if isinstance(params, Mapping) else params
+    directory = os.path.abspath(directory)
+    os.makedirs(directory)
+    paths = []
+    with _numpy_saved_in_place(), ocp.StandardCheckpointer() as checkpointer:
+        for path, array in leaves:
+            path = tuple(path)
+            if path in paths:
+                raise ValueError(f"param {'/'.join(path)} given twice")
+            checkpointer.save(os.path.join(directory, _leaf_dir(path)), traverse_util.unflatten_dict({path: array}))
+            checkpointer.wait_until_finished()
+            paths.append(path)
+            del array  # before the iterator builds the next leaf
+            _return_freed_memory()
+    with open(os.path.join(directory, LEAVES_FILE), "w") as f:
+        json.dump({"leaves": [list(path) for path in paths]}, f, indent=1)
+
+
+@contextlib.contextmanager
+def _numpy_saved_in_place() -> Iterator[None]:
+    """Orbax saves numpy arrays from the arrays themselves, not from a copy, while inside.
+
+    Orbax's numpy handler deep-copies every host array before its asynchronous write, so that the caller may
+    change it meanwhile; ``save_params`` waits for each write instead, and the copy would double the memory a
+    leaf needs. The handler registered for np.ndarray is swapped for the duration and put back after.
+    """
+    from orbax.checkpoint import type_handlers
+
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # orbax warns on every override of a registered handler
+    default = type_handlers.get_type_handler(np.ndarray)
+    type_handlers.register_type_handler(np.ndarray, type_handlers.NumpyHandler(deepcopy_host_arrays=False),
+                                        override=True)
+    try:
+        yield
+    finally:
+        type_handlers.register_type_handler(np.ndarray, default, override=True)
+        absl_logger.setLevel(level)
+
+
+def _return_freed_memory() -> None:
+    """Hands the heap memory freed since the last call back to the OS (glibc's malloc_trim; elsewhere nothing).
+
+    The buffers tensorstore allocates while writing a leaf are freed into malloc's arenas, which keep them; left
+    there, they add a few hundred MB to the next leaf's peak."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _leaf_dir(path: tuple[str, ...]) -> str:
+    if any("." in key or "/" in key for key in path):
+        raise ValueError(f"param path {path}: keys must not contain '.' or '/'")
+    return ".".join(path)
 
 
 def load_params(directory: str, abstract_params: Any) -> Any:
@@ -52,8 +120,24 @@ def load_params(directory: str, abstract_params: Any) -> Any:
 
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract_params)
+    directory = os.path.abspath(directory)
+    leaves_file = os.path.join(directory, LEAVES_FILE)
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(os.path.abspath(directory), placed)
+        if not os.path.isfile(leaves_file):  # format 1: one checkpoint of the whole tree
+            return checkpointer.restore(directory, placed)
+        with open(leaves_file) as f:
+            stored = {tuple(path) for path in json.load(f)["leaves"]}
+        wanted = traverse_util.flatten_dict(placed)
+        if stored != set(wanted):
+            missing = sorted("/".join(p) for p in set(wanted) - stored)
+            unexpected = sorted("/".join(p) for p in stored - set(wanted))
+            raise ValueError(f"{leaves_file}: the stored params do not match the model; missing: {missing}, "
+                             f"unexpected: {unexpected}")
+        restored = {path: checkpointer.restore(os.path.join(directory, _leaf_dir(path)),
+                                               traverse_util.unflatten_dict({path: leaf}))
+                    for path, leaf in wanted.items()}
+    return traverse_util.unflatten_dict({path: traverse_util.flatten_dict(tree)[path]
+                                         for path, tree in restored.items()})
 
 
 def check_destination(dst: str, overwrite: bool) -> None:
@@ -80,8 +164,11 @@ def atomic_directory(dst: str, overwrite: bool = False) -> Iterator[str]:
     os.rename(tmp, dst)
 
 
-def write_jspec_dir(out: str, hf_config: dict, params: Any, kind: str, dtype: str, src: str | None) -> None:
-    """Writes config.json, jspec.json, params/ and tokenizer files into the (temporary) directory ``out``."""
+def write_jspec_dir(out: str, hf_config: dict, params: Any | Iterable[tuple[tuple[str, ...], Any]], kind: str,
+                    dtype: str, src: str | None) -> None:
+    """Writes config.json, jspec.json, params/ and tokenizer files into the (temporary) directory ``out``.
+
+    params: a param pytree, or (path, array) pairs drawn one at a time (see ``save_params``)."""
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
     with open(os.path.join(out, "jspec.json"), "w") as f:
