@@ -90,6 +90,33 @@ def run_cases(names: list[str]) -> dict:
     return report
 
 
+BUNDLED_MESHES = {"tp2": (2, 1), "tp4": (4, 1), "dp2xtp2": (2, 2), "dp2xtp4": (4, 2)}
+BUNDLED_PROMPTS = ["def fibonacci(n):", "import os\n\ndef list_files(path):", "class Stack:\n    def __init__(self):",
+                   "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\""]
+
+
+def bundled_case() -> dict:
+    """The bundled code model with its trained EAGLE-3 head (default dynamic tree): real acceptance on a mesh,
+    through ``from_pretrained`` (restored into the sharding), ``generate`` and ``stream``."""
+    from jspec.tools.bundled import DEFAULT_SPEC
+
+    def load(**mesh):
+        return jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter="eagle3", spec=DEFAULT_SPEC,
+                                                max_batch_size=4, max_seq_len=256, **mesh)
+
+    single = load().generate(BUNDLED_PROMPTS, max_new_tokens=32)
+    case = {"single": single.token_ids, "acceptance": single.stats.acceptance_length}
+    for mesh_name, (tp, dp) in BUNDLED_MESHES.items():
+        sharded = load(tensor_parallel_size=tp, data_parallel_size=dp)
+        out = sharded.generate(BUNDLED_PROMPTS, max_new_tokens=32)
+        streamed = [[] for _ in BUNDLED_PROMPTS]
+        for chunk in sharded.stream(BUNDLED_PROMPTS, max_new_tokens=32, steps_per_chunk=3):
+            for tokens, new in zip(streamed, chunk):
+                tokens += new
+        case[mesh_name] = {"greedy": out.token_ids, "streamed": streamed, "acceptance": out.stats.acceptance_length}
+    return case
+
+
 def collectives(names: list[str]) -> dict:
     """name -> the generation loop body's collectives at tp=4: [kind, shape, op_name] per instruction."""
     params_t = target_params()
@@ -109,5 +136,8 @@ def collectives(names: list[str]) -> dict:
 if __name__ == "__main__":
     what, names = sys.argv[1], sys.argv[2].split(",")
     assert len(jax.devices()) == 8, jax.devices()
-    out = run_cases(names) if what == "cases" else collectives(names)
+    if what == "bundled":
+        out = {"bundled-eagle3": bundled_case()}
+    else:
+        out = run_cases(names) if what == "cases" else collectives(names)
     print(json.dumps(out))

@@ -47,6 +47,17 @@ def test_sharded_tokens_equal_one_device(name):
         assert case["acceptance"] > 3.0
 
 
+def test_bundled_model_with_its_eagle3_head_on_meshes():
+    """Real acceptance (the trained head, default dynamic tree), loaded by from_pretrained straight into the
+    sharding; generate and stream both equal one device's tokens."""
+    case = run_on_8_devices("bundled", "bundled-eagle3")
+    assert case["acceptance"] > 1.5
+    for mesh in cases.BUNDLED_MESHES:
+        assert case[mesh]["greedy"] == case["single"], mesh
+        assert case[mesh]["streamed"] == case["single"], mesh
+        assert case[mesh]["acceptance"] == case["acceptance"]
+
+
 def _weight_shapes() -> set[tuple[int, ...]]:
     """Every matrix shape a weight has, whole or split 2, 4 or 8 ways along either axis."""
     import jax
