@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -110,16 +110,23 @@ def _leaf_dir(path: tuple[str, ...]) -> str:
     return ".".join(path)
 
 
-def load_params(directory: str, abstract_params: Any) -> Any:
+def load_params(directory: str, abstract_params: Any, shardings: Callable[[Any], Any] | None = None) -> Any:
     """Restores an orbax param checkpoint into the structure/dtypes of ``abstract_params``.
 
-    Every array lands on this process's default device, whatever device the checkpoint was written from
-    (orbax otherwise restores the saved sharding and refuses a CPU-written checkpoint on a GPU).
+    shardings: abstract params -> a tree of ``jax.sharding.Sharding`` (one per leaf): orbax reads each parameter
+    straight into its sharding, every device only its own shard (no whole copy on one device or host). None: every
+    array lands on this process's first device, whatever device the checkpoint was written from (orbax otherwise
+    restores the saved sharding and refuses a CPU-written checkpoint on a GPU).
     """
     import orbax.checkpoint as ocp
 
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract_params)
+    if shardings is None:
+        single = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        placement = jax.tree.map(lambda _: single, abstract_params)
+    else:
+        placement = shardings(abstract_params)
+    placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params,
+                          placement)
     directory = os.path.abspath(directory)
     leaves_file = os.path.join(directory, LEAVES_FILE)
     with ocp.StandardCheckpointer() as checkpointer:
@@ -211,15 +218,18 @@ def read_jspec_meta(model_dir: str) -> dict:
         return json.load(f)
 
 
-def load_llama(model_dir: str, dtype: str | None = None) -> tuple[ModelConfig, Any, str]:
-    """Loads a converted Llama-family directory -> (config, params, dtype name). ``dtype`` casts if given."""
+def load_llama(model_dir: str, dtype: str | None = None,
+               shardings: Callable[[ModelConfig, Any], Any] | None = None) -> tuple[ModelConfig, Any, str]:
+    """Loads a converted Llama-family directory -> (config, params, dtype name). ``dtype`` casts if given;
+    shardings: (config, abstract params) -> a Sharding per leaf, to restore each parameter into its sharding."""
     from models.llama import init_params
 
     meta = _read_kind(model_dir, "llama")
     config = from_hf_config(read_hf_config(model_dir))
     stored = meta["dtype"]
     abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[stored]))
-    params = load_params(os.path.join(model_dir, "params"), abstract)
+    placement = None if shardings is None else functools.partial(shardings, config)
+    params = load_params(os.path.join(model_dir, "params"), abstract, placement)
     return (config,) + _cast_params(params, stored, dtype)
 
 
