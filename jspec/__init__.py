@@ -6,6 +6,7 @@ from jspec.engine import GenerateOutput, GenerateStats, SpecEngine
 from jspec.generate import GenerateResult, generate
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
+from jspec.sharding import make_mesh
 
 __all__ = ["GenerateOutput", "GenerateResult", "GenerateSetup", "GenerateStats", "SamplingArrays",
-           "SamplingParams", "SpecConfig", "SpecEngine", "bundled_model", "generate"]
+           "SamplingParams", "SpecConfig", "SpecEngine", "bundled_model", "generate", "make_mesh"]
