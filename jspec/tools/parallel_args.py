@@ -1,9 +1,9 @@
 """The parallelism flags of ``jspec generate`` and ``jspec bench``: tensor/data parallel sizes (vLLM's names) and
 multi-host start-up through ``jax.distributed``.
 
-Multi-host: every process runs the same command with its own ``--process-id`` (or none of the three flags, where
-JAX finds them in its cluster environment: SLURM, Open MPI, TPU pods). All processes compute the same output;
-only process 0 prints it.
+Multi-host: every process runs the same command with its own ``--process-id``; or with ``--distributed`` alone,
+where ``jax.distributed.initialize`` finds what is missing in the environment (JAX_COORDINATOR_ADDRESS, SLURM,
+Open MPI, TPU pods). All processes compute the same output; only process 0 prints it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                        help="multi-host: process 0's address, the same on every process (jax.distributed)")
     group.add_argument("--num-processes", type=int, default=None, help="multi-host: how many processes in all")
     group.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index, 0-based")
+    group.add_argument("--distributed", action="store_true",
+                       help="multi-host: start jax.distributed with what the three flags above leave unset taken "
+                            "from the environment (JAX_COORDINATOR_ADDRESS, SLURM, Open MPI, TPU pods)")
 
 
 def check_parallel_args(args: argparse.Namespace) -> None:
@@ -32,8 +35,9 @@ def check_parallel_args(args: argparse.Namespace) -> None:
         if value < 1:
             raise ValueError(f"{flag} {value}: expected an integer >= 1")
     given = [args.coordinator_address is not None, args.num_processes is not None, args.process_id is not None]
-    if any(given) and not all(given):
-        raise ValueError("multi-host needs all three of --coordinator-address, --num-processes and --process-id")
+    if any(given) and not all(given) and not args.distributed:
+        raise ValueError("multi-host needs all three of --coordinator-address, --num-processes and --process-id "
+                         "(or --distributed, to take the missing ones from the environment)")
     if all(given) and not 0 <= args.process_id < args.num_processes:
         raise ValueError(f"--process-id {args.process_id}: expected 0 .. {args.num_processes - 1} "
                          f"(--num-processes {args.num_processes})")
@@ -43,7 +47,7 @@ def start_processes(args: argparse.Namespace) -> None:
     """``jax.distributed.initialize`` when the multi-host flags are given (before JAX touches any device; CPU
     collectives through gloo), and from then on only process 0 writes to stdout."""
     check_parallel_args(args)
-    if args.coordinator_address is None:
+    if args.coordinator_address is None and not args.distributed:
         return
     import jax
 
