@@ -46,9 +46,20 @@ def check_parallel_args(args: argparse.Namespace) -> None:
 def start_processes(args: argparse.Namespace) -> None:
     """``jax.distributed.initialize`` when the multi-host flags are given (before JAX touches any device; CPU
     collectives through gloo), and from then on only process 0 writes to stdout."""
+    import jax
+
     check_parallel_args(args)
-    if args.coordinator_address is None and not args.distributed:
-        return
+    if args.coordinator_address is not None or args.distributed:
+        _initialize(args)
+    need, available = args.tensor_parallel_size * args.data_parallel_size, len(jax.devices())
+    if need > available:
+        hint = (" (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N gives N virtual devices)"
+                if jax.default_backend() == "cpu" else "")
+        raise ValueError(f"-tp {args.tensor_parallel_size} x -dp {args.data_parallel_size} needs {need} devices, "
+                         f"but only {available} are available{hint}")
+
+
+def _initialize(args: argparse.Namespace) -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
