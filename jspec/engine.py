@@ -26,7 +26,7 @@ from jspec.generate import GenerateResult, generate, generate_continue, generate
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
-                            param_specs, put, replicated, to_host)
+                            param_specs, put, replicated_specs, to_host)
 from jspec.tokenizer import generation_eos, load_tokenizer
 from models.checkpoint import load_llama
 from models.config import ModelConfig
@@ -93,7 +93,10 @@ class SpecEngine:
             self.data_parallel_size, tensor_parallel_size = mesh_sizes(mesh)
             check_tensor_parallel(target_config, tensor_parallel_size)
             self.params, target_config = _shard_target(target_params, target_config, mesh, tensor_parallel_size)
-            drafter_params = None if drafter_params is None else replicated(mesh, drafter_params)
+            if drafter_params is not None:
+                specs = (drafter.param_specs(drafter_params, tensor_parallel_size)
+                         if hasattr(drafter, "param_specs") else replicated_specs(drafter_params))
+                drafter_params = jax.tree.map(put, drafter_params, named(mesh, specs))
         self.drafter_params = drafter_params
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size

@@ -19,7 +19,7 @@ from jspec.commit import commit_tokens
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays, sample_tokens
-from jspec.sharding import KV_CACHE, constrain, constrain_rows, traced_on
+from jspec.sharding import KV_CACHE, TAPS, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs, plain_step, spec_step
 from models.attention import KVCache
@@ -54,7 +54,8 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     state, _ = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens, inputs.stop_ids,
                              counts_as_step=False)
     if setup.drafter is not None:
-        draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first, out.taps))
+        draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first,
+                                                                          constrain(out.taps, TAPS)))
         state = state._replace(draft=draft)
     return shard_state(state)
 

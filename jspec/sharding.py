@@ -18,11 +18,21 @@ When the target has fewer KV heads than "model" devices, each KV head is repeate
 its query heads read: attention is unchanged (a query head reads the same K/V values), and the cost is the KV cache
 and the k/v projections stored ``tp / Hkv`` times over in total (per device: one head instead of ``Hkv / tp``).
 
-Drafters (EAGLE-3 head, draft model, n-gram state) are replicated over "model" and split over "data" like the
-state. A drafter forward is a few small matmuls per draft step and latency-bound; splitting it would add two
-all-reduces per drafter layer per draft step (5-8 sequential steps per target step), while replicating costs its
-weights once per device (an EAGLE-3 head for Llama-3.1-70B is ~2.8 GB in bf16 next to 17.6 GB of the target's
-weights per device at tp=8, see docs/scaling.md). The drafter reads the target's (vocabulary-split) embedding.
+Drafters choose (``Drafter.param_specs``; a drafter without it is replicated), batch rows over "data" always:
+
+- the EAGLE-3 head is split by the same rules when its heads, KV heads and MLP divide by tp, else replicated; fc
+  (3H -> H, run once per step by the commit's extend) stays whole. The head is one layer: splitting adds 2
+  all-reduces of [B, T, H] per head forward (o_proj, down_proj) and a gather of its draft-vocabulary logits, and
+  saves reading (tp - 1) / tp of its layer and lm_head on every one of the num_steps forwards per step; for
+  Llama-3.1-70B's head (2.8 GB bf16, 0.4 GB of it fc) at tp=8 that is ~0.72 ms -> ~0.09 ms of HBM reads per
+  forward for ~2 x 15 us of all-reduce latency (docs/scaling.md). The target's hidden states the head reads are
+  pinned whole on every "model" device (``TAPS``), so the head's split never reshapes the target's;
+- a draft model is replicated: each of its layers would add two all-reduces per draft forward, which for a small
+  draft model of many layers costs about what the split saves (Llama-3.2-1B for a 70B target: 16 layers,
+  33 all-reduces x 10-20 us = 0.3-0.7 ms against 0.75 -> 0.09 ms of weight reads);
+- the n-gram drafter has no weights; its token buffer is split by rows.
+
+The drafter reads the target's (vocabulary-split) embedding: one all-reduce per draft forward's lookup.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from models.config import ModelConfig
 MESH_AXES = ("data", "model")
 ROWS = P("data")                          # [B, ...] arrays: batch rows over "data"
 KV_CACHE = P("data", None, "model", None)  # [B, S, Hkv, D]
+TAPS = P(None, "data")                     # [K, B, T, H] the target's hidden states a drafter reads: whole rows
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # output features split
 _ROW = ("o_proj", "down_proj")                                    # input features split
@@ -79,6 +90,17 @@ def check_tensor_parallel(config: ModelConfig, tensor_parallel_size: int, what: 
     if kv % tp and tp % kv:
         raise ValueError(f"{what} num_key_value_heads={kv} and tensor_parallel_size={tp}: one must divide the "
                          f"other (KV heads are split over, or repeated across, the model axis)")
+
+
+def splits_evenly(config: ModelConfig, tensor_parallel_size: int) -> bool:
+    """Whether every split of the rules gives each device whole heads (query and KV) and equal MLP slices."""
+    tp = tensor_parallel_size
+    return config.num_heads % tp == 0 and config.num_kv_heads % tp == 0 and config.intermediate_size % tp == 0
+
+
+def replicated_specs(tree: Any) -> Any:
+    """P() for every leaf: the whole array on every device."""
+    return jax.tree.map(lambda _: P(), tree)
 
 
 def kv_repeats(config: ModelConfig, tensor_parallel_size: int) -> int:
@@ -142,11 +164,6 @@ def param_specs(params: Any, config: ModelConfig, tensor_parallel_size: int) -> 
 def named(mesh: Mesh, specs: Any) -> Any:
     """PartitionSpecs -> NamedShardings on ``mesh`` (same tree)."""
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
-
-
-def replicated(mesh: Mesh, tree: Any) -> Any:
-    """``tree``'s arrays copied to every device of ``mesh``."""
-    return jax.tree.map(lambda a: put(a, NamedSharding(mesh, P())), tree)
 
 
 def put(value: Any, sharding: NamedSharding) -> jax.Array:

@@ -18,6 +18,7 @@ from jspec.commit import commit_tokens
 from jspec.drafters.base import CommitContext
 from jspec.kv_cache import commit_path
 from jspec.sampling import SamplingArrays, sample_tokens
+from jspec.sharding import TAPS, constrain
 from jspec.generate_setup import GenerateSetup
 from jspec.state import DecodeState
 
@@ -97,7 +98,8 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
-                                       CommitContext(new_tokens, committed, verified.accept_index, out.taps,
+                                       CommitContext(new_tokens, committed, verified.accept_index,
+                                                     constrain(out.taps, TAPS),
                                                      cache_len))
     cache = commit_path(out.cache, verified.accept_index, cache_len)
     return state._replace(cache=cache, draft=draft_state, step=state.step + 1)
@@ -115,7 +117,7 @@ def _decode_root(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
-    taps = out.taps
+    taps = constrain(out.taps, TAPS)
     if taps is not None:  # the drafter reads node 0's row only
         taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,

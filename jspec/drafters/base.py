@@ -20,6 +20,10 @@ Inside the jitted loop a drafter is a frozen (hashable, static) object plus an e
 bucket with :meth:`Drafter.with_max_seq_len`. A drafter is a frozen dataclass (hashable: it is part of the
 static ``GenerateSetup``); ``common.DrafterBase`` supplies ``with_max_seq_len`` and the tree helpers.
 
+On a device mesh (``jspec.sharding``) the engine places ``params_d`` by the drafter's optional
+``param_specs(params_d, tensor_parallel_size) -> PartitionSpecs``; without one (``DrafterBase``'s default too) the
+weights are replicated on every device. Either way the output is the same; only bytes and collectives differ.
+
 A new drafter is one file here implementing the protocol, plus one entry in ``registry.py``.
 """
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from typing import Any
+
 from jspec.config import SpecConfig, static_choices
+from jspec.sharding import replicated_specs
 from jspec.drafters.tree_search import dynamic_window_size
 from jspec.trees import StaticTree, build_static_tree
 
@@ -23,6 +26,12 @@ class DrafterBase:
     def with_max_seq_len(self, max_seq_len: int) -> "DrafterBase":
         """The same drafter with buffers for ``max_seq_len`` token slots per sequence."""
         return dataclasses.replace(self, max_seq_len=max_seq_len)
+
+    def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
+        """PartitionSpecs of ``params_d`` over a ("data", "model") mesh: replicated unless a drafter says otherwise
+        (``jspec.sharding`` explains each drafter's choice)."""
+        del tensor_parallel_size
+        return replicated_specs(params_d)
 
     @property
     def static_tree(self) -> StaticTree | None:

@@ -24,6 +24,7 @@ from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
+from jspec.sharding import param_specs, replicated_specs, splits_evenly
 from models.attention import KVCache
 from models.checkpoint import DTYPES, load_eagle3
 from models.config import ModelConfig
@@ -81,6 +82,14 @@ class Eagle3Drafter(DrafterBase):
              write_offset=0):
         return self._model().apply({"params": params_d["head"]}, self._embed(params_t, tokens), hidden, positions,
                                    cache, cache_len, local_mask, write_offset)
+
+    def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
+        """Split like the target (fc by input) when the head's heads, KV heads and MLP divide by tp; see
+        ``jspec.sharding`` for the cost. d2t stays whole."""
+        if not splits_evenly(self.head.layer, tensor_parallel_size):
+            return replicated_specs(params_d)
+        return {"head": param_specs(params_d["head"], self.head.layer, tensor_parallel_size),
+                "d2t": replicated_specs(params_d["d2t"])}
 
     # --- the protocol ------------------------------------------------------------------------------------------
 

@@ -26,8 +26,9 @@ from tests.hlo_collectives import loop_collectives
 # 8 query heads, 2 KV heads: tp 2 splits the KV heads, tp 4 and 8 repeat them (2 and 4 copies).
 TARGET = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
                      num_kv_heads=2, head_dim=8)
-HEAD = eagle3_config_from_hf({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                              "num_key_value_heads": 2, "vocab_size": 256, "draft_vocab_size": 256})
+# The head splits over "model" at tp 2 and 4 (8 heads, 4 KV heads) and is replicated at tp 8.
+HEAD = eagle3_config_from_hf({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 8,
+                              "num_key_value_heads": 4, "vocab_size": 256, "draft_vocab_size": 256})
 MAX_SEQ_LEN = 128
 MESHES = {"tp2": (2, 1), "tp4": (4, 1), "tp8": (8, 1), "dp2xtp4": (4, 2)}
 SPECS = {"chain": jspec.SpecConfig(tree="chain", num_steps=3),

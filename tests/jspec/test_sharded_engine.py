@@ -5,7 +5,8 @@ For plain decoding, EAGLE-3 chains and dynamic trees, a draft model and n-gram d
 dp 2 x tp 4: greedy float32 tokens equal one device's token for token; seeded sampling (tp 4, dp 2 x tp 4) too
 (the vocabulary-split logits are gathered before sampling, and threefry draws do not depend on the sharding); a
 second call in the same bucket compiles nothing. The compiled loop body holds one all-reduce per target layer
-after o_proj and one after down_proj per target forward, and never gathers a weight.
+after o_proj and one after down_proj per target forward (likewise in the split EAGLE-3 head), and never gathers
+a weight.
 """
 
 from __future__ import annotations
@@ -79,10 +80,15 @@ def test_loop_collectives_are_per_layer_all_reduces(name):
     # Target forwards in one step: the verify pass, and for drafters that report what they drafted also the
     # root-only decode of lax.cond's other branch.
     forwards = 2 if name == "ngram" else 1
-    for proj in ("o_proj", "down_proj"):
-        reduces = [shape for kind, shape, op in found if kind == "all-reduce" and f"{proj}/dot_general" in op]
+    for proj in ("self_attn/o_proj", "mlp/down_proj"):
+        reduces = [shape for kind, shape, op in found
+                   if kind == "all-reduce" and "/layers_" in op and op.endswith(f"{proj}/dot_general")]
         assert len(reduces) == forwards * target.num_layers, (proj, reduces)
         assert all(shape[0] == batch and shape[-1] == target.hidden_size for shape in reduces)
+        # The EAGLE-3 head splits at tp 4 (8 heads, 4 KV heads): the same two all-reduces in each of its
+        # num_steps forwards per step (num_steps - 1 drafting depths, then the commit's extend).
+        head = [op for kind, _, op in found if kind == "all-reduce" and f"Eagle3Head/midlayer/{proj}/" in op]
+        assert len(head) == (cases.SPECS[name[len("eagle3-"):]].num_steps if name.startswith("eagle3") else 0)
     weights = _weight_shapes()
     for kind, shape, op in found:
         squeezed = tuple(d for d in shape if d != 1)
