@@ -48,6 +48,11 @@ def generate_loop_body(comps: dict[str, list[str]]) -> str:
     raise AssertionError("no jit(generate)/while loop in the HLO")
 
 
+def generate_loop_count(hlo_text: str) -> int:
+    """How many ``while`` instructions are the program's own generation loop (op_name ``jit(generate)/while``)."""
+    return sum(" while(" in line and 'op_name="jit(generate)/while"' in line for line in hlo_text.splitlines())
+
+
 def reachable(comps: dict[str, list[str]], root: str) -> list[str]:
     seen, stack = [], [root]
     while stack:

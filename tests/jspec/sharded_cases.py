@@ -21,7 +21,7 @@ from jspec.sharding import make_mesh
 from models.config import ModelConfig
 from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
 from models.llama import init_params
-from tests.hlo_collectives import loop_collectives
+from tests.hlo_collectives import generate_loop_count, loop_collectives
 
 # 8 query heads, 2 KV heads: tp 2 splits the KV heads, tp 4 and 8 repeat them (2 and 4 copies).
 TARGET = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
@@ -130,7 +130,8 @@ def collectives(names: list[str]) -> dict:
         args = sharded._arguments(batch, sampling)
         setup = sharded.setup.with_max_seq_len(batch.seq_len)
         text = jspec.generate.lower(*args, setup=setup).compile().as_text()
-        report[name] = [list(c) for c in loop_collectives(text)]
+        report[name] = {"collectives": [list(c) for c in loop_collectives(text)],
+                        "generate_loops": generate_loop_count(text)}
     return report
 
 

@@ -75,7 +75,9 @@ def _weight_shapes() -> set[tuple[int, ...]]:
 
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_loop_collectives_are_per_layer_all_reduces(name):
-    found = run_on_8_devices("collectives", name)
+    program = run_on_8_devices("collectives", name)
+    assert program["generate_loops"] == 1  # still one lax.while_loop in one program
+    found = program["collectives"]
     target, tp, batch = cases.TARGET, 4, 1
     # Target forwards in one step: the verify pass, and for drafters that report what they drafted also the
     # root-only decode of lax.cond's other branch.
