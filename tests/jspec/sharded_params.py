@@ -4,12 +4,16 @@ in a subprocess with 4 virtual CPU devices). Prints one JSON report."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 
 import jax
 
 import jspec
 from jspec.sharding import make_mesh, named, param_specs
 from models.checkpoint import load_llama
+from models.checkpoint.store import read_hf_config, read_jspec_meta, write_jspec_dir
 
 
 def device_bytes(tree) -> dict[str, int]:
@@ -32,14 +36,29 @@ def split_and_replicated(tree) -> tuple[int, int]:
     return split, replicated
 
 
+def rewritten(directory: str, out: str) -> str:
+    """The bundled target written again as jspec writes checkpoints now (one orbax checkpoint per leaf)."""
+    _, params, dtype = load_llama(directory)
+    os.makedirs(out)
+    write_jspec_dir(out, read_hf_config(directory), jax.device_get(params), "llama", dtype, directory)
+    return out
+
+
 def main() -> dict:
     mesh = make_mesh(4, 1)
     directory = jspec.bundled_model()
-    _, restored, _ = load_llama(directory, "float32", lambda config, abstract: named(mesh, param_specs(
-        abstract, config, 4)))
+    shardings = lambda config, abstract: named(mesh, param_specs(abstract, config, 4))  # noqa: E731
+    _, restored, _ = load_llama(directory, "float32", shardings)
+    tmp = tempfile.mkdtemp()
+    try:
+        per_leaf = rewritten(directory, os.path.join(tmp, "target"))
+        _, restored_per_leaf, _ = load_llama(per_leaf, "float32", shardings)
+        formats = [read_jspec_meta(directory)["format"], read_jspec_meta(per_leaf)["format"]]
+    finally:
+        shutil.rmtree(tmp)
     engine = jspec.SpecEngine.from_pretrained(directory, tensor_parallel_size=4)
-    report = {}
-    for name, tree in (("restored", restored), ("engine", engine.params)):
+    report = {"formats": formats}
+    for name, tree in (("restored", restored), ("restored_per_leaf", restored_per_leaf), ("engine", engine.params)):
         report[name] = {"device_bytes": device_bytes(tree), "split_replicated": split_and_replicated(tree),
                         "single_device_leaves": sum(isinstance(leaf.sharding, jax.sharding.SingleDeviceSharding)
                                                     for leaf in jax.tree.leaves(tree)),

@@ -1,5 +1,6 @@
 """Per-device parameter bytes at tp=4, read from each array's addressable shards (4 virtual CPU devices, bundled
-target): orbax restores every parameter straight into its sharding, and each device holds 1/4 of every split
+target, as shipped and rewritten one leaf per checkpoint as the converter writes now): orbax restores every
+parameter straight into its sharding, and each device holds 1/4 of every split
 weight plus the replicated ones (norms). The bundled target has 2 KV heads: at tp=4 each is stored twice, so each
 device holds one KV head's k/v projection."""
 
@@ -24,7 +25,7 @@ def report():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("which", ["restored", "engine"])
+@pytest.mark.parametrize("which", ["restored", "restored_per_leaf", "engine"])
 def test_each_device_holds_a_quarter_of_the_split_weights(report, which):
     got = report[which]
     split, replicated = got["split_replicated"]
@@ -33,6 +34,10 @@ def test_each_device_holds_a_quarter_of_the_split_weights(report, which):
     assert len(got["device_bytes"]) == 4
     for device, held in got["device_bytes"].items():
         assert held == split // 4 + replicated, (device, held, split, replicated)
+
+
+def test_both_checkpoint_formats_restore_into_the_sharding(report):
+    assert report["formats"] == [1, 2]  # the bundled checkpoint (one tree), and as the converter writes now
 
 
 def test_kv_heads_repeated_to_one_per_device(report):
