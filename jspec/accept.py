@@ -19,8 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from jspec.drafters.base import DraftTree
 from jspec.sampling import SamplingArrays, sampling_probs
-from jspec.sharding import current_mesh, per_shard
-from pallas_kernels._impl import Impl, resolve_impl
+from jspec.sharding import per_shard
 from pallas_kernels.tree_verify import Verified, verify_tree_greedy, verify_tree_sampling
 
 
@@ -40,35 +39,28 @@ def forced_path(tree: DraftTree, logits: jax.Array, *, accept: int, max_depth: i
     return Verified(accept_index, length, predict.astype(jnp.int32))
 
 
-def accept_tree(tree: DraftTree, logits: jax.Array, sampling: SamplingArrays, key: jax.Array, *,
+def accept_tree(tree: DraftTree, logits: jax.Array, sampling: SamplingArrays, keys: jax.Array, *,
                 max_depth: int, force_accept: int | None = None) -> Verified:
-    """tree: the drafted tree; logits: f32[B, T, V] the target's at every node -> Verified (local node ids)."""
+    """tree: the drafted tree; logits: f32[B, T, V] the target's at every node; keys: key[B], row b's draws use
+    keys[b] alone -> Verified (local node ids)."""
     if force_accept is not None:
         return forced_path(tree, logits, accept=force_accept, max_depth=max_depth)
 
+    # On a mesh each data shard walks its own rows (the Pallas kernels cannot be split by the partitioner); the
+    # draws are per row, so they equal one device's.
     rows = P("data")
 
     def greedy(_):
         predict = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         walk = per_shard(lambda *a: verify_tree_greedy(*a, num_steps=max_depth, impl="auto"),
-                         in_specs=(rows,) * 4, out_specs=rows)  # on a mesh: each data shard walks its own rows
+                         in_specs=(rows,) * 4, out_specs=rows)
         return walk(tree.tokens, tree.next_token, tree.next_sibling, predict)
 
     def sample(_):
         probs = sampling_probs(logits, sampling)
-        if current_mesh() is None or resolve_impl("auto") is Impl.REFERENCE:  # jnp: the partitioner splits it,
-            return verify_tree_sampling(tree.tokens, tree.next_token, tree.next_sibling, probs, key,  # and its
-                                        num_steps=max_depth, draft_probs=tree.draft_probs, impl="auto")  # draws
-            # equal one device's
-
-        def walk(tokens, next_token, next_sibling, probs, draft_probs, key):
-            # The Pallas kernel runs per data shard, each drawing its own noise (fold_in of the shard index): rows
-            # stay independent, the distribution is the target's, the draws differ from one device's.
-            shard_key = jax.random.fold_in(key, jax.lax.axis_index("data"))
-            return verify_tree_sampling(tokens, next_token, next_sibling, probs, shard_key, num_steps=max_depth,
-                                        draft_probs=draft_probs, impl="auto")
-
-        return per_shard(walk, in_specs=(rows,) * 5 + (P(),), out_specs=rows)(
-            tree.tokens, tree.next_token, tree.next_sibling, probs, tree.draft_probs, key)
+        walk = per_shard(lambda tokens, next_token, next_sibling, probs, draft_probs, keys: verify_tree_sampling(
+            tokens, next_token, next_sibling, probs, keys, num_steps=max_depth, draft_probs=draft_probs,
+            impl="auto"), in_specs=(rows,) * 6, out_specs=rows)
+        return walk(tree.tokens, tree.next_token, tree.next_sibling, probs, tree.draft_probs, keys)
 
     return jax.lax.cond(sampling.is_greedy, greedy, sample, None)

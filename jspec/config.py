@@ -84,13 +84,17 @@ def _validated_choices(choices: Sequence[Sequence[int]]) -> tuple[tuple[int, ...
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are drawn from the target. temperature 0 = greedy; top_k 0 and top_p 1.0 disable those."""
+    """How tokens are drawn from the target. temperature 0 = greedy; top_k 0 and top_p 1.0 disable those.
+
+    seed: one integer for the call (prompt b draws with ``fold_in(key(seed), b)``), or one per prompt, each in
+    [0, 2**32) (prompt b draws with ``fold_in(key(seed[b]), 0)``: its tokens then depend only on its prompt, its
+    parameters and its seed, not on the prompts beside it; a one-prompt call with seed s draws as seed=[s])."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
-    seed: int = 0
+    seed: int | tuple[int, ...] = 0
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
@@ -102,8 +106,12 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k!r}: expected an integer >= 0 (0 = disabled)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = disabled)")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r}: expected an integer")
+        if isinstance(self.seed, (list, tuple)):
+            if not self.seed or any(not isinstance(s, int) or not 0 <= s < 2 ** 32 for s in self.seed):
+                raise ValueError(f"seed={self.seed!r}: expected an integer, or one integer in [0, 2**32) per prompt")
+            object.__setattr__(self, "seed", tuple(self.seed))
+        elif not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r}: expected an integer, or one integer per prompt")
         stop = tuple(self.stop_token_ids or ())
         if any(not isinstance(t, int) or t < 0 for t in stop):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: expected non-negative integers")

@@ -168,9 +168,10 @@ class SpecEngine:
     # --- the call ----------------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
                  stop_token_ids: Sequence[int] | None = None) -> GenerateOutput:
-        """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids)."""
+        """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
+        or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``)."""
         batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
         result, run_seconds, compile_seconds = self._run(batch, params)
         token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, to_host(result.num_generated),
@@ -182,7 +183,7 @@ class SpecEngine:
         return GenerateOutput(token_ids, texts, stats)
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]], max_new_tokens: int = 128,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
              stop_token_ids: Sequence[int] | None = None, add_generation_prompt: bool = True) -> GenerateOutput:
         """Generates the reply to a conversation ([{"role": "user", "content": "..."}, ...]) or to each of a list
         of them: rendered with the checkpoint's chat_template and encoded as transformers'
@@ -200,7 +201,7 @@ class SpecEngine:
                              seed=seed, stop_token_ids=stop)
 
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
                stop_token_ids: Sequence[int] | None = None, steps_per_chunk: int = 1) -> Iterator[list[list[int]]]:
         """Like :meth:`generate`, but yields, per chunk of ``steps_per_chunk`` steps, the tokens each prompt
         gained (a list per prompt, possibly empty). The concatenated chunks equal ``generate``'s token_ids."""
@@ -224,7 +225,7 @@ class SpecEngine:
             state = generate_continue(self.params, self.drafter_params, state, inputs, chunk, setup=setup)
 
     def stream_text(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
-                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
                     stop_token_ids: Sequence[int] | None = None, steps_per_chunk: int = 1) -> Iterator[list[str]]:
         """Like :meth:`stream`, but yields the text each prompt gained (a string per prompt, possibly empty);
         the concatenated pieces equal ``generate``'s texts. Needs the checkpoint's tokenizer.json."""
@@ -249,10 +250,14 @@ class SpecEngine:
                  stop_token_ids) -> tuple[PaddedBatch, SamplingParams]:
         """Validates everything and pads the batch; nothing is compiled before this passes."""
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
-                                top_p=float(top_p), seed=seed, stop_token_ids=tuple(stop_token_ids or ()))
+                                top_p=float(top_p), seed=seed if isinstance(seed, int) else tuple(seed),
+                                stop_token_ids=tuple(stop_token_ids or ()))
         ids = self.encode(prompts)
         validate_prompts(ids, vocab_size=self.config.vocab_size, max_batch_size=self.max_batch_size,
                          max_seq_len=self.setup.max_seq_len, max_new_tokens=params.max_new_tokens)
+        if isinstance(params.seed, tuple) and len(params.seed) != len(ids):
+            raise ValueError(f"seed has {len(params.seed)} values for {len(ids)} prompts: give one per prompt "
+                             f"(or one integer)")
         batch = pad_batch(ids, max_new_tokens=params.max_new_tokens,
                           stop_ids=self.eos_token_ids + params.stop_token_ids,
                           max_batch_size=self.max_batch_size, max_seq_len=self.setup.max_seq_len,
@@ -281,12 +286,11 @@ class SpecEngine:
         per_row = (batch.prompt_ids, batch.prompt_lens, batch.max_new_tokens, batch.stop_ids, sampling)
         if self.mesh is None:
             prompt_ids, prompt_lens, max_new, stop_ids, sampling = jax.tree.map(jnp.asarray, per_row)
-            key = jax.random.key(params.seed)
         else:  # rows over "data" (every process passes the same full batch and keeps its own rows)
             rows_sharding = jax.sharding.NamedSharding(self.mesh, ROWS)
             prompt_ids, prompt_lens, max_new, stop_ids, sampling = jax.tree.map(
                 lambda a: put(a, rows_sharding), per_row)
-            key = _replicated_key(self.mesh, params.seed)
+        key = _keys(params.seed, rows, self.mesh)
         return (self.params, self.drafter_params, prompt_ids, prompt_lens, key, max_new, stop_ids, sampling)
 
     def _run(self, batch: PaddedBatch, params: SamplingParams) -> tuple[GenerateResult, float, float]:
@@ -341,7 +345,20 @@ def _shard_target(params: Any, config: ModelConfig, mesh: jax.sharding.Mesh,
     return jax.jit(prepare, out_shardings=shardings)(params), expanded_config
 
 
-def _replicated_key(mesh: jax.sharding.Mesh, seed: int) -> jax.Array:
-    """jax.random.key(seed) on every device of ``mesh`` (also across processes)."""
-    replicated_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.jit(jax.random.key, out_shardings=replicated_sharding)(np.uint32(seed))
+def _keys(seed: int | tuple[int, ...], rows: int, mesh: jax.sharding.Mesh | None) -> jax.Array:
+    """The per-row keys ``generate`` takes, key[rows]: for one seed, row b gets fold_in(key(seed), b); for one seed
+    per prompt, fold_in(key(seed[b]), 0) (padding rows: seed 0), so row b draws as a one-prompt call with seed[b]
+    (or seed=seed[b]) would. On a mesh they are split by rows (also across processes)."""
+    seeds = [seed] * rows if isinstance(seed, int) else list(seed) + [0] * (rows - len(seed))
+    data = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
+    salts = np.arange(rows, dtype=np.uint32) if isinstance(seed, int) else np.zeros((rows,), np.uint32)
+    if mesh is not None:
+        rows_sharding = jax.sharding.NamedSharding(mesh, ROWS)
+        data, salts = put(data, rows_sharding), put(salts, rows_sharding)
+    return _fold_keys(data, salts)
+
+
+@jax.jit
+def _fold_keys(key_data: jax.Array, salts: jax.Array) -> jax.Array:
+    """u32[B, ...] raw keys, u32[B] -> key[B]: fold_in(key_b, salt_b) (rows stay where their data is)."""
+    return jax.vmap(lambda data, salt: jax.random.fold_in(jax.random.wrap_key_data(data), salt))(key_data, salts)

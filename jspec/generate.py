@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jspec.commit import commit_tokens
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
-from jspec.sampling import SamplingArrays, sample_tokens
+from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, TAPS, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs, plain_step, spec_step
@@ -33,9 +33,10 @@ class GenerateResult(NamedTuple):
     accepted_hist: jax.Array  # i32[B, D + 1] steps that committed 1..D+1 tokens
 
 
-def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: StepInputs,
-            key: jax.Array, *, setup: GenerateSetup) -> DecodeState:
-    """Runs the target (then the drafter) over the prompts, samples each first token: the loop's first state."""
+def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: StepInputs, *,
+            setup: GenerateSetup) -> DecodeState:
+    """Runs the target (then the drafter) over the prompts, samples each first token (with each row's key at its
+    first new position, ``keys_at(inputs.keys, prompt_lens)``): the loop's first state."""
     batch, prompt_width = prompt_ids.shape
     cfg = setup.target
     cache = KVCache.zeros(cfg.num_layers, batch, setup.cache_slots, cfg.num_kv_heads, cfg.head_dim,
@@ -45,7 +46,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     zeros = jnp.zeros((batch,), jnp.int32)
     out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, zeros,
                                      logits_index=(prompt_lens - 1)[:, None], tap_layers=setup.tap_layers)
-    first = sample_tokens(out.logits[:, 0], inputs.sampling, key)
+    first = sample_tokens(out.logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))
     tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :prompt_width].set(prompt_ids)
     state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                         done=jnp.zeros((batch,), bool), num_steps=zeros,
@@ -73,12 +74,12 @@ def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, ke
            setup: GenerateSetup) -> tuple[Any, DecodeState, StepInputs]:
     """The start :func:`generate` and :func:`generate_start` share -> (params_t per layer, state, inputs).
 
-    Unstacks the target params, splits the key (prefill, loop), bundles the loop's inputs and prefills.
+    Unstacks the target params, derives the per-row keys (``jspec.sampling.row_keys``), bundles the loop's inputs
+    and prefills.
     """
     params_t = unstack_layers(params_t, setup.target)
-    prefill_key, loop_key = jax.random.split(key)
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, loop_key)
-    state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, prefill_key, setup=setup)
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, row_keys(key, prompt_ids.shape[0]))
+    state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup)
     return params_t, state, inputs
 
 
@@ -107,7 +108,9 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
 
     params_t: target params; params_d: drafter params (None for plain decoding); prompt_ids: i32[B, P]
     right-padded; prompt_lens: i32[B] (>= 1, prompt_lens + max_new_tokens <= setup.max_seq_len);
-    key: PRNG key; max_new_tokens: i32[B]; stop_ids: i32[B, K] (-1 padded; EOS ids belong here);
+    key: one PRNG key (row b draws with ``fold_in(key, b)``) or one per row, key[B] (a row's tokens then depend
+    only on its prompt, parameters and key, not on the rows beside it); max_new_tokens: i32[B];
+    stop_ids: i32[B, K] (-1 padded; EOS ids belong here);
     sampling: per-sequence temperature/top_k/top_p. Inputs are trusted: SpecEngine validates them.
     Target params may be stacked (as loaded) or per layer (``models.llama.unstack_layers``); pass them per layer
     to keep the per-call unstacking copy out of the program (SpecEngine does).

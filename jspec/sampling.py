@@ -14,6 +14,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.tree_verify import sample_each_node
+
 
 class SamplingArrays(NamedTuple):
     """Per-sequence sampling parameters: temperature f32[B], top_k i32[B], top_p f32[B]."""
@@ -63,10 +65,37 @@ def sampling_probs(logits: jax.Array, params: SamplingArrays) -> jax.Array:
     return jax.nn.softmax(filtered_logits(logits, params), axis=-1)
 
 
-def sample_tokens(logits: jax.Array, params: SamplingArrays, key: jax.Array) -> jax.Array:
-    """logits: f32[B, V] -> i32[B], one draw per row; the argmax when every row is greedy (no sort paid)."""
+def row_keys(key: jax.Array, batch: int) -> jax.Array:
+    """The per-row base keys key[B] of a call: a single key gives row b ``fold_in(key, b)``; an array of B keys is
+    used as it is (a caller that wants a row's tokens independent of its neighbours passes its own key per row)."""
+    if jnp.ndim(key) == 0:
+        return jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch, dtype=jnp.uint32))
+    if key.shape != (batch,):
+        raise ValueError(f"key.shape={key.shape}: expected one key or one per row ({batch},)")
+    return key
+
+
+def keys_at(keys: jax.Array, positions: jax.Array) -> jax.Array:
+    """key[B] folded with each row's own position i32[B]: a row's randomness at a step depends only on its base
+    key and where in its sequence it is, never on its slot or the loop's step count."""
+    return jax.vmap(jax.random.fold_in)(keys, positions.astype(jnp.uint32))
+
+
+def fold_rows(keys: jax.Array, data: int) -> jax.Array:
+    """key[B] each folded with the same integer (independent streams for different uses at one step)."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys)
+
+
+def sample_tokens(logits: jax.Array, params: SamplingArrays, keys: jax.Array) -> jax.Array:
+    """logits: f32[B, V], keys: key[B] -> i32[B], row b drawn with keys[b] alone; the argmax when every row is
+    greedy (no sort paid).
+
+    The draw is the verifier's own (``pallas_kernels.tree_verify.sample_each_node``: inverse CDF at the key's first
+    uniform), so a row whose tree has no drafts gets the same token whether the step verifies a tree for its
+    neighbours' sake or decodes its root alone."""
     def draw(_):
-        return jax.random.categorical(key, filtered_logits(logits, params), axis=-1).astype(jnp.int32)
+        probs = sampling_probs(logits, params)
+        return jax.vmap(lambda key, row: sample_each_node(key, row[None])[0])(keys, probs).astype(jnp.int32)
 
     def argmax(_):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)

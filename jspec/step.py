@@ -17,7 +17,7 @@ from jspec.accept import accept_tree
 from jspec.commit import commit_tokens
 from jspec.drafters.base import CommitContext
 from jspec.kv_cache import commit_path
-from jspec.sampling import SamplingArrays, sample_tokens
+from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
 from jspec.generate_setup import GenerateSetup
 from jspec.state import DecodeState
@@ -29,7 +29,8 @@ class StepInputs(NamedTuple):
     max_new_tokens: jax.Array  # i32[B]
     stop_ids: jax.Array        # i32[B, K], -1 padded
     sampling: SamplingArrays
-    key: jax.Array             # the loop's base key; step keys are fold_in(key, step)
+    keys: jax.Array            # key[B] each row's base key; a step's key is keys_at(keys, seq_len): the row's own
+                               # position, never its slot or the loop's step count
 
 
 def last_tokens(state: DecodeState) -> jax.Array:
@@ -40,8 +41,8 @@ def last_tokens(state: DecodeState) -> jax.Array:
 def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
     """Runs the target on each sequence's last token, samples the next one, commits it."""
     del params_d
-    key = jax.random.fold_in(inputs.key, state.step)
-    out, next_token = decode_one(params_t, state, last_tokens(state), inputs, key, setup=setup)
+    keys = keys_at(inputs.keys, state.seq_len)
+    out, next_token = decode_one(params_t, state, last_tokens(state), inputs, keys, setup=setup)
     # A done sequence's cache_len is frozen, so its rewrite of slot cache_len harms nothing.
     state = state._replace(cache=out.cache)
     state, _ = commit_tokens(state, next_token[:, None], jnp.ones_like(state.cache_len), inputs.max_new_tokens,
@@ -49,14 +50,14 @@ def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, se
     return state._replace(step=state.step + 1)
 
 
-def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInputs, key: jax.Array, *,
+def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInputs, keys: jax.Array, *,
                setup: GenerateSetup):
     """The target on one token per sequence (token i32[B], written at slot cache_len) -> (its DecoderOutput,
     the next token i32[B] sampled from the target's distribution)."""
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, token[:, None], cache_len[:, None], state.cache,
                                      cache_len, tap_layers=setup.tap_layers)
-    return out, sample_tokens(out.logits[:, 0], inputs.sampling, key)
+    return out, sample_tokens(out.logits[:, 0], inputs.sampling, keys)
 
 
 def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]:
@@ -76,24 +77,24 @@ def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
     would; this step then commits one token per sequence.
     """
     drafter, cache_len = setup.drafter, state.cache_len
-    step_key = jax.random.fold_in(inputs.key, state.step)
+    step_keys = keys_at(inputs.keys, state.seq_len)
     draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len,
-                                        sampling=inputs.sampling, key=jax.random.fold_in(step_key, 1))
-    verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, key=step_key)
+                                        sampling=inputs.sampling, key=fold_rows(step_keys, 1))
+    verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
     if tree.drafted is None or setup.force_accept is not None:
         return verify(state, draft_state, tree)
-    root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, key=step_key)
+    root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
     speculate = jnp.any(tree.drafted & ~state.done)
     return jax.lax.cond(speculate, verify, root_only, state, draft_state, tree)
 
 
 def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, inputs: StepInputs,
-                 setup: GenerateSetup, key: jax.Array) -> DecodeState:
+                 setup: GenerateSetup, keys: jax.Array) -> DecodeState:
     """The target over all T tree nodes, acceptance, then commit of tokens, the drafter's state and the K/V."""
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, tree.tokens, tree.positions, state.cache, cache_len,
                                      local_mask=tree.mask, tap_layers=setup.tap_layers)
-    verified = accept_tree(tree, out.logits, inputs.sampling, key,
+    verified = accept_tree(tree, out.logits, inputs.sampling, keys,
                            max_depth=setup.spec.max_depth, force_accept=setup.force_accept)
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
@@ -106,12 +107,12 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
 
 
 def _decode_root(params_t, params_d, state: DecodeState, draft_state, tree, *, inputs: StepInputs,
-                 setup: GenerateSetup, key: jax.Array) -> DecodeState:
+                 setup: GenerateSetup, keys: jax.Array) -> DecodeState:
     """No drafts to verify: the target runs on the root (node 0) only and samples the next token from its own
     distribution; the drafter commits it as a step that accepted nothing. Buffers keep the verify path's shapes."""
     cache_len = state.cache_len
     batch, num_nodes = tree.tokens.shape
-    out, token = decode_one(params_t, state, tree.tokens[:, 0], inputs, key, setup=setup)
+    out, token = decode_one(params_t, state, tree.tokens[:, 0], inputs, keys, setup=setup)
     width = setup.tokens_per_step
     new_tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(token)
     state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,

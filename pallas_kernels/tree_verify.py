@@ -102,7 +102,7 @@ def verify_tree_sampling(candidates: jax.Array, retrieve_next_token: jax.Array, 
     Args:
       candidates: i32[B, T]; retrieve_next_token, retrieve_next_sibling: i32[B, T] (-1 where none).
       target_probs: f32[B, T, V], the target's distribution at each node after temperature/top-k/top-p.
-      key: a PRNG key.
+      key: a PRNG key, or one per row (key[B]: row b's draws then use key[b] alone).
       num_steps: the most draft tokens to accept.
       draft_probs: f32[B, T, V] or None. draft_probs[b, i] is the distribution q that node i's children were
         drawn from, i.i.d.; None for deterministic drafts (top-k trees).
@@ -117,10 +117,15 @@ def verify_tree_sampling(candidates: jax.Array, retrieve_next_token: jax.Array, 
         _check_shape("draft_probs", draft_probs, target_probs.shape)
     kind = resolve_impl(impl)
     if draft_probs is None:
-        target_predict = sample_each_node(key, target_probs)
+        target_predict = (sample_each_node(key, target_probs) if jnp.ndim(key) == 0
+                          else jax.vmap(sample_each_node)(key, target_probs))
         return _verify_greedy(kind, candidates, retrieve_next_token, retrieve_next_sibling, target_predict,
                               num_steps=num_steps)
-    accept_uniform, final_noise = _rejection_noise(key, target_probs.shape)
+    if jnp.ndim(key) == 0:
+        accept_uniform, final_noise = _rejection_noise(key, target_probs.shape)
+    else:  # per row: one row's noise, [1, T] and [1, V], from its own key
+        accept_uniform, final_noise = jax.vmap(lambda k: _rejection_noise(k, (1,) + target_probs.shape[1:]))(key)
+        accept_uniform, final_noise = accept_uniform[:, 0], final_noise[:, 0]
     args = (candidates, retrieve_next_token, retrieve_next_sibling, target_probs, draft_probs, accept_uniform,
             final_noise)
     if kind is Impl.REFERENCE:

@@ -5,7 +5,8 @@ Inside the jitted loop a drafter is a frozen (hashable, static) object plus an e
 - ``prefill(params_t, params_d, ctx: PrefillContext) -> state``: after the target's prefill.
 - ``propose(params_t, params_d, state, root, cache_len, *, sampling=None, key=None) -> (state, DraftTree)``:
   draft a tree whose node 0 is ``root`` (the last committed token, position ``cache_len``). ``sampling`` (the
-  request's per-sequence SamplingArrays) and ``key`` (a fresh PRNG key per step) let a drafter draw its drafts
+  request's per-sequence SamplingArrays) and ``key`` (fresh PRNG keys per step, one per row: key[B]; a row must
+  draw with its own key only, so its tokens never depend on its neighbours) let a drafter draw its drafts
   from its own distribution; it then reports, per node, the distribution the node's children were drawn from
   (``DraftTree.draft_probs``) and verification runs recursive rejection sampling. A drafter whose drafts are a
   function of the prefix (top-k trees, n-gram lookup) ignores both and leaves ``draft_probs`` None. A drafter

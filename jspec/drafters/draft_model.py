@@ -139,8 +139,9 @@ class DraftModelDrafter(DrafterBase):
 def _sampled_expand(sampling: SamplingArrays):
     """tree_search expansion drawing each node's k children i.i.d. from q; records q in the carry.
 
-    carry = (cache, key, draft_probs f32[B, T, V]). Rows at temperature 0 take the top-k and record a uniform q
-    (the rejection walk then accepts exactly the target's argmax); when every row is greedy nothing is drawn.
+    carry = (cache, key[B] one per row, draft_probs f32[B, T, V]). Rows at temperature 0 take the top-k and record a
+    uniform q (the rejection walk then accepts exactly the target's argmax); when every row is greedy nothing is
+    drawn.
     """
     def expand(carry, logits: jax.Array, nodes: np.ndarray, k: int):
         cache, key, draft_probs = carry
@@ -150,8 +151,10 @@ def _sampled_expand(sampling: SamplingArrays):
 
         def draw(_):
             q = sampling_probs(logits, sampling)                          # [B, n, V]
-            draws = jax.random.categorical(jax.random.fold_in(key, int(nodes[0])), jnp.log(q), axis=-1,
-                                           shape=(k,) + q.shape[:-1])   # [k, B, n]
+            node_keys = jax.vmap(lambda row_key: jax.random.fold_in(row_key, int(nodes[0])))(key)  # per row
+            draws = jax.vmap(lambda row_key, row_q: jax.random.categorical(
+                row_key, jnp.log(row_q), axis=-1, shape=(k,) + row_q.shape[:-1]), out_axes=1)(node_keys, q)
+            # draws: [k, B, n]
             sampled = (sampling.temperature > 0.0)[:, None, None]
             return (jnp.where(sampled, jnp.moveaxis(draws, 0, -1), top).astype(jnp.int32),
                     jnp.where(sampled, q, uniform))

@@ -15,7 +15,7 @@ import jspec
 from jspec.drafters.ngram import NgramDrafter, find_continuations
 from jspec.generate import generate_start
 from jspec.step import spec_step
-from jspec.sampling import SamplingArrays
+from jspec.sampling import SamplingArrays, row_keys
 from models.attention import KVCache
 from models.llama import LlamaModel, init_params
 from tests import spec_fixtures as fx
@@ -189,7 +189,7 @@ def test_root_only_step_samples_the_target_distribution():
     first = int(state.tokens[0, 1])
     assert first != prompt[0] and bool(jnp.all(state.tokens[:, 1] == first))
     hot = inputs._replace(sampling=SamplingArrays(jnp.ones((rows,)), jnp.zeros((rows,), jnp.int32),
-                                                  jnp.ones((rows,))), key=jax.random.key(7))
+                                                  jnp.ones((rows,))), keys=row_keys(jax.random.key(7), rows))
     after = jax.jit(functools.partial(spec_step, setup=engine.setup))(engine.params, {}, state, hot)
     nodes = slice(2, 1 + engine.setup.spec.tree_size)
     assert all(bool(jnp.array_equal(b[:, nodes], a[:, nodes])) for b, a in zip(state.cache.k, after.cache.k))

@@ -153,6 +153,25 @@ def test_sampling_kernel_matches_reference(impl, batch, num_nodes, num_steps, vo
                                   verify_tree_sampling(*args, impl="reference", **kwargs))
 
 
+@pytest.mark.parametrize("impl", ["reference", "interpret"])
+def test_per_row_keys_make_each_row_independent_of_the_others(impl):
+    """key[B]: row b's result is the one-row call's with key[b], whatever the other rows hold."""
+    rng = np.random.default_rng(7)
+    batch, num_nodes, vocab = 3, 6, 33
+    _, candidates, next_token, next_sibling, _ = greedy_inputs(rng, batch, num_nodes, "random", vocab=vocab)
+    target, draft = (random_probs(k, (batch, num_nodes, vocab)) for k in jax.random.split(jax.random.key(3)))
+    keys = jax.random.split(jax.random.key(11), batch)
+    for draft_probs in (None, draft):
+        together = verify_tree_sampling(candidates, next_token, next_sibling, target, keys, num_steps=3,
+                                        draft_probs=draft_probs, impl=impl)
+        for b in range(batch):
+            alone = verify_tree_sampling(candidates[b:b + 1], next_token[b:b + 1], next_sibling[b:b + 1],
+                                         target[b:b + 1], keys[b:b + 1], num_steps=3,
+                                         draft_probs=None if draft_probs is None else draft_probs[b:b + 1],
+                                         impl=impl)
+            assert_verified_equal(jax.tree.map(lambda x: x[b:b + 1], together), alone)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Sampling: lossless
 # ----------------------------------------------------------------------------------------------------------------
