@@ -6,6 +6,7 @@ import argparse
 import os
 import shutil
 import tempfile
+import time
 
 from jspec.tools.interrupt import on_interrupt
 
@@ -21,12 +22,21 @@ def add_convert_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
 
 
-def _remove_tree(path: str) -> None:
-    """Removes ``path``, trying again while another thread (orbax's writers) still adds files to it."""
-    for _ in range(5):
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.exists(path):
+def _remove_tree(path: str, settle_seconds: float = 0.3, limit_seconds: float = 3.0) -> None:
+    """Removes ``path`` and keeps removing it until it has stayed gone for ``settle_seconds``: orbax's background
+    writer may still be finishing a leaf (creating or renaming directories in it) when Ctrl-C arrives. Gives up
+    after ``limit_seconds`` so that an interrupt still exits promptly."""
+    deadline = time.monotonic() + limit_seconds
+    gone_since = None
+    while time.monotonic() < deadline:
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since >= settle_seconds:
             return
+        time.sleep(0.02)
 
 
 def run_convert(args: argparse.Namespace) -> int:
