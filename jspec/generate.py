@@ -21,7 +21,7 @@ from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, TAPS, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState
-from jspec.step import StepInputs, plain_step, spec_step
+from jspec.step import StepInputs, plain_step, root_step, spec_step
 from models.attention import KVCache
 from models.llama import unstack_layers
 
@@ -84,15 +84,18 @@ def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, ke
 
 
 def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup,
-             max_steps: jax.Array | None = None) -> DecodeState:
-    """Steps until every sequence is done (or ``max_steps`` more iterations ran, for streaming chunks)."""
+             max_steps: jax.Array | None = None, speculate: bool = True) -> DecodeState:
+    """Steps until every sequence is done (or ``max_steps`` more iterations ran, for streaming chunks).
+
+    speculate=False (with a drafter) steps with :func:`jspec.step.root_step`: plain decoding that keeps the
+    drafter's state current, so a later speculative chunk can continue from it."""
     stop_at = None if max_steps is None else state.step + max_steps
 
     def cond(s: DecodeState) -> jax.Array:
         going = jnp.any(~s.done)
         return going if stop_at is None else going & (s.step < stop_at)
 
-    step = plain_step if setup.drafter is None else spec_step
+    step = plain_step if setup.drafter is None else spec_step if speculate else root_step
 
     def body(s: DecodeState) -> DecodeState:
         return shard_state(step(params_t, params_d, s, inputs=inputs, setup=setup))

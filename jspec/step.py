@@ -110,16 +110,37 @@ def _decode_root(params_t, params_d, state: DecodeState, draft_state, tree, *, i
                  setup: GenerateSetup, keys: jax.Array) -> DecodeState:
     """No drafts to verify: the target runs on the root (node 0) only and samples the next token from its own
     distribution; the drafter commits it as a step that accepted nothing. Buffers keep the verify path's shapes."""
+    return _root_and_commit(params_t, params_d, state, draft_state, tree.tokens[:, 0], tree.tokens.shape[1],
+                            inputs=inputs, setup=setup, keys=keys)
+
+
+def root_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
+    """Plain decoding that keeps the drafter's state current: the target decodes each sequence's last token and
+    the drafter commits it (one narrow drafter forward; no proposal, no T-token verify pass).
+
+    The server switches to this step under load (``jspec.serve.adapt``) and back: a drafter's ``commit`` rewrites
+    its window from the committed tokens (the "extend"), so it never needs a preceding ``propose``. The token
+    drawn is the target's own (as in plain decoding), so greedy output is unchanged.
+    """
+    keys = keys_at(inputs.keys, state.seq_len)
+    return _root_and_commit(params_t, params_d, state, state.draft, last_tokens(state), 1, inputs=inputs,
+                            setup=setup, keys=keys)
+
+
+def _root_and_commit(params_t, params_d, state: DecodeState, draft_state, root: jax.Array, num_nodes: int, *,
+                     inputs: StepInputs, setup: GenerateSetup, keys: jax.Array) -> DecodeState:
+    """The target on root i32[B] alone, one token committed per sequence, and the drafter's commit of it (taps
+    padded to ``num_nodes`` rows: the drafter reads node 0's only)."""
     cache_len = state.cache_len
-    batch, num_nodes = tree.tokens.shape
-    out, token = decode_one(params_t, state, tree.tokens[:, 0], inputs, keys, setup=setup)
+    batch = root.shape[0]
+    out, token = decode_one(params_t, state, root, inputs, keys, setup=setup)
     width = setup.tokens_per_step
     new_tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(token)
     state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
     taps = constrain(out.taps, TAPS)
-    if taps is not None:  # the drafter reads node 0's row only
+    if taps is not None and num_nodes > 1:
         taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
                                        CommitContext(new_tokens, committed, accept_index, taps, cache_len))

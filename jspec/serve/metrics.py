@@ -1,0 +1,38 @@
+"""The server's Prometheus metrics (prometheus_client), in a registry of their own per server.
+
+Names follow vLLM's (``vllm:`` -> ``jspec:``), so existing dashboards carry over with a rename.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0)
+
+
+class ServeMetrics:
+    """Counters the slot engine updates; ``render()`` is the /metrics body."""
+
+    def __init__(self, tokens_per_step: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("jspec:num_requests_running", "Requests in a slot", registry=r)
+        self.waiting = Gauge("jspec:num_requests_waiting", "Requests waiting for a slot", registry=r)
+        self.prompt_tokens = Counter("jspec:prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter("jspec:generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("jspec:request_success", "Finished requests", ["finished_reason"], registry=r)
+        self.acceptance_length = Histogram(
+            "jspec:acceptance_length", "Tokens committed per verify step of a running request",
+            buckets=tuple(float(n) for n in range(1, tokens_per_step + 1)), registry=r)
+        self.time_to_first_token = Histogram("jspec:time_to_first_token_seconds",
+                                             "From arrival to the first token", buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "jspec:inter_token_latency_seconds", "A chunk's seconds over the tokens a request gained in it",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_seconds = Histogram("jspec:step_seconds", "Seconds per step of a chunk, by step program",
+                                      ["program"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.chunks = Counter("jspec:chunks", "Chunks run, by step program", ["program"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

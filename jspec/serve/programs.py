@@ -1,0 +1,106 @@
+"""The server's jitted programs over a decode state of ``max_batch_size`` slots (every shape fixed at start-up).
+
+- :func:`idle_slots`: the state every slot starts in (a finished one-token row per slot).
+- :func:`admit`: prefill one request and write its row (K/V, drafter state, tokens, per-slot parameters and key)
+  into a free slot; the slot state is donated, so the write is in place. One program per prompt-width bucket.
+- :func:`run_chunk`: finish the slots named in ``cancel``, then up to ``max_steps`` steps of the loop
+  ``jspec.generate`` runs (the same step functions; no second implementation), over all slots; finished and idle
+  slots are frozen (``done``). One program per step kind: speculative, or plain with drafter upkeep
+  (``jspec.step.root_step``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.generate import prefill, run_loop, shard_state
+from jspec.generate_setup import GenerateSetup
+from jspec.sampling import SamplingArrays
+from jspec.sharding import traced_on
+from jspec.state import DecodeState
+from jspec.step import StepInputs
+
+
+def _start_state(params_t, params_d, prompt_ids, prompt_lens, keys, max_new_tokens, stop_ids, sampling, *,
+                 setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys)
+    return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup), inputs
+
+
+@functools.partial(jax.jit, static_argnames=("setup", "num_slots", "num_stop_ids"))
+def idle_slots(params_t, params_d, *, setup: GenerateSetup, num_slots: int,
+               num_stop_ids: int) -> tuple[DecodeState, StepInputs]:
+    """-> (state, inputs) of ``num_slots`` finished slots: each prefilled with token 0 and a budget of one token,
+    so every leaf (the drafter's state included) has the shape and kind :func:`admit` writes into."""
+    ones = jnp.ones((num_slots,), jnp.int32)
+    sampling = SamplingArrays(jnp.zeros((num_slots,), jnp.float32), jnp.zeros((num_slots,), jnp.int32),
+                              jnp.ones((num_slots,), jnp.float32))
+    keys = jax.vmap(jax.random.key)(jnp.zeros((num_slots,), jnp.uint32))
+    with traced_on(setup.mesh):
+        return _start_state(params_t, params_d, jnp.zeros((num_slots, 1), jnp.int32), ones, keys, ones,
+                            jnp.full((num_slots, num_stop_ids), -1, jnp.int32), sampling, setup=setup)
+
+
+def _batch_axes(setup: GenerateSetup, params_t, params_d, num_stop_ids: int) -> Any:
+    """The row axis of every leaf of (state, inputs), found by comparing the shapes of 1- and 2-slot states at
+    trace time (the drafter's state keeps rows where it likes, e.g. behind a layer axis); None for leaves without
+    rows (the loop's step counter)."""
+    one, two = (jax.eval_shape(functools.partial(idle_slots, setup=setup, num_slots=n, num_stop_ids=num_stop_ids),
+                               params_t, params_d) for n in (1, 2))
+
+    def axis(a, b):
+        differ = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+        return differ[0] if differ else None
+
+    return jax.tree.map(axis, one, two)
+
+
+@functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state", "inputs"))
+def admit(params_t, params_d, state: DecodeState, inputs: StepInputs, prompt_ids: jax.Array, prompt_len: jax.Array,
+          key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
+          slot: jax.Array, *, setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
+    """Prefills one request and writes it into ``slot`` (the slot state is donated).
+
+    prompt_ids: i32[1, P] right-padded (P a width bucket); prompt_len, max_new_tokens: i32[1]; key_data: u32[1, ...] the
+    raw data of the request's own key (:func:`host_key`); stop_ids: i32[1, K] -1 padded (K the slots' width); sampling: [1] each;
+    slot: i32[] a free slot. The new row's first token is committed by the prefill, as in ``generate``.
+    """
+    num_stop_ids = inputs.stop_ids.shape[1]
+    axes = _batch_axes(setup, params_t, params_d, num_stop_ids)
+    with traced_on(setup.mesh):
+        key = jax.random.wrap_key_data(key_data)
+        row_state, row_inputs = _start_state(params_t, params_d, prompt_ids, prompt_len, key, max_new_tokens,
+                                             stop_ids, sampling, setup=setup)
+
+        def write(axis, whole, row):
+            if axis is None:
+                return whole
+            return jax.lax.dynamic_update_slice_in_dim(whole, row.astype(whole.dtype), slot, axis)
+
+        row_state = row_state._replace(step=state.step)
+        state = jax.tree.map(write, axes[0], state, row_state, is_leaf=lambda x: x is None)
+        inputs = jax.tree.map(write, axes[1], inputs, row_inputs, is_leaf=lambda x: x is None)
+        return shard_state(state), inputs
+
+
+@functools.partial(jax.jit, static_argnames=("setup", "speculate"), donate_argnames=("state",))
+def run_chunk(params_t, params_d, state: DecodeState, inputs: StepInputs, cancel: jax.Array, max_steps: jax.Array,
+              *, setup: GenerateSetup, speculate: bool = True) -> DecodeState:
+    """Finishes the slots where ``cancel`` (bool[B]) is set, then runs at most ``max_steps`` (i32[]) steps over
+    all slots (until every slot is done): speculative steps, or with ``speculate=False`` plain steps that keep the
+    drafter current (``jspec.step.root_step``). Plain servers (no drafter) ignore ``speculate``."""
+    with traced_on(setup.mesh):
+        state = state._replace(done=state.done | cancel)
+        return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps, speculate=speculate)
+
+
+def host_key(seed: int) -> np.ndarray:
+    """The raw key data (u32[1, ...]) of a request with ``seed``: fold_in(key(seed), 0), as
+    ``SpecEngine.generate([prompt], seed=[seed])`` draws."""
+    key = jax.random.fold_in(jax.random.key(seed), 0)
+    return np.asarray(jax.random.key_data(key))[None]
