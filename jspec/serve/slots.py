@@ -292,7 +292,7 @@ class SlotEngine:
 
     def _chunk(self) -> None:
         cancel = np.array([slot is not None and slot.request.cancelled is not None for slot in self._slots])
-        speculate = self.speculative and (self.adapter.choose() if self.adapter is not None else True)
+        speculate = self.adapter.choose() if self.adapter is not None else True  # a plain server's one program
         start = time.perf_counter()
         step_before = int(self._state.step)
         self._state = self._compiled[("chunk", speculate)](
@@ -300,7 +300,7 @@ class SlotEngine:
             self._steps_arg())
         steps = int(self._state.step) - step_before
         seconds = time.perf_counter() - start
-        program = "speculative" if speculate else "plain"
+        program = "speculative" if self.speculative and speculate else "plain"
         self.metrics.chunks.labels(program).inc()
         if steps:
             self.metrics.step_seconds.labels(program).observe(seconds / steps)
@@ -347,7 +347,7 @@ class SlotEngine:
             if new or reason is not None:
                 _safe_sink(request, new, reason)
         if speculated is not None and self.adapter is not None:
-            self.adapter.observe(speculated, chunk_tokens, chunk_steps)
+            self.adapter.observe(speculated and self.speculative, chunk_tokens, chunk_steps)
         self.metrics.running.set(self.num_running)
 
     # --- helpers ------------------------------------------------------------------------------------------------

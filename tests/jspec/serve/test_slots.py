@@ -1,0 +1,204 @@
+"""The slot engine (continuous batching) against the offline engine: every request returns exactly what
+``SpecEngine.generate([prompt], seed=[seed])`` returns alone, whatever else is running, for plain decoding and
+every drafter; load adaptation switches step programs without changing greedy output; a cancelled request frees
+its slot within one chunk; nothing compiles after warm-up."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import pytest
+
+import jspec
+from jspec.drafters.draft_model import DraftModelDrafter
+from jspec.drafters.ngram import NgramDrafter
+from jspec.serve.adapt import CostTable, LoadAdapter
+from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
+from tests import spec_fixtures as fx
+
+# mixed lengths (two width buckets) and budgets; more requests than slots, so some wait for a free one
+PROMPTS = [[3, 9, 27, 17, 51], [1, 2, 3, 4, 5, 6, 7], [60, 61, 62], [5] * 11, [8, 13, 21, 34, 55, 1, 2, 3] * 3,
+           [40], [7, 7, 9, 9, 11, 11]]
+BUDGETS = [30, 12, 41, 25, 7, 33, 19]
+
+
+@pytest.fixture(scope="module")
+def params_t():
+    return fx.near_bigram_target()
+
+
+def make_engine(params_t, name: str) -> jspec.SpecEngine:
+    if name == "plain":
+        return fx.plain_engine(params_t)
+    if name == "eagle3-dynamic":
+        return fx.spec_engine(params_t, fx.random_head(), "dynamic")
+    if name == "eagle3-chain":
+        return fx.spec_engine(params_t, fx.random_head(), "chain")
+    if name == "draft-model":
+        return jspec.SpecEngine(fx.TARGET, params_t, drafter=DraftModelDrafter(
+            fx.TARGET, fx.TARGET, fx.SPECS["chain"], fx.MAX_SEQ_LEN), drafter_params=params_t, max_batch_size=4,
+            max_seq_len=fx.MAX_SEQ_LEN)
+    return jspec.SpecEngine(fx.TARGET, params_t, drafter=NgramDrafter(fx.SPECS["chain"], fx.MAX_SEQ_LEN),
+                            drafter_params={}, max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN)
+
+
+class Collector:
+    """A request's sink: gathers its tokens and finish reason, and says when it finished."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.reason: str | None = None
+        self.finished = threading.Event()
+
+    def __call__(self, tokens, reason):
+        self.tokens += tokens
+        if reason is not None:
+            self.reason = reason
+            self.finished.set()
+
+
+def serve_all(slots: SlotEngine, requests: list[dict]) -> list[Collector]:
+    """Submits every request at once and waits for all of them (bounded)."""
+    sinks = [Collector() for _ in requests]
+    for sink, kwargs in zip(sinks, requests):
+        slots.submit(Request(sink=sink, **kwargs))
+    for sink in sinks:
+        assert sink.finished.wait(120), "a request did not finish"
+    return sinks
+
+
+def started(engine, **kwargs) -> SlotEngine:
+    slots = SlotEngine(engine, **kwargs)
+    slots.warm_up(PROMPTS[0])
+    slots.start()
+    return slots
+
+
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "eagle3-chain", "draft-model", "ngram"])
+def test_every_request_equals_generate_alone_greedy(params_t, name):
+    engine = make_engine(params_t, name)
+    slots = started(engine, steps_per_chunk=3)
+    try:
+        sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n, seed=i)
+                                  for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))])
+    finally:
+        slots.shutdown(10)
+    for prompt, budget, sink in zip(PROMPTS, BUDGETS, sinks):
+        alone = engine.generate([prompt], max_new_tokens=budget).token_ids[0]
+        assert sink.tokens == alone, (name, prompt)
+        stopped = alone[-1] in engine.eos_token_ids
+        assert sink.reason == ("stop" if stopped else "length")
+
+
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model"])
+def test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd(params_t, name):
+    """With one step program (adapt=False): the request's key is its seed's, and each step draws at its own
+    positions, so neither its slot nor its neighbours change its tokens."""
+    engine = make_engine(params_t, name)
+    slots = started(engine, adapt=False, steps_per_chunk=2)
+    mine = dict(prompt_ids=PROMPTS[0], max_tokens=40, temperature=0.8, seed=7)
+    try:
+        alone = serve_all(slots, [mine])[0].tokens
+        crowd = [dict(prompt_ids=p, max_tokens=n, temperature=1.0, top_k=5, seed=100 + i)
+                 for i, (p, n) in enumerate(zip(PROMPTS[1:], BUDGETS[1:]))]
+        among = serve_all(slots, crowd[:2] + [mine] + crowd[2:])[2].tokens
+    finally:
+        slots.shutdown(10)
+    assert among == alone
+    assert alone == engine.generate([PROMPTS[0]], max_new_tokens=40, temperature=0.8, seed=[7]).token_ids[0]
+
+
+class AlwaysPlain(LoadAdapter):
+    """Chooses the plain program except on probes, to exercise switching."""
+
+    def __init__(self):
+        super().__init__(CostTable(spec_step_seconds=1.0, plain_step_seconds=0.01), acceptance=1.0, probe_every=3)
+
+
+def test_switching_between_step_programs_keeps_greedy_output(params_t):
+    engine = make_engine(params_t, "eagle3-dynamic")
+    slots = started(engine, steps_per_chunk=2)
+    slots.adapter = AlwaysPlain()
+    try:
+        sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n) for p, n in zip(PROMPTS, BUDGETS)])
+    finally:
+        slots.shutdown(10)
+    for prompt, budget, sink in zip(PROMPTS, BUDGETS, sinks):
+        assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0]
+    body = slots.metrics.render().decode()
+    assert 'jspec:chunks_total{program="plain"}' in body and 'jspec:chunks_total{program="speculative"}' in body
+
+
+def test_nothing_compiles_after_warm_up(params_t):
+    engine = make_engine(params_t, "eagle3-dynamic")
+    slots = started(engine)
+    compiled = slots.num_compiled
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if "backend_compile" in event:
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        serve_all(slots, [dict(prompt_ids=p, max_tokens=n, temperature=0.7 * (i % 2), seed=i)
+                          for i, (p, n) in enumerate(zip(PROMPTS * 2, BUDGETS * 2))])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+        slots.shutdown(10)
+    assert compiles == [] and slots.num_compiled == compiled
+
+
+def test_a_cancelled_request_frees_its_slot_and_the_queue_is_bounded(params_t):
+    engine = make_engine(params_t, "plain")
+    slots = SlotEngine(engine, max_queue=1, steps_per_chunk=1)
+    with pytest.raises(NotAccepting):
+        slots.submit(Request([1, 2], 4, Collector()))  # not warm yet
+    slots.warm_up()
+    running = slots.submit(Request([1, 2, 3], 120, Collector()))
+    with pytest.raises(QueueFull):  # the scheduler has not started: the first one still waits
+        slots.submit(Request([1, 2, 3], 120, Collector()))
+    slots.start()
+    try:
+        assert _wait_until(lambda: slots.num_running == 1 and running.sink.tokens)
+        running.cancel()
+        assert running.sink.finished.wait(30) and running.sink.reason == "abort"
+        assert len(running.sink.tokens) < 120
+        assert _wait_until(lambda: slots.num_running == 0)
+    finally:
+        slots.shutdown(10)
+    with pytest.raises(NotAccepting):
+        slots.submit(Request([1, 2], 4, Collector()))  # shut down
+
+
+def _wait_until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_check_names_the_bad_value(params_t):
+    slots = SlotEngine(make_engine(params_t, "plain"), max_seq_len=64)
+    cases = [(Request([], 4, Collector()), "empty"), (Request([1, 64], 4, Collector()), "64"),
+             (Request([1], 0, Collector()), "max_tokens=0"), (Request([1] * 60, 8, Collector()), "context of 64"),
+             (Request([1], 4, Collector(), seed=-1), "seed=-1"),
+             (Request([1], 4, Collector(), stop_token_ids=tuple(range(20))), "stop_token_ids")]
+    for request, words in cases:
+        with pytest.raises(ValueError, match=words):
+            slots.check(request)
+
+
+def test_the_adapter_picks_the_faster_program_and_probes():
+    costs = CostTable(spec_step_seconds=0.03, plain_step_seconds=0.01)
+    adapter = LoadAdapter(costs, acceptance=4.0, probe_every=4)
+    assert adapter.choose()  # 4 / 0.03 > 1 / 0.01
+    adapter.observe(True, tokens=20, steps=20)  # acceptance 1: speculation no longer pays
+    while adapter.acceptance > 2.5:
+        adapter.observe(True, tokens=10, steps=10)
+    choices = [adapter.choose() for _ in range(8)]
+    assert choices == [False, False, False, True] * 2  # plain, with a speculative probe every 4th chunk
