@@ -2,6 +2,7 @@
 
     jspec generate [PROMPT ...]   speculative generation, streamed for one prompt, timed against plain decoding
     jspec convert --src HF_DIR --dst OUT_DIR
+    jspec serve                   an OpenAI-compatible HTTP server (continuous batching; SIGTERM drains)
     jspec bench ...               every argument goes to jspec.tools.bench.main
     jspec train-target ...        jspec.train.commands.train_target_main (same as scripts/train_target.py)
     jspec train-drafter ...       jspec.train.commands.train_drafter_main (same as scripts/train_drafter.py)
@@ -26,6 +27,7 @@ from jspec.tools.compile_cache import compile_cache_dir, persistent_compile_cach
 from jspec.tools.convert_cmd import add_convert_args, run_convert
 from jspec.tools.generate_cmd import add_generate_args, run_generate
 from jspec.tools.interrupt import exit_on_interrupt
+from jspec.tools.serve_cmd import add_serve_args, run_serve
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
 
@@ -70,7 +72,7 @@ FORWARDED = {
 
 # Commands whose programs go to the compilation cache: not bench, which reports compile seconds as a measurement,
 # nor convert, which compiles next to nothing.
-CACHED_COMMANDS = ("generate", "train-target", "train-drafter")
+CACHED_COMMANDS = ("generate", "serve", "train-target", "train-drafter")
 COMMON_FLAGS = {
     "--debug": "show tracebacks",
     "--no-compile-cache": "compile every program afresh instead of reusing them from $JSPEC_HOME/compile-cache",
@@ -92,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=HelpFormatter)
     add_convert_args(conv)
     conv.set_defaults(func=run_convert)
+    serve = sub.add_parser("serve", parents=[common], help="serve the model over HTTP (OpenAI's API)",
+                           formatter_class=HelpFormatter,
+                           description="An OpenAI-compatible server: POST /v1/completions, /v1/chat/completions; "
+                                       "GET /v1/models, /health, /metrics.")
+    add_serve_args(serve)
+    serve.set_defaults(func=run_serve)
     for name, (run, help_text) in FORWARDED.items():
         forwarded = sub.add_parser(name, parents=[common], help=help_text, add_help=False, allow_abbrev=False)
         forwarded.set_defaults(func=run)

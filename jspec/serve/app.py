@@ -1,0 +1,227 @@
+"""The HTTP layer: a FastAPI app that translates OpenAI's completions and chat completions into slot-engine
+requests and their tokens back into OpenAI's responses (JSON, or server-sent events when ``stream`` is true).
+
+    POST /v1/completions        POST /v1/chat/completions     GET /v1/models
+    GET  /health (200 once warm, 503 before)                  GET /metrics (Prometheus)
+
+Threads: a request's sink runs on the scheduler thread and hands (tokens, finish_reason) to the event loop with
+``loop.call_soon_threadsafe``; everything else runs on the loop. A client that goes away (a closed stream, or a
+dropped connection while a non-streamed answer is pending) cancels its request, which frees its slot within one
+chunk. Errors are OpenAI's shape (:class:`jspec.serve.protocol.APIError`): 400 for what the client sent, 503 with
+Retry-After when the queue is full or the server is shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from jspec.detokenize import TextStream
+from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, parse_chat, parse_completion
+from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
+from jspec.serve.stop_strings import StopMatcher
+
+logger = logging.getLogger("jspec.serve")
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DISCONNECT_POLL_SECONDS = 0.25  # how often a pending non-streamed answer checks that its client is still there
+RETRY_AFTER_SECONDS = 1
+
+
+def create_app(slots: SlotEngine, served_model_name: str) -> FastAPI:
+    """The app serving ``slots`` (started, or warming up: /health says which) as ``served_model_name``."""
+    engine = slots.engine
+    model = ModelInfo(name=served_model_name, tokenizer=engine.tokenizer,
+                      chat_template=getattr(engine, "chat_template", None), max_seq_len=slots.max_seq_len,
+                      vocab_size=engine.config.vocab_size)
+    app = FastAPI(title="jspec", docs_url=None, redoc_url=None, openapi_url=None)
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(_: HTTPRequest, error: APIError) -> JSONResponse:
+        headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: HTTPRequest, error: HTTPException) -> JSONResponse:  # 404, 405 in OpenAI's shape
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(APIError(str(error.detail), status=error.status_code, type=kind).body(),
+                            status_code=error.status_code)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not slots.ready:
+            raise APIError("warming up", status=503, type="service_unavailable", retry_after=RETRY_AFTER_SECONDS)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(slots.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": created,
+                                            "owned_by": "jspec", "max_model_len": model.max_seq_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest) -> Response:
+        params = parse_completion(await _json(http), model)
+        return await _answer(http, slots, model, params, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest) -> Response:
+        params = parse_chat(await _json(http), model)
+        return await _answer(http, slots, model, params, chat=True)
+
+    return app
+
+
+async def _json(http: HTTPRequest) -> Any:
+    body = await http.body()
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        raise APIError(f"the request body is not valid JSON: {error}") from None
+
+
+class _Generation:
+    """One submitted request as seen from the event loop: its token ids, and its text cut at stop strings."""
+
+    def __init__(self, slots: SlotEngine, model: ModelInfo, params: GenerationParams):
+        loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[tuple[list[int], str | None]] = asyncio.Queue()
+        self.token_ids: list[int] = []
+        self.text = TextStream(model.tokenizer) if model.tokenizer is not None else None
+        self.stops = StopMatcher(params.stop)
+        self.finish_reason: str | None = None
+        self.request = Request(
+            list(params.prompt_ids), params.max_tokens,
+            lambda tokens, reason: loop.call_soon_threadsafe(self.events.put_nowait, (tokens, reason)),
+            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+            stop_token_ids=params.stop_token_ids)
+        try:
+            slots.submit(self.request)
+        except ValueError as error:
+            raise APIError(str(error)) from None
+        except QueueFull as error:
+            raise APIError(f"the server is busy: {error}; retry later", status=503, type="service_unavailable",
+                           retry_after=RETRY_AFTER_SECONDS) from None
+        except NotAccepting as error:
+            raise APIError(str(error), status=503, type="service_unavailable",
+                           retry_after=RETRY_AFTER_SECONDS) from None
+
+    async def pieces(self) -> AsyncIterator[tuple[str, list[int]]]:
+        """Yields (new text, new token ids) until the request ends; then ``finish_reason`` is set. A stop string
+        ends it at once (the text is cut before it, the request cancelled with reason "stop")."""
+        while self.finish_reason is None:
+            tokens, reason = await self.events.get()
+            self.token_ids += tokens
+            final = reason is not None
+            if self.text is not None:
+                text, stopped = self.stops.feed(self.text.piece(self.token_ids, final=final), final=final)
+            else:
+                text, stopped = "", False
+            if stopped:
+                self.request.cancel("stop")
+                reason = "stop"
+            self.finish_reason = reason
+            if text or tokens or reason is not None:
+                yield text, tokens
+
+    def cancel_unless_finished(self) -> None:
+        if self.finish_reason is None:
+            self.request.cancel()
+
+
+async def _answer(http: HTTPRequest, slots: SlotEngine, model: ModelInfo, params: GenerationParams,
+                  chat: bool) -> Response:
+    generation = _Generation(slots, model, params)
+    shape = _Shape(model.name, chat, params, len(params.prompt_ids))
+    if params.stream:
+        return StreamingResponse(_stream(generation, shape), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(http, generation))
+    try:
+        text = "".join([piece async for piece, _ in generation.pieces()])
+    finally:
+        watcher.cancel()
+        generation.cancel_unless_finished()
+    return JSONResponse(shape.whole(text, generation))
+
+
+async def _cancel_on_disconnect(http: HTTPRequest, generation: _Generation) -> None:
+    while not await http.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_SECONDS)
+    generation.cancel_unless_finished()
+
+
+async def _stream(generation: _Generation, shape: "_Shape") -> AsyncIterator[str]:
+    """Server-sent events; a client that leaves cancels this generator (Starlette), and so the request."""
+    try:
+        if shape.chat:
+            yield _event(shape.chunk({"role": "assistant", "content": ""}, None))
+        async for text, tokens in generation.pieces():
+            if text or tokens:
+                yield _event(shape.chunk(text, None, tokens))
+        yield _event(shape.chunk("", generation.finish_reason))
+        if shape.params.include_usage:
+            yield _event(shape.usage_chunk(len(generation.token_ids)))
+        yield "data: [DONE]\n\n"
+    finally:
+        generation.cancel_unless_finished()
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class _Shape:
+    """OpenAI's response objects for one request (text_completion or chat.completion, whole or in chunks)."""
+
+    def __init__(self, model_name: str, chat: bool, params: GenerationParams, prompt_tokens: int):
+        self.chat, self.params, self.prompt_tokens = chat, params, prompt_tokens
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.head = {"id": self.id, "object": "chat.completion" if chat else "text_completion",
+                     "created": int(time.time()), "model": model_name}
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens}
+
+    def whole(self, text: str, generation: _Generation) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice.update(logprobs=None, finish_reason=generation.finish_reason)
+        if self.params.return_token_ids:
+            choice["token_ids"] = generation.token_ids
+        return {**self.head, "choices": [choice], "usage": self.usage(len(generation.token_ids))}
+
+    def chunk(self, delta: str | dict, finish_reason: str | None, tokens: list[int] | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["delta"] = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
+        else:
+            choice["text"] = delta
+        choice.update(logprobs=None, finish_reason=finish_reason)
+        if self.params.return_token_ids:
+            choice["token_ids"] = tokens or []
+        out = {**self.head, "object": "chat.completion.chunk" if self.chat else "text_completion",
+               "choices": [choice]}
+        if self.params.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        return {**self.head, "object": "chat.completion.chunk" if self.chat else "text_completion", "choices": [],
+                "usage": self.usage(completion_tokens)}

@@ -1,0 +1,258 @@
+"""OpenAI request bodies -> validated generation parameters, or an :class:`APIError` that names the bad field.
+
+Only the HTTP shapes live here; the slot engine checks the rest (lengths against the context, ids against the
+vocabulary) and its ValueError is answered the same way (HTTP 400). Fields follow OpenAI's API reference, plus
+vLLM's extensions ``top_k`` (-1 or 0 = off), ``stop_token_ids`` and ``return_token_ids`` (the generated token
+ids in each choice). Features this server does not have (n > 1, best_of, logprobs, echo, penalties, tools, ...)
+are refused by name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
+
+Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
+and an open assistant line::
+
+    system: You write Python.
+    user: Sort a list.
+    assistant:
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+MAX_SEED = 2 ** 32
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 type: str = "invalid_request_error", code: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What parsing needs to know of the served model."""
+
+    name: str
+    tokenizer: Any          # tokenizers.Tokenizer, or None (token-id prompts only)
+    chat_template: Any      # jspec.chat.ChatTemplate, or None (the plain fallback)
+    max_seq_len: int
+    vocab_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationParams:
+    """One validated request: what the slot engine runs and how the answer is shaped."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    return_token_ids: bool = False
+
+
+# field -> the values that ask for nothing (anything else asks for a feature this server lacks)
+_NEUTRAL: dict[str, Callable[[Any], bool]] = {
+    "n": lambda v: v is None or v == 1,
+    "best_of": lambda v: v is None or v == 1,
+    "echo": lambda v: v is None or v is False,
+    "logprobs": lambda v: v is None or v is False,
+    "top_logprobs": lambda v: v is None or v == 0,
+    "suffix": lambda v: v is None or v == "",
+    "presence_penalty": lambda v: v is None or v == 0,
+    "frequency_penalty": lambda v: v is None or v == 0,
+    "repetition_penalty": lambda v: v is None or v == 1,
+    "logit_bias": lambda v: v is None or v == {},
+    "tools": lambda v: v is None or v == [],
+    "functions": lambda v: v is None or v == [],
+    "response_format": lambda v: v is None or v == {"type": "text"},
+}
+
+
+def parse_completion(body: Any, model: ModelInfo) -> GenerationParams:
+    """A ``/v1/completions`` body (prompt: a string or a list of token ids; one prompt)."""
+    body = _common_checks(body, model)
+    prompt_ids = _prompt_ids(body.get("prompt"), model)
+    default = max(1, min(COMPLETIONS_DEFAULT_MAX_TOKENS, model.max_seq_len - len(prompt_ids)))
+    return _params(body, prompt_ids, _int(body, "max_tokens", default, low=1), model.vocab_size)
+
+
+def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
+    """A ``/v1/chat/completions`` body; max_completion_tokens (or the older max_tokens) defaults to the rest of
+    the context. With a chat template, its end-of-turn token is a stop token too."""
+    body = _common_checks(body, model)
+    messages = _messages(body.get("messages"))
+    if model.tokenizer is None:
+        raise APIError("chat needs the model's tokenizer.json, and this model has none", param="messages")
+    stop_ids: tuple[int, ...] = ()
+    if model.chat_template is not None:
+        try:
+            prompt_ids = model.chat_template.encode(model.tokenizer, [messages])[0]
+        except Exception as error:  # the template refused the conversation (raise_exception, a sandbox rule)
+            raise APIError(f"the chat template refused the messages: {error}", param="messages") from None
+        stop_ids = tuple(model.chat_template.end_of_turn_ids(model.tokenizer))
+    else:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        prompt_ids = model.tokenizer.encode(text).ids
+    default = max(1, model.max_seq_len - len(prompt_ids))
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    params = _params(body, prompt_ids, _int(body, name, default, low=1), model.vocab_size)
+    extra = tuple(i for i in stop_ids if i not in params.stop_token_ids)
+    return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra)
+
+
+# --- fields ------------------------------------------------------------------------------------------------------
+
+def _common_checks(body: Any, model: ModelInfo) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError(f"the request body is {_kind(body)}: expected a JSON object")
+    name = body.get("model")
+    if name is not None and not isinstance(name, str):
+        raise APIError(f"model={_show(name)}: expected a string", param="model")
+    if name is not None and name != model.name:
+        raise APIError(f"the model {_show(name)} does not exist: this server serves {model.name!r}", param="model",
+                       code="model_not_found")
+    for field, neutral in _NEUTRAL.items():
+        if not neutral(body.get(field)):
+            raise APIError(f"{field}={_show(body[field])} is not supported by this server", param=field,
+                           code="unsupported")
+    return body
+
+
+def _params(body: dict[str, Any], prompt_ids: list[int], max_tokens: int, vocab_size: int) -> GenerationParams:
+    top_k = _int(body, "top_k", 0, low=-1)
+    top_k = 0 if top_k < 0 or top_k >= vocab_size else top_k  # -1 (vLLM) and 0 are off; k >= vocabulary is too
+    top_p = _number(body, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise APIError(f"top_p={top_p!r}: expected a number in (0, 1] (1 = off)", param="top_p")
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise APIError(f"stream_options={_show(options)}: expected an object", param="stream_options")
+    include_usage = _bool(options or {}, "include_usage", False, param="stream_options.include_usage")
+    stop = body.get("stop")
+    stop = (stop,) if isinstance(stop, str) else stop
+    if stop is not None and not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
+        raise APIError(f"stop={_show(stop)}: expected a string or a list of strings", param="stop")
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None and not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
+        raise APIError(f"stop_token_ids={_show(stop_ids)}: expected a list of token ids", param="stop_token_ids")
+    return GenerationParams(
+        prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
+        top_k=top_k, top_p=top_p, seed=_int(body, "seed", None, low=0, high=MAX_SEED - 1),
+        stop=tuple(s for s in stop or () if s), stop_token_ids=tuple(dict.fromkeys(stop_ids or ())), stream=stream,
+        include_usage=include_usage and stream, return_token_ids=_bool(body, "return_token_ids", False))
+
+
+def _prompt_ids(prompt: Any, model: ModelInfo) -> list[int]:
+    """A string, a list of token ids, or a list holding one of those."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if prompt == "":
+        raise APIError("the prompt is empty: give the text to continue", param="prompt")
+    if isinstance(prompt, str):
+        if model.tokenizer is None:
+            raise APIError("text prompts need the model's tokenizer.json, and this model has none: send token ids",
+                           param="prompt")
+        ids = model.tokenizer.encode(prompt).ids
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        ids = list(prompt)
+    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise APIError(f"{len(prompt)} prompts in one request are not supported: send one request per prompt",
+                       param="prompt", code="unsupported")
+    else:
+        raise APIError(f"prompt={_show(prompt)}: expected a string or a non-empty list of token ids", param="prompt")
+    if not ids:
+        raise APIError("the prompt is empty: expected at least one token", param="prompt")
+    bad = [t for t in ids if not 0 <= t < model.vocab_size]
+    if bad:
+        raise APIError(f"prompt token id {bad[0]} is outside the vocabulary [0, {model.vocab_size})", param="prompt")
+    return ids
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    """[{"role", "content"}] with content a string, null, or a list of {"type": "text", "text"} parts -> plain
+    {"role": str, "content": str} dicts (other keys dropped)."""
+    if not isinstance(messages, list) or not messages:
+        raise APIError(f"messages={_show(messages)}: expected a non-empty list of {{'role', 'content'}} objects",
+                       param="messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise APIError(f"{where}={_show(message)}: expected an object with a string 'role'", param=where)
+        content = message.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise APIError(f"{where}.content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                               param=f"{where}.content")
+            content = "".join(p["text"] for p in content)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise APIError(f"{where}.content={_show(content)}: expected a string or a list of text parts",
+                           param=f"{where}.content")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, low: int | None = None,
+         high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    expected = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    if not _is_int(value) or (low is not None and value < low) or (high is not None and value > high):
+        raise APIError(f"{name}={_show(value)}: expected {expected}", param=name)
+    return value
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float = -math.inf,
+            high: float = math.inf) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise APIError(f"{name}={_show(value)}: expected a number in [{low}, {high}]", param=name)
+    return float(value)
+
+
+def _bool(body: dict[str, Any], name: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise APIError(f"{param or name}={_show(value)}: expected true or false", param=param or name)
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """repr of a client's value, cut short (a fuzzer's megabyte of JSON does not belong in an error message)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

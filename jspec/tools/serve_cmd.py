@@ -1,0 +1,177 @@
+"""``jspec serve``: an OpenAI-compatible HTTP server (``jspec.serve.app``) over a slot engine
+(``jspec.serve.slots``), on uvicorn.
+
+Start-up: the port is bound first (a taken port fails at once), the model loads as ``jspec generate`` loads it
+(the same --model / --drafter / tree defaults), every program compiles in the slot engine's warm-up, then the
+server listens and prints one ``... ready`` line. SIGTERM drains: no new requests (503), the running ones get up to
+--shutdown-timeout seconds to finish, then the rest are ended, and the process exits 0. Ctrl-C exits at once (130),
+as every jspec command does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import threading
+
+import uvicorn
+
+from jspec.tools.generate_cmd import DEFAULT_MAX_SEQ_LEN, _max_seq_len, _resolve_models, as_flags, draft_spec
+from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_processes
+
+CALIBRATION_PROMPT = "def fibonacci(n):"  # the load adapter's cost table is measured on it (warm-up)
+BUNDLED_NAME = "jspec-code"
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    models = parser.add_argument_group("models (as `jspec generate`)")
+    models.add_argument("--model", default=None, help="converted target directory (default: the bundled code model)")
+    models.add_argument("--drafter", default=None,
+                        help="a drafter name ('eagle3', 'draft', 'ngram'), 'none', or a converted drafter directory "
+                             "(default without --model: 'ngram' on a CPU, 'eagle3' on a GPU/TPU; none with --model)")
+    models.add_argument("--max-seq-len", type=int, default=None,
+                        help=f"token slots per request: prompt + max_tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
+                             f"model's max_position_embeddings if smaller)")
+    models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                        help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
+    models.add_argument("--served-model-name", default=None,
+                        help=f"the model name clients send (default: {BUNDLED_NAME!r} for the bundled model, else the "
+                             f"--model directory's name)")
+    tree = parser.add_argument_group("draft tree (as `jspec generate`)")
+    tree.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"], help="shape of the draft tree")
+    tree.add_argument("--num-draft-tokens", type=int, default=None,
+                      help="tree nodes per step, root included (chain: depth + 1)")
+    tree.add_argument("--num-steps", type=int, default=None, help="dynamic tree depth")
+    tree.add_argument("--topk", type=int, default=None, help="dynamic tree branching")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    server.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    server.add_argument("--max-batch-size", type=int, default=8, help="requests generated at once (slots)")
+    server.add_argument("--max-queue", type=int, default=256,
+                        help="requests waiting for a slot before new ones get 503")
+    server.add_argument("--steps-per-chunk", type=int, default=4,
+                        help="steps between admissions and streamed pieces")
+    server.add_argument("--no-adapt", action="store_true",
+                        help="always run speculative steps (by default the server switches to plain steps under "
+                             "load when those are faster; sampled tokens then depend on the load)")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds running requests get to finish after SIGTERM")
+    add_parallel_args(parser)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``jspec serve``; the engine's errors about lengths name the flags."""
+    try:
+        return _run_serve(args)
+    except ValueError as error:
+        raise ValueError(as_flags(str(error))) from error
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port {args.port}: expected 0 .. 65535")
+    for flag, value, low in (("--max-batch-size", args.max_batch_size, 1), ("--max-queue", args.max_queue, 0),
+                             ("--steps-per-chunk", args.steps_per_chunk, 1)):
+        if value < low:
+            raise ValueError(f"{flag} {value}: expected an integer >= {low}")
+    if not args.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The bound socket uvicorn will serve on (bound before the model loads, so a taken port fails at once)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} (--host/--port): {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import jspec
+    from jspec.bundle import is_bundled
+    from jspec.serve.app import create_app
+    from jspec.serve.slots import SlotEngine
+
+    _check_args(args)
+    start_processes(args)
+    model_dir, drafter, _ = _resolve_models(args)
+    args.max_seq_len = _max_seq_len(args.max_seq_len, model_dir)
+    spec = draft_spec(args, drafter)
+    name = args.served_model_name or (BUNDLED_NAME if is_bundled(model_dir) else
+                                      os.path.basename(os.path.normpath(model_dir)))
+    sock = _listen(args.host, args.port)
+    engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
+                                              max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+                                              dtype=args.dtype, **mesh_kwargs(args))
+    slots = SlotEngine(engine, max_queue=args.max_queue, steps_per_chunk=args.steps_per_chunk,
+                       adapt=not args.no_adapt)
+    slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)
+    slots.start()
+    host, port = sock.getsockname()[:2]
+    method = f"drafter {drafter} {spec.tree} {spec.tree_size}" if drafter is not None else "no drafter"
+    ready = f"jspec serve: http://{_url_host(host)}:{port}/v1 (model {name!r}, {method}) ready"
+    config = uvicorn.Config(create_app(slots, name), loop="asyncio", lifespan="off", log_level="warning",
+                            timeout_graceful_shutdown=args.shutdown_timeout + 5.0)
+    server = DrainingServer(config, slots, args.shutdown_timeout, ready)
+    server.run(sockets=[sock])
+    server.drain()
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with jspec's shutdown: SIGTERM stops admissions and drains the slot engine (in a thread, so
+    the event loop keeps streaming the requests still running) while uvicorn waits for their connections; SIGINT is
+    left to the command line's own handler (exit 130 at once)."""
+
+    def __init__(self, config, slots, shutdown_timeout: float, ready_line: str | None = None):
+        super().__init__(config)
+        self.slots, self.shutdown_timeout, self.ready_line = slots, shutdown_timeout, ready_line
+        self._drain_thread: threading.Thread | None = None
+        self._drain_lock = threading.RLock()  # a signal may arrive while drain() holds it
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.ready_line:
+            print(self.ready_line, flush=True)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """SIGTERM -> :meth:`handle_exit`; restored afterwards and, unlike uvicorn's, not raised again (the process
+        exits 0 once drained)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGTERM, self.handle_exit)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def handle_exit(self, sig, frame) -> None:
+        self._start_drain()
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        with self._drain_lock:
+            if self._drain_thread is None:
+                self._drain_thread = threading.Thread(target=self.slots.shutdown, args=(self.shutdown_timeout,),
+                                                      name="jspec-drain", daemon=True)
+                self._drain_thread.start()
+
+    def drain(self) -> None:
+        """Stops the slot engine (if a signal has not already) and waits for it."""
+        self._start_drain()
+        self._drain_thread.join()

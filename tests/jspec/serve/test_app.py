@@ -1,0 +1,417 @@
+"""The HTTP server (jspec.serve.app) in-process, on the bundled code model: OpenAI's client against it, requests
+equal to ``engine.generate`` alone (greedy, and sampled among others), nothing compiled under load, OpenAI-shaped
+errors for bad input, 503 when full, a client that leaves frees its slot, and fuzzed bodies never break it."""
+
+import json
+import random
+import re
+import socket
+import threading
+import time
+
+import httpx
+import jax
+import openai
+import pytest
+import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import jspec
+from jspec.serve.app import create_app
+from jspec.serve.slots import SlotEngine
+from jspec.tools import bundled
+from jspec.tools.serve_cmd import CALIBRATION_PROMPT, DrainingServer
+
+pytestmark = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
+
+MAX_SEQ_LEN = 256
+NAME = "jspec-code"
+CODE = '''import os
+
+
+def read_lines(path):
+    """Returns the lines of a file without their newlines."""
+    with open(path) as f:
+        return [line.rstrip("\\n") for line in f]
+
+
+class Counter:
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, key):
+        self.counts[key] = self.counts.get(key, 0) + 1
+'''
+
+
+class Server:
+    """The app over a warm slot engine, served by uvicorn in a background thread on a free local port."""
+
+    def __init__(self, max_batch_size: int, **slot_kwargs):
+        drafter, spec = bundled.default_method("cpu")
+        self.engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec,
+                                                       max_batch_size=max_batch_size, max_seq_len=MAX_SEQ_LEN)
+        self.slots = SlotEngine(self.engine, max_seq_len=MAX_SEQ_LEN, **slot_kwargs)
+        self.slots.warm_up(self.engine.tokenizer.encode(CALIBRATION_PROMPT).ids)
+        self.slots.start()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(create_app(self.slots, NAME), loop="asyncio", lifespan="off", log_level="warning")
+        self.server = DrainingServer(config, self.slots, shutdown_timeout=5.0)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.02)
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.server.drain()
+        self.http.close()
+
+    def metric(self, name: str) -> float:
+        """A sample of /metrics: ``name`` as written there, labels included."""
+        text = self.http.get("/metrics").text
+        match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+    def wait_idle(self, timeout: float = 5.0) -> float:
+        """Seconds until no request runs or waits; fails after ``timeout``."""
+        start = time.monotonic()
+        while self.metric("jspec:num_requests_running") or self.metric("jspec:num_requests_waiting"):
+            assert time.monotonic() - start < timeout, "requests still running"
+            time.sleep(0.05)
+        return time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def server():
+    """8 slots, load adaptation on (the default)."""
+    served = Server(max_batch_size=8)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    return server.engine.tokenizer
+
+
+def prompt_ids(tokenizer, length: int, offset: int = 0) -> list[int]:
+    ids = tokenizer.encode(CODE).ids
+    return ids[offset:offset + length]
+
+
+# --- the official client ---------------------------------------------------------------------------------------
+
+def test_completion_stream_equals_whole_with_usage(server):
+    whole = server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=24)
+    chunks = list(server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=24,
+                                                   stream=True, stream_options={"include_usage": True}))
+    choice = whole.choices[0]
+    expect = server.engine.generate(["def fibonacci(n):"], max_new_tokens=24)
+    assert choice.text == expect.texts[0] and choice.finish_reason == "length"
+    prompt_tokens = len(server.engine.tokenizer.encode("def fibonacci(n):").ids)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) == (
+        prompt_tokens, 24, prompt_tokens + 24)
+    assert whole.object == "text_completion" and whole.model == NAME
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_stream_equals_whole(server, tokenizer):
+    messages = [{"role": "system", "content": "You write Python."},
+                {"role": "user", "content": "Write a function that adds two numbers."}]
+    whole = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=20)
+    chunks = list(server.client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, stream=True))
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 20
+    # the bundled model has no chat template: the plain fallback (jspec.serve.protocol)
+    prompt = tokenizer.encode("system: You write Python.\nuser: Write a function that adds two numbers.\n"
+                              "assistant:").ids
+    assert whole.usage.prompt_tokens == len(prompt)
+    assert whole.choices[0].message.content == server.engine.generate([prompt], max_new_tokens=20).texts[0]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_default_max_tokens_is_the_rest_of_the_context(server, tokenizer):
+    prompt = [{"role": "user", "content": CODE}]
+    out = server.http.post("/v1/chat/completions", json={"messages": prompt, "temperature": 1.0, "seed": 3}).json()
+    prompt_len = out["usage"]["prompt_tokens"]
+    assert out["choices"][0]["finish_reason"] == "stop" or out["usage"]["completion_tokens"] == MAX_SEQ_LEN - prompt_len
+
+
+def test_stop_strings_cut_the_text_and_end_the_request(server):
+    full = server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=48).choices[0].text
+    stop = full[12:15]
+    expect = full[:full.index(stop)]
+    for stops in (stop, ["zzzz-never", stop]):
+        whole = server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=48, stop=stops)
+        assert whole.choices[0].text == expect and whole.choices[0].finish_reason == "stop"
+        chunks = list(server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=48,
+                                                       stop=stops, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == expect
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    server.wait_idle()
+
+
+def test_stop_token_ids_and_return_token_ids(server, tokenizer):
+    ids = prompt_ids(tokenizer, 12)
+    expect = server.engine.generate([ids], max_new_tokens=30).token_ids[0]
+    stop_id = expect[5]
+    out = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 30, "stop_token_ids": [stop_id],
+                                                    "return_token_ids": True}).json()
+    choice = out["choices"][0]
+    assert choice["token_ids"] == expect[:expect.index(stop_id) + 1] and choice["finish_reason"] == "stop"
+
+
+def test_models_health_metrics(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == [NAME]
+    assert server.http.get("/health").status_code == 200
+    metrics = server.http.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "jspec:num_requests_running" in metrics.text
+
+
+# --- equal to generate alone; nothing compiled ----------------------------------------------------------------
+
+def test_32_concurrent_greedy_requests_equal_generate_alone_and_compile_nothing(server, tokenizer):
+    rng = random.Random(0)
+    cases = [(prompt_ids(tokenizer, rng.choice([1, 3, 7, 12, 16, 20, 27, 31]), offset=rng.randrange(40)),
+              rng.choice([1, 5, 16, 33, 47])) for _ in range(32)]
+    expected = [server.engine.generate([ids], max_new_tokens=n).token_ids[0] for ids, n in cases]
+    compiled_before = server.slots.num_compiled
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        results = [None] * len(cases)
+
+        def ask(i: int) -> None:
+            ids, n = cases[i]
+            with httpx.Client(base_url=server.url, timeout=120) as http:
+                results[i] = http.post("/v1/completions", json={"model": NAME, "prompt": ids, "max_tokens": n,
+                                                               "return_token_ids": True}).json()
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(cases))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    for (ids, n), result, expect in zip(cases, results, expected):
+        choice = result["choices"][0]
+        assert choice["token_ids"] == expect, (len(ids), n)
+        assert choice["finish_reason"] == ("length" if len(expect) == n and expect[-1] not in
+                                           server.engine.eos_token_ids else "stop")
+        assert result["usage"]["completion_tokens"] == len(expect)
+    assert compiles == [] and server.slots.num_compiled == compiled_before
+
+
+@pytest.fixture(scope="module")
+def crowd_server(server):
+    """16 slots, load adaptation off: a sampled request's tokens then depend only on its seed (slots.py)."""
+    served = Server(max_batch_size=16, adapt=False)
+    yield served
+    served.stop()
+
+
+def test_sampled_request_alone_equals_it_among_15_others(crowd_server):
+    tokenizer = crowd_server.engine.tokenizer
+    body = {"prompt": prompt_ids(tokenizer, 9), "max_tokens": 40, "temperature": 0.8, "seed": 7,
+            "return_token_ids": True}
+    alone = crowd_server.http.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
+    results = {}
+
+    def ask(i: int, request: dict) -> None:
+        with httpx.Client(base_url=crowd_server.url, timeout=120) as http:
+            results[i] = http.post("/v1/completions", json=request).json()["choices"][0]["token_ids"]
+
+    others = [{"prompt": prompt_ids(tokenizer, 3 + i, offset=i), "max_tokens": 20 + 3 * i, "temperature": 0.8,
+               "top_p": 0.95, "seed": 100 + i, "return_token_ids": True} for i in range(15)]
+    requests = others[:6] + [body] + others[6:]
+    threads = [threading.Thread(target=ask, args=(i, r)) for i, r in enumerate(requests)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(results) == 16 and results[6] == alone
+    assert len({tuple(t) for t in results.values()}) > 1  # they did sample different things
+
+
+# --- bad input --------------------------------------------------------------------------------------------------
+
+BAD = [  # (path, body, the param named)
+    ("/v1/completions", b"{not json", None),
+    ("/v1/completions", b"\xff\xfe", None),
+    ("/v1/completions", [1, 2], None),
+    ("/v1/completions", {"prompt": 5}, "prompt"),
+    ("/v1/completions", {"prompt": []}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": [1, True]}, "prompt"),
+    ("/v1/completions", {"prompt": [10 ** 9]}, "prompt"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": MAX_SEQ_LEN}, None),  # beyond the context
+    ("/v1/completions", {"prompt": "x", "temperature": -0.1}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "top_k": -2}, "top_k"),
+    ("/v1/completions", {"prompt": "x", "top_k": 2.5}, "top_k"),
+    ("/v1/completions", {"prompt": "x", "seed": -1}, "seed"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [-3]}, None),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, "model"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "best_of": 2}, "best_of"),
+    ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
+    ("/v1/chat/completions", {"model": NAME}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages[0]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", BAD, ids=[f"{i}-{p}" for i, (_, _, p) in enumerate(BAD)])
+def test_bad_requests_get_400_in_openais_shape(server, path, body, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = server.http.post(path, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and error["message"]
+
+
+def test_the_client_raises_bad_request(server):
+    with pytest.raises(openai.BadRequestError, match="does not exist"):
+        server.client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+
+
+@pytest.mark.parametrize("top_k", [-1, 0, 5, 10 ** 6])
+def test_top_k_off_values_are_accepted(server, top_k):
+    response = server.http.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 2, "top_k": top_k,
+                                                         "temperature": 1.0})
+    assert response.status_code == 200, response.text
+
+
+def test_unknown_route_is_404_in_openais_shape(server):
+    response = server.http.get("/v1/nothing")
+    assert response.status_code == 404 and response.json()["error"]["message"]
+
+
+# --- clients that leave -----------------------------------------------------------------------------------------
+
+LONG = {"prompt": "import os\n", "max_tokens": MAX_SEQ_LEN - 8, "temperature": 1.0, "seed": 11}
+
+
+def test_a_closed_stream_frees_its_slot(server):
+    aborted = server.metric('jspec:request_success_total{finished_reason="abort"}')
+    with server.http.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response:
+        next(response.iter_lines())
+    assert server.wait_idle(timeout=5.0) < 5.0
+    assert server.metric('jspec:request_success_total{finished_reason="abort"}') == aborted + 1
+
+
+def test_a_dropped_connection_frees_its_slot(server):
+    aborted = server.metric('jspec:request_success_total{finished_reason="abort"}')
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps(LONG).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 5
+        while not server.metric("jspec:num_requests_running"):
+            assert time.monotonic() < deadline, "the request never ran"
+            time.sleep(0.01)
+    assert server.wait_idle(timeout=5.0) < 5.0
+    assert server.metric('jspec:request_success_total{finished_reason="abort"}') == aborted + 1
+
+
+# --- fuzzing ----------------------------------------------------------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 40, 2 ** 40) | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                max_size=4), max_leaves=12)
+FIELDS = {
+    "model": st.just(NAME) | JSON, "prompt": st.text(min_size=1, max_size=20) | st.lists(st.integers(-5, 3000),
+                                                                                          max_size=8) | JSON,
+    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | JSON,
+                                                "content": st.text(max_size=20) | JSON}), max_size=3) | JSON,
+    "max_tokens": st.integers(-2, 6) | JSON, "max_completion_tokens": st.integers(-2, 6) | st.none(),
+    "temperature": st.floats(-1, 3) | JSON, "top_p": st.floats(-0.5, 1.5) | JSON, "top_k": st.integers(-3, 50) | JSON,
+    "seed": st.integers(-10, 2 ** 33) | JSON, "stop": st.text(max_size=3) | st.lists(st.text(max_size=3)) | JSON,
+    "stop_token_ids": st.lists(st.integers(-2, 4000), max_size=10) | JSON, "stream": st.booleans() | JSON,
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | JSON}) | JSON,
+    "n": st.integers(0, 3) | JSON, "logprobs": JSON, "echo": JSON, "best_of": JSON, "return_token_ids": JSON,
+}
+BODIES = st.fixed_dictionaries({}, optional=FIELDS).map(lambda b: json.dumps(b).encode()) | JSON.map(
+    lambda b: json.dumps(b).encode()) | st.binary(max_size=40)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=BODIES, chat=st.booleans())
+def test_fuzzed_bodies_get_200_or_400_and_the_server_keeps_serving(server, body, chat):
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    response = server.http.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code in (200, 400), (response.status_code, response.text, body)
+    if response.status_code == 400:
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    assert server.http.get("/health").status_code == 200
+
+
+def test_after_the_fuzz_it_still_generates(server):
+    out = server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=8)
+    assert out.usage.completion_tokens == 8
+    server.wait_idle()
+
+
+# --- full and shutting down: last, on a server of its own -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_server(server):
+    """1 slot, 1 place in the queue."""
+    served = Server(max_batch_size=1, max_queue=1, adapt=False)
+    yield served
+    served.stop()
+
+
+def test_a_full_queue_answers_503_with_retry_after(tiny_server):
+    statuses = []
+
+    def ask(seed: int) -> None:
+        with httpx.Client(base_url=tiny_server.url, timeout=120) as http:
+            response = http.post("/v1/completions", json={**LONG, "seed": seed})
+            statuses.append((response.status_code, response.headers.get("retry-after"), response.json()))
+
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    busy = [s for s in statuses if s[0] == 503]
+    assert busy and all(s[1] == "1" and s[2]["error"]["message"] for s in busy), statuses
+    assert sum(s[0] == 200 for s in statuses) >= 2 and {s[0] for s in statuses} == {200, 503}
+
+
+def test_shutting_down_answers_503(tiny_server):
+    tiny_server.slots.stop_accepting()
+    response = tiny_server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
