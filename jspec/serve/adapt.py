@@ -1,13 +1,16 @@
 """Load adaptation: per chunk, speculative steps or plain steps (that keep the drafter current), whichever
 commits more tokens per second.
 
-The slot state has fixed shapes, so one step costs the same whatever the occupancy (idle slots are computed and
-masked), and the choice per chunk reduces to comparing, per running slot,
+A chunk steps the slots of its occupancy bucket (the next power of two over the highest busy slot; the
+scheduler fills the lowest free slots first), and every step of a bucket costs the same whatever its rows hold,
+so the choice per chunk reduces to comparing, per running slot,
 
-    speculative: acceptance / spec_step_seconds     against     plain: 1 / plain_step_seconds
+    speculative: acceptance / spec_step_seconds[rows]     against     plain: 1 / plain_step_seconds[rows]
 
-with step seconds from a cost table measured at start-up (:class:`CostTable`) and the acceptance (tokens
-committed per verify step) as the running average of recent speculative chunks. While plain steps run nothing
+with step seconds per bucket from a cost table measured at start-up (:class:`CostTable`) and the acceptance
+(tokens committed per verify step) as the running average of recent speculative chunks. Where a step is bound by
+memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and speculation wins; where it is
+bound by compute (many rows) it costs up to T plain steps and plain decoding can win. While plain steps run nothing
 measures the acceptance, so every ``probe_every``-th chunk in a row of plain ones speculates again to refresh it.
 """
 
@@ -18,10 +21,11 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class CostTable:
-    """Seconds per step of each compiled step program over all slots, measured at start-up."""
+    """Seconds per step of each compiled step program, per occupancy bucket (rows stepped), measured at
+    start-up."""
 
-    spec_step_seconds: float
-    plain_step_seconds: float
+    spec_step_seconds: dict[int, float]
+    plain_step_seconds: dict[int, float]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -46,16 +50,16 @@ class LoadAdapter:
         self.probe_every = probe_every
         self._plain_in_a_row = 0
 
-    def speculative_rate(self) -> float:
-        """Expected tokens per second per running slot with speculative steps."""
-        return self.acceptance / self.costs.spec_step_seconds
+    def speculative_rate(self, rows: int) -> float:
+        """Expected tokens per second per running slot with speculative steps over ``rows`` slots."""
+        return self.acceptance / self.costs.spec_step_seconds[rows]
 
-    def plain_rate(self) -> float:
-        return 1.0 / self.costs.plain_step_seconds
+    def plain_rate(self, rows: int) -> float:
+        return 1.0 / self.costs.plain_step_seconds[rows]
 
-    def choose(self) -> bool:
-        """True: the next chunk speculates."""
-        if self.speculative_rate() >= self.plain_rate() or self._plain_in_a_row + 1 >= self.probe_every:
+    def choose(self, rows: int) -> bool:
+        """True: the next chunk, over the occupancy bucket of ``rows`` slots, speculates."""
+        if self.speculative_rate(rows) >= self.plain_rate(rows) or self._plain_in_a_row + 1 >= self.probe_every:
             self._plain_in_a_row = 0
             return True
         self._plain_in_a_row += 1

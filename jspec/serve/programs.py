@@ -88,15 +88,37 @@ def admit(params_t, params_d, state: DecodeState, inputs: StepInputs, prompt_ids
         return shard_state(state), inputs
 
 
-@functools.partial(jax.jit, static_argnames=("setup", "speculate"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("setup", "speculate", "rows"), donate_argnames=("state",))
 def run_chunk(params_t, params_d, state: DecodeState, inputs: StepInputs, cancel: jax.Array, max_steps: jax.Array,
-              *, setup: GenerateSetup, speculate: bool = True) -> DecodeState:
-    """Finishes the slots where ``cancel`` (bool[B]) is set, then runs at most ``max_steps`` (i32[]) steps over
-    all slots (until every slot is done): speculative steps, or with ``speculate=False`` plain steps that keep the
-    drafter current (``jspec.step.root_step``). Plain servers (no drafter) ignore ``speculate``."""
+              *, setup: GenerateSetup, speculate: bool = True, rows: int | None = None) -> DecodeState:
+    """Finishes the slots where ``cancel`` (bool[B]) is set, then runs at most ``max_steps`` (i32[]) steps (until
+    every slot is done): speculative steps, or with ``speculate=False`` plain steps that keep the drafter current
+    (``jspec.step.root_step``). Plain servers (no drafter) ignore ``speculate``.
+
+    rows: step only slots [0, rows) (the occupancy bucket: the scheduler fills the lowest free slots first), so a
+    lightly loaded server pays for the rows it uses; the other slots are left as they are. None: every slot.
+    """
     with traced_on(setup.mesh):
         state = state._replace(done=state.done | cancel)
-        return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps, speculate=speculate)
+        if rows is None or rows == state.done.shape[0]:
+            return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps,
+                            speculate=speculate)
+        axes = _batch_axes(setup, params_t, params_d, inputs.stop_ids.shape[1])
+        is_none = lambda x: x is None  # noqa: E731
+
+        def first_rows(axis, x):
+            return x if axis is None else jax.lax.slice_in_dim(x, 0, rows, axis=axis)
+
+        part = run_loop(params_t, params_d, jax.tree.map(first_rows, axes[0], state, is_leaf=is_none),
+                        jax.tree.map(first_rows, axes[1], inputs, is_leaf=is_none), setup=setup,
+                        max_steps=max_steps, speculate=speculate)
+
+        def write_back(axis, whole, rows_part):
+            if axis is None:
+                return rows_part  # the loop's step counter
+            return jax.lax.dynamic_update_slice_in_dim(whole, rows_part, 0, axis)
+
+        return shard_state(jax.tree.map(write_back, axes[0], state, part, is_leaf=is_none))
 
 
 def host_key(seed: int) -> np.ndarray:

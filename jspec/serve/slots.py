@@ -2,9 +2,10 @@
 
 One scheduler thread loops: admit waiting requests into free slots (one jitted prefill-and-insert each,
 ``programs.admit``), run one jitted chunk of up to ``steps_per_chunk`` fused steps over all slots
-(``programs.run_chunk``), hand each request the tokens it gained, free the slots that finished. Every program is
-compiled ahead of time in :meth:`SlotEngine.warm_up` (one admit per prompt-width bucket, one chunk per step
-program), so serving compiles nothing.
+(``programs.run_chunk``) over the occupancy bucket (the lowest power of two of slots holding every busy one),
+hand each request the tokens it gained, free the slots that finished. Every program is compiled ahead of time in
+:meth:`SlotEngine.warm_up` (one admit per prompt-width bucket, one chunk per step program and occupancy bucket),
+so serving compiles nothing.
 
 A request's tokens depend only on (prompt, parameters, seed): its key is fold_in(key(seed), 0) and each step draws
 at the request's own positions (``jspec.sampling.keys_at``), never at its slot or the loop's step count. So a
@@ -88,11 +89,13 @@ class SlotEngine:
     request (prompt + max_tokens), at most the engine's; max_queue: waiting requests before 503;
     steps_per_chunk: K, the steps one chunk runs at most (the streaming and admission granularity);
     adapt: choose per chunk between speculative and plain steps (:mod:`jspec.serve.adapt`); max_stop_ids:
-    stop token ids per request (EOS included).
+    stop token ids per request (EOS included); row_buckets: the occupancy buckets a chunk may step (ascending,
+    the last one max_batch_size; default: powers of two, then max_batch_size), one compiled chunk program per
+    bucket and step program (vLLM's cudagraph capture sizes play this part).
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
-                 adapt: bool = True, max_stop_ids: int = 8):
+                 adapt: bool = True, max_stop_ids: int = 8, row_buckets: Sequence[int] | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         for name, value, low in (("max_queue", max_queue, 0), ("steps_per_chunk", steps_per_chunk, 1),
                                  ("max_stop_ids", max_stop_ids, 1)):
@@ -115,6 +118,11 @@ class SlotEngine:
         self.adapt = adapt and self.speculative
         self.eos_token_ids = tuple(engine.eos_token_ids)
         self.widths = _width_buckets(max_seq_len)
+        self.row_buckets = _row_buckets(self.num_slots) if row_buckets is None else tuple(row_buckets)
+        if (not self.row_buckets or list(self.row_buckets) != sorted(set(self.row_buckets))
+                or self.row_buckets[-1] != self.num_slots or self.row_buckets[0] < 1):
+            raise ValueError(f"row_buckets={row_buckets!r}: expected ascending slot counts ending at "
+                             f"max_batch_size={self.num_slots}")
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
@@ -194,8 +202,10 @@ class SlotEngine:
                                                            self._place(np.zeros((), np.int32)), setup=self.setup).compile()
         cancel, steps = self._place(np.zeros((self.num_slots,), bool)), self._steps_arg()
         for speculate in ((True, False) if self.speculative else (True,)):
-            self._compiled[("chunk", speculate)] = run_chunk.lower(
-                *args, self._state, self._inputs, cancel, steps, setup=self.setup, speculate=speculate).compile()
+            for rows in self.row_buckets:
+                self._compiled[("chunk", speculate, rows)] = run_chunk.lower(
+                    *args, self._state, self._inputs, cancel, steps, setup=self.setup, speculate=speculate,
+                    rows=rows).compile()
         host_key(0)  # the host's key derivation, compiled once too
         if self.adapt:
             self.costs, acceptance = self._measure(calibration_prompt)
@@ -292,10 +302,13 @@ class SlotEngine:
 
     def _chunk(self) -> None:
         cancel = np.array([slot is not None and slot.request.cancelled is not None for slot in self._slots])
-        speculate = self.adapter.choose() if self.adapter is not None else True  # a plain server's one program
+        busy = max(i for i, slot in enumerate(self._slots) if slot is not None) + 1
+        rows = next(r for r in self.row_buckets if r >= busy)
+        # a plain server has one program per bucket
+        speculate = self.adapter.choose(rows) if self.adapter is not None else True
         start = time.perf_counter()
         step_before = int(self._state.step)
-        self._state = self._compiled[("chunk", speculate)](
+        self._state = self._compiled[("chunk", speculate, rows)](
             self.engine.params, self.engine.drafter_params, self._state, self._inputs, self._place(cancel),
             self._steps_arg())
         steps = int(self._state.step) - step_before
@@ -374,39 +387,50 @@ class SlotEngine:
         return self._place(np.asarray(self.steps_per_chunk, np.int32))
 
     def _measure(self, prompt: Sequence[int] | None) -> tuple[CostTable, float]:
-        """Fills every slot with ``prompt`` (greedy), times a chunk of each step program (best of 2 after a run
-        that warms caches), and takes the speculative chunks' acceptance as the starting estimate; then frees
-        the slots."""
+        """Per occupancy bucket and step program: fills the bucket's slots with ``prompt`` (greedy), times chunks
+        (best of 2 after one that warms caches) and frees the slots. The speculative chunks' acceptance over all
+        slots is the starting estimate."""
         prompt = list(prompt) if prompt else list(range(1, 17))
-        budget = max(1, min(self.max_seq_len - len(prompt), 8 * self.steps_per_chunk * self.setup.tokens_per_step))
+        budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
         prompt = prompt[:self.max_seq_len - budget]
+        width = next(w for w in self.widths if w >= len(prompt))
         args = (self.engine.params, self.engine.drafter_params)
-        no_cancel = self._place(np.zeros((self.num_slots,), bool))
         steps_arg = self._steps_arg()
-        seconds: dict[bool, float] = {}
+        seconds: dict[tuple[bool, int], float] = {}
         acceptance = 1.0
         for speculate in (True, False):
-            width = next(w for w in self.widths if w >= len(prompt))
-            for slot in range(self.num_slots):
-                row = self._row_arguments(Request(prompt, budget, _ignore, seed=0), width)
-                self._state, self._inputs = self._compiled[("admit", width)](
-                    *args, self._state, self._inputs, *row, self._place(np.asarray(slot, np.int32)))
-            timings = []
-            for _ in range(3):
-                generated_before = np.asarray(self._state.num_generated).sum()
-                steps_before = int(self._state.step)
-                start = time.perf_counter()
-                self._state = self._compiled[("chunk", speculate)](*args, self._state, self._inputs, no_cancel,
-                                                                   steps_arg)
-                steps = int(self._state.step) - steps_before
-                timings.append((time.perf_counter() - start) / max(steps, 1))
-                if speculate and steps:
-                    acceptance = (np.asarray(self._state.num_generated).sum() - generated_before) / (
-                        steps * self.num_slots)
-            seconds[speculate] = min(timings[1:])
-            self._state = self._compiled[("chunk", speculate)](*args, self._state, self._inputs,
-                                                               self._place(np.ones((self.num_slots,), bool)), steps_arg)
-        return CostTable(spec_step_seconds=seconds[True], plain_step_seconds=seconds[False]), float(acceptance)
+            for rows in self.row_buckets:
+                for slot in range(rows):
+                    row = self._row_arguments(Request(prompt, budget, _ignore, seed=0), width)
+                    self._state, self._inputs = self._compiled[("admit", width)](
+                        *args, self._state, self._inputs, *row, self._place(np.asarray(slot, np.int32)))
+                timings = []
+                generated_before = np.asarray(self._state.num_generated)[:rows].sum()
+                for _ in range(3):
+                    steps_before = int(self._state.step)
+                    start = time.perf_counter()
+                    self._state = self._compiled[("chunk", speculate, rows)](
+                        *args, self._state, self._inputs, self._place(np.zeros((self.num_slots,), bool)), steps_arg)
+                    steps = int(self._state.step) - steps_before
+                    timings.append((time.perf_counter() - start) / steps if steps else float("inf"))
+                if speculate and rows == self.num_slots:
+                    gained = np.asarray(self._state.num_generated)[:rows].sum() - generated_before
+                    verify_steps = max(1, int(np.asarray(self._state.num_steps)[:rows].sum()))
+                    acceptance = float(gained) / verify_steps
+                seconds[speculate, rows] = min(timings[1:])
+                self._state = self._compiled[("chunk", speculate, self.num_slots)](
+                    *args, self._state, self._inputs, self._place(np.ones((self.num_slots,), bool)), steps_arg)
+        return CostTable({rows: seconds[True, rows] for rows in self.row_buckets},
+                         {rows: seconds[False, rows] for rows in self.row_buckets}), acceptance
+
+
+def _row_buckets(num_slots: int) -> tuple[int, ...]:
+    """Occupancy buckets: powers of two below num_slots, then num_slots."""
+    buckets, rows = [], 1
+    while rows < num_slots:
+        buckets.append(rows)
+        rows *= 2
+    return tuple(buckets) + (num_slots,)
 
 
 def _width_buckets(max_seq_len: int) -> tuple[int, ...]:

@@ -18,10 +18,12 @@ from jspec.serve.adapt import CostTable, LoadAdapter
 from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
 from tests import spec_fixtures as fx
 
-# mixed lengths (two width buckets) and budgets; more requests than slots, so some wait for a free one
-PROMPTS = [[3, 9, 27, 17, 51], [1, 2, 3, 4, 5, 6, 7], [60, 61, 62], [5] * 11, [8, 13, 21, 34, 55, 1, 2, 3] * 3,
+# mixed lengths and budgets, all in the offline engine's one bucket for a single prompt (width 16, 64 slots: one
+# reference program); more requests than slots, so some wait for a free one
+PROMPTS = [[3, 9, 27, 17, 51], [1, 2, 3, 4, 5, 6, 7], [60, 61, 62], [5] * 11, [8, 13, 21, 34, 55, 1, 2, 3, 4, 5],
            [40], [7, 7, 9, 9, 11, 11]]
-BUDGETS = [30, 12, 41, 25, 7, 33, 19]
+BUDGETS = [30, 18, 41, 25, 20, 33, 19]
+MAX_SEQ_LEN = 64
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,6 @@ def make_engine(params_t, name: str) -> jspec.SpecEngine:
         return fx.plain_engine(params_t)
     if name == "eagle3-dynamic":
         return fx.spec_engine(params_t, fx.random_head(), "dynamic")
-    if name == "eagle3-chain":
-        return fx.spec_engine(params_t, fx.random_head(), "chain")
     if name == "draft-model":
         return jspec.SpecEngine(fx.TARGET, params_t, drafter=DraftModelDrafter(
             fx.TARGET, fx.TARGET, fx.SPECS["chain"], fx.MAX_SEQ_LEN), drafter_params=params_t, max_batch_size=4,
@@ -69,22 +69,42 @@ def serve_all(slots: SlotEngine, requests: list[dict]) -> list[Collector]:
     return sinks
 
 
-def started(engine, **kwargs) -> SlotEngine:
-    slots = SlotEngine(engine, **kwargs)
+@pytest.fixture(scope="module")
+def servers(params_t):
+    """name -> (offline engine, started SlotEngine with one step program and one occupancy bucket), built on first
+    use and shut down at the end of the module (compiling is most of these tests' time)."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            engine = make_engine(params_t, name)
+            slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, row_buckets=(4,))
+            slots.warm_up()
+            slots.start()
+            built[name] = engine, slots
+        return built[name]
+
+    yield get
+    for _, slots in built.values():
+        slots.shutdown(10)
+
+
+@pytest.fixture(scope="module")
+def adaptive(params_t):
+    """EAGLE-3 (dynamic tree) with load adaptation and the default occupancy buckets (1, 2, 4)."""
+    engine = make_engine(params_t, "eagle3-dynamic")
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2)
     slots.warm_up(PROMPTS[0])
     slots.start()
-    return slots
+    yield engine, slots
+    slots.shutdown(10)
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "eagle3-chain", "draft-model", "ngram"])
-def test_every_request_equals_generate_alone_greedy(params_t, name):
-    engine = make_engine(params_t, name)
-    slots = started(engine, steps_per_chunk=3)
-    try:
-        sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n, seed=i)
-                                  for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))])
-    finally:
-        slots.shutdown(10)
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram"])
+def test_every_request_equals_generate_alone_greedy(servers, name):
+    engine, slots = servers(name)
+    sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n, seed=i)
+                              for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))])
     for prompt, budget, sink in zip(PROMPTS, BUDGETS, sinks):
         alone = engine.generate([prompt], max_new_tokens=budget).token_ids[0]
         assert sink.tokens == alone, (name, prompt)
@@ -92,20 +112,16 @@ def test_every_request_equals_generate_alone_greedy(params_t, name):
         assert sink.reason == ("stop" if stopped else "length")
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model"])
-def test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd(params_t, name):
+@pytest.mark.parametrize("name", ["eagle3-dynamic", "draft-model"])
+def test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd(servers, name):
     """With one step program (adapt=False): the request's key is its seed's, and each step draws at its own
-    positions, so neither its slot nor its neighbours change its tokens."""
-    engine = make_engine(params_t, name)
-    slots = started(engine, adapt=False, steps_per_chunk=2)
+    positions, so neither its slot nor its neighbours change its tokens (the draft model samples its drafts)."""
+    engine, slots = servers(name)
     mine = dict(prompt_ids=PROMPTS[0], max_tokens=40, temperature=0.8, seed=7)
-    try:
-        alone = serve_all(slots, [mine])[0].tokens
-        crowd = [dict(prompt_ids=p, max_tokens=n, temperature=1.0, top_k=5, seed=100 + i)
-                 for i, (p, n) in enumerate(zip(PROMPTS[1:], BUDGETS[1:]))]
-        among = serve_all(slots, crowd[:2] + [mine] + crowd[2:])[2].tokens
-    finally:
-        slots.shutdown(10)
+    alone = serve_all(slots, [mine])[0].tokens
+    crowd = [dict(prompt_ids=p, max_tokens=n, temperature=1.0, top_k=5, seed=100 + i)
+             for i, (p, n) in enumerate(zip(PROMPTS[1:], BUDGETS[1:]))]
+    among = serve_all(slots, crowd[:2] + [mine] + crowd[2:])[2].tokens
     assert among == alone
     assert alone == engine.generate([PROMPTS[0]], max_new_tokens=40, temperature=0.8, seed=[7]).token_ids[0]
 
@@ -114,26 +130,26 @@ class AlwaysPlain(LoadAdapter):
     """Chooses the plain program except on probes, to exercise switching."""
 
     def __init__(self):
-        super().__init__(CostTable(spec_step_seconds=1.0, plain_step_seconds=0.01), acceptance=1.0, probe_every=3)
+        super().__init__(CostTable({r: 1.0 for r in (1, 2, 4)}, {r: 0.01 for r in (1, 2, 4)}), acceptance=1.0,
+                         probe_every=3)
 
 
-def test_switching_between_step_programs_keeps_greedy_output(params_t):
-    engine = make_engine(params_t, "eagle3-dynamic")
-    slots = started(engine, steps_per_chunk=2)
-    slots.adapter = AlwaysPlain()
+def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptive):
+    engine, slots = adaptive
+    assert set(slots.costs.spec_step_seconds) == {1, 2, 4}
+    adapter, slots.adapter = slots.adapter, AlwaysPlain()
     try:
         sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n) for p, n in zip(PROMPTS, BUDGETS)])
     finally:
-        slots.shutdown(10)
+        slots.adapter = adapter
     for prompt, budget, sink in zip(PROMPTS, BUDGETS, sinks):
         assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0]
     body = slots.metrics.render().decode()
     assert 'jspec:chunks_total{program="plain"}' in body and 'jspec:chunks_total{program="speculative"}' in body
 
 
-def test_nothing_compiles_after_warm_up(params_t):
-    engine = make_engine(params_t, "eagle3-dynamic")
-    slots = started(engine)
+def test_nothing_compiles_after_warm_up(adaptive):
+    engine, slots = adaptive
     compiled = slots.num_compiled
     compiles = []
 
@@ -143,11 +159,11 @@ def test_nothing_compiles_after_warm_up(params_t):
 
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
-        serve_all(slots, [dict(prompt_ids=p, max_tokens=n, temperature=0.7 * (i % 2), seed=i)
-                          for i, (p, n) in enumerate(zip(PROMPTS * 2, BUDGETS * 2))])
+        for crowd in (1, 3, 14):  # every occupancy bucket
+            serve_all(slots, [dict(prompt_ids=p, max_tokens=n, temperature=0.7 * (i % 2), seed=i)
+                              for i, (p, n) in enumerate(zip((PROMPTS * 2)[:crowd], (BUDGETS * 2)[:crowd]))])
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
-        slots.shutdown(10)
     assert compiles == [] and slots.num_compiled == compiled
 
 
@@ -194,11 +210,13 @@ def test_check_names_the_bad_value(params_t):
 
 
 def test_the_adapter_picks_the_faster_program_and_probes():
-    costs = CostTable(spec_step_seconds=0.03, plain_step_seconds=0.01)
+    # one row: a verify pass costs little more than a plain step (memory-bound); eight: three times as much
+    costs = CostTable({1: 0.012, 8: 0.03}, {1: 0.01, 8: 0.01})
+    adapter = LoadAdapter(costs, acceptance=2.5, probe_every=4)
+    assert adapter.choose(1) and not adapter.choose(8)  # 2.5 / 0.012 > 1 / 0.01 > 2.5 / 0.03
     adapter = LoadAdapter(costs, acceptance=4.0, probe_every=4)
-    assert adapter.choose()  # 4 / 0.03 > 1 / 0.01
-    adapter.observe(True, tokens=20, steps=20)  # acceptance 1: speculation no longer pays
-    while adapter.acceptance > 2.5:
+    assert adapter.choose(8)  # 4 / 0.03 > 1 / 0.01
+    while adapter.acceptance > 2.5:  # acceptance falls to 1: speculation no longer pays at 8 rows
         adapter.observe(True, tokens=10, steps=10)
-    choices = [adapter.choose() for _ in range(8)]
+    choices = [adapter.choose(8) for _ in range(8)]
     assert choices == [False, False, False, True] * 2  # plain, with a speculative probe every 4th chunk
