@@ -4,6 +4,7 @@
     jspec convert --src HF_DIR --dst OUT_DIR
     jspec serve                   an OpenAI-compatible HTTP server (continuous batching; SIGTERM drains)
     jspec bench ...               every argument goes to jspec.tools.bench.main
+    jspec bench-serve ...         every argument goes to jspec.tools.bench_serve.main
     jspec train-target ...        jspec.train.commands.train_target_main (same as scripts/train_target.py)
     jspec train-drafter ...       jspec.train.commands.train_drafter_main (same as scripts/train_drafter.py)
 
@@ -50,6 +51,13 @@ def run_bench(args: argparse.Namespace) -> int:
     return bench_main(args.forwarded) or 0
 
 
+def run_bench_serve(args: argparse.Namespace) -> int:
+    """``jspec bench-serve ARGS`` is ``jspec.tools.bench_serve.main(ARGS)``."""
+    from jspec.tools.bench_serve import main as bench_serve_main
+
+    return bench_serve_main(args.forwarded) or 0
+
+
 def run_train_target(args: argparse.Namespace) -> int:
     from jspec.train.commands import train_target_main
 
@@ -65,6 +73,7 @@ def run_train_drafter(args: argparse.Namespace) -> int:
 # subcommand -> (run, help); each parses its own arguments, so its --help is its own
 FORWARDED = {
     "bench": (run_bench, "time generation methods side by side (arguments: see `jspec bench --help`)"),
+    "bench-serve": (run_bench_serve, "load the HTTP server, speculative vs plain (see `jspec bench-serve --help`)"),
     "train-target": (run_train_target, "train a small Llama target on the Python stdlib"),
     "train-drafter": (run_train_drafter, "train an EAGLE-3 head or a draft model for a trained target"),
 }

@@ -210,3 +210,12 @@ def test_small_run_against_real_in_process_servers(tmp_path):
     texts = {(r["server"], r["rate"]): ["".join(q["chunk_texts"]) for q in r["results"]] for r in report["requests"]}
     assert texts[("spec", "inf")] == texts[("plain", "inf")] == texts[("plain", "seq")]
     assert report["cost_tables"]["spec"] and report["cost_tables"]["plain"] is None  # only a drafter adapts
+
+
+def test_cli_forwards_every_argument(monkeypatch):
+    from jspec.tools.cli import main
+
+    seen = []
+    monkeypatch.setattr(bs, "main", lambda argv: seen.append(argv) or 3)
+    assert main(["bench-serve", "--request-rates", "1,inf", "--max-tokens", "9", "--debug"]) == 3
+    assert seen == [["--request-rates", "1,inf", "--max-tokens", "9"]]
