@@ -31,7 +31,10 @@ same EOS): (a) the speedup of speculative over plain at batch 1, against the ser
 pass (criterion: within 10%); (b) speculative ``generate`` tokens/s at batch ``--max-batch-size`` against the
 speculative server's at saturation (criterion: >= 0.8x); and (c) the speculative server against the plain one at
 every rate (load adaptation should never lose to plain decoding by more than noise; criterion: >= 0.95x).
-``--json`` writes every figure (and each request's timings), ``--chart`` a PNG: throughput, TTFT and ITL by rate.
+``--direct`` adds rows ``spec-direct`` and ``plain-direct``: the same passes submitted straight to each server's
+slot engine from this process (no HTTP, no detokenizing), which splits the gap to the offline figures between the
+scheduler and the HTTP layer. ``--json`` writes every figure (and each request's timings), ``--chart`` a PNG:
+throughput, TTFT and ITL by rate.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -363,12 +366,28 @@ def load_engines(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
         "steps_per_chunk": args.steps_per_chunk, "adapt": not args.no_adapt}
 
 
+@dataclasses.dataclass
+class Target:
+    """What a pass runs against: ``run(prompts, max_tokens, rate, seed) -> (results, seconds)``; ``counters()``:
+    the server's step-program and acceptance counters now ({} when it has none)."""
+
+    run: Callable[[Sequence, int, float | str, int], tuple[list[RequestResult], float]]
+    counters: Callable[[], dict[str, float]]
+
+
+def http_target(base_url: str, model: str, **payload_flags) -> Target:
+    return Target(lambda prompts, max_tokens, rate, seed: asyncio.run(
+        run_pass(base_url, model, prompts, max_tokens, rate, seed, **payload_flags)),
+        lambda: scrape_counters(base_url))
+
+
 @contextlib.contextmanager
 def launch_servers(engines: dict[str, Any], args: argparse.Namespace, host: str = "127.0.0.1",
-                   costs: dict | None = None) -> Iterator[dict[str, str]]:
+                   costs: dict | None = None) -> Iterator[dict[str, Target]]:
     """One slot engine and app (``jspec.serve.app.create_app``, as ``jspec serve`` builds them: warmed up on its
-    calibration prompt) per engine, each on uvicorn in a thread on a free port -> {name: base URL}; all are shut
-    down when the block ends. ``costs``, when given, receives each server's start-up cost table."""
+    calibration prompt) per engine, each on uvicorn in a thread on a free port -> {name: its HTTP target}, and
+    with ``args.direct`` also {name-direct: the same slot engine without HTTP}; all are shut down when the block
+    ends. ``costs``, when given, receives each server's start-up cost table."""
     from jspec.bundle import is_bundled
     from jspec.serve.app import create_app
     from jspec.serve.slots import SlotEngine
@@ -376,8 +395,9 @@ def launch_servers(engines: dict[str, Any], args: argparse.Namespace, host: str 
 
     model_dir = args.model or ""
     name = BUNDLED_NAME if not model_dir or is_bundled(model_dir) else os.path.basename(os.path.normpath(model_dir))
+    flags = {"ignore_eos": args.ignore_eos, "token_ids": not args.no_token_ids}
     with contextlib.ExitStack() as stack:
-        urls = {}
+        targets = {}
         for server, engine in engines.items():
             slots = SlotEngine(engine, max_queue=max(256, args.num_prompts), steps_per_chunk=args.steps_per_chunk,
                                adapt=not args.no_adapt)
@@ -386,31 +406,78 @@ def launch_servers(engines: dict[str, Any], args: argparse.Namespace, host: str 
             stack.callback(slots.shutdown, 30.0)
             if costs is not None:
                 costs[server] = slots.costs.to_dict() if slots.costs is not None else None
-            urls[server] = stack.enter_context(uvicorn_thread(create_app(slots, name), host, free_port(host)))
-            print(f"[bench-serve] {server} server ready at {urls[server]} (cost table "
+            url = stack.enter_context(uvicorn_thread(create_app(slots, name), host, free_port(host)))
+            targets[server] = http_target(url, args.model_name or name, **flags)
+            if args.direct:
+                targets[f"{server}-direct"] = Target(
+                    lambda prompts, max_tokens, rate, seed, slots=slots: run_direct_pass(
+                        slots, prompts, max_tokens, rate, seed),
+                    lambda slots=slots: parse_counters(slots.metrics.render().decode()))
+            print(f"[bench-serve] {server} server ready at {url} (cost table "
                   f"{costs.get(server) if costs is not None else '-'})", flush=True)
-        yield urls
+        yield targets
+
+
+def run_direct_pass(slots, prompts: Sequence[list[int]], max_tokens: int, rate: float | str,
+                    seed: int) -> tuple[list[RequestResult], float]:
+    """As :func:`run_pass`, but submitted straight to the slot engine (no HTTP, no detokenizing): what the
+    scheduler alone costs. A chunk is a sink call; its tokens are exact."""
+    from jspec.serve.slots import Request
+
+    results = [RequestResult(i, chunk_token_counts=[]) for i in range(len(prompts))]
+    finished = [threading.Event() for _ in prompts]
+
+    def sink_for(i: int, sent: float):
+        def sink(tokens: list[int], reason: str | None) -> None:
+            now, result = time.perf_counter() - sent, results[i]
+            if tokens:
+                result.ttft = now if result.ttft is None else result.ttft
+                result.chunk_times.append(now)
+                result.chunk_texts.append("")
+                result.chunk_token_counts.append(len(tokens))
+                result.output_tokens += len(tokens)
+            if reason is not None:
+                result.latency, result.finish_reason = now, reason
+                finished[i].set()
+        return sink
+
+    offsets = None if rate == SEQUENTIAL else poisson_offsets(len(prompts), float(rate), seed)
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        if offsets is not None:
+            time.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
+        sent = time.perf_counter()
+        results[i].sent_at, results[i].tokens_from = sent - start, "token_ids"
+        slots.submit(Request(list(prompt), max_tokens, sink_for(i, sent), seed=seed + i))
+        if offsets is None:
+            finished[i].wait()
+    for event in finished:
+        event.wait()
+    return results, time.perf_counter() - start
 
 
 def scrape_counters(base_url: str) -> dict[str, float]:
-    """``jspec serve``'s step-program and acceptance counters from GET /metrics ({} from servers without them):
-    chunks by program, acceptance_length sum and count."""
+    """``jspec serve``'s step-program and acceptance counters from GET /metrics ({} from servers without them)."""
     import httpx
 
     try:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=10.0).text
-        counters = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "jspec:chunks_total":
-                    counters[f"chunks_{sample.labels.get('program')}"] = sample.value
-                elif sample.name in ("jspec:acceptance_length_sum", "jspec:acceptance_length_count"):
-                    counters[sample.name.split("_")[-1]] = sample.value
-        return counters
+        return parse_counters(httpx.get(base_url.rstrip("/") + "/metrics", timeout=10.0).text)
     except Exception:  # noqa: BLE001 -- another server's metrics, or none: the figures are extras
         return {}
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Prometheus text -> {"chunks_<program>": chunks run, "sum"/"count": of jspec:acceptance_length}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "jspec:chunks_total":
+                counters[f"chunks_{sample.labels.get('program')}"] = sample.value
+            elif sample.name in ("jspec:acceptance_length_sum", "jspec:acceptance_length_count"):
+                counters[sample.name.split("_")[-1]] = sample.value
+    return counters
 
 
 def counter_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
@@ -607,6 +674,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--no-token-ids", action="store_true",
                       help="do not send return_token_ids (ITL then shares tokens among chunks by text length)")
     load.add_argument("--no-offline", action="store_true", help="skip the offline generate reference")
+    load.add_argument("--direct", action="store_true",
+                      help="also run every pass straight against each launched server's slot engine (no HTTP): "
+                           "rows spec-direct, plain-direct")
     out = parser.add_argument_group("output")
     out.add_argument("--json", default=None, help="write every figure (and each request's timings) here")
     out.add_argument("--chart", default=None, help="write a PNG chart here (throughput, TTFT, ITL by rate)")
@@ -646,12 +716,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = load_prompts(args.num_prompts)
     report: dict[str, Any] = {"environment": environment(), "args": vars(args), "passes": [], "requests": [],
                               "cost_tables": {}}
-    flags = {"ignore_eos": args.ignore_eos, "token_ids": not args.no_token_ids}
     if args.base_url is not None:
-        urls = {"server": args.base_url}
+        model_name = args.model_name or served_model(args.base_url)
+        target = http_target(args.base_url, model_name, ignore_eos=args.ignore_eos, token_ids=not args.no_token_ids)
         prompts: list = texts
         offline = None
-        servers = contextlib.nullcontext(urls)
+        servers = contextlib.nullcontext({"server": target})
     else:
         spec_engine, plain_engine, config = load_engines(args)
         report["servers"] = config
@@ -662,17 +732,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers = launch_servers({"spec": spec_engine, "plain": plain_engine}, args, costs=report["cost_tables"])
     report["offline"] = offline
     passes: list[PassSummary] = []
-    with servers as urls:
-        model_name = args.model_name or served_model(next(iter(urls.values())))
-        for url in urls.values():  # the first request of a server pays for what warm-up left (HTTP, threads)
-            asyncio.run(run_pass(url, model_name, prompts[:1], 4, SEQUENTIAL, args.seed, **flags))
+    with servers as targets:
+        for target in targets.values():  # the first request of a server pays for what warm-up left (HTTP, threads)
+            target.run(prompts[:1], 4, SEQUENTIAL, args.seed)
         for n, rate in enumerate(rates):
-            for server, url in urls.items():
-                before = scrape_counters(url)
-                results, duration = asyncio.run(run_pass(url, model_name, prompts, args.max_tokens, rate,
-                                                         args.seed + 1000 * n, **flags))
+            for server, target in targets.items():
+                before = target.counters()
+                results, duration = target.run(prompts, args.max_tokens, rate, args.seed + 1000 * n)
                 summary = summarize_pass(server, rate, results, duration)
-                summary.server_counters = counter_figures(before, scrape_counters(url))
+                summary.server_counters = counter_figures(before, target.counters())
                 passes.append(summary)
                 report["passes"].append({**dataclasses.asdict(summary), "rate": rate_label(rate)})
                 report["requests"].append({"server": server, "rate": rate_label(rate),

