@@ -48,11 +48,11 @@ class Counter:
 class Server:
     """The app over a warm slot engine, served by uvicorn in a background thread on a free local port."""
 
-    def __init__(self, max_batch_size: int, **slot_kwargs):
+    def __init__(self, max_batch_size: int, max_seq_len: int = MAX_SEQ_LEN, **slot_kwargs):
         drafter, spec = bundled.default_method("cpu")
         self.engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec,
-                                                       max_batch_size=max_batch_size, max_seq_len=MAX_SEQ_LEN)
-        self.slots = SlotEngine(self.engine, max_seq_len=MAX_SEQ_LEN, **slot_kwargs)
+                                                       max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+        self.slots = SlotEngine(self.engine, max_seq_len=max_seq_len, **slot_kwargs)
         self.slots.warm_up(self.engine.tokenizer.encode(CALIBRATION_PROMPT).ids)
         self.slots.start()
         sock = socket.socket()
@@ -222,8 +222,9 @@ def test_32_concurrent_greedy_requests_equal_generate_alone_and_compile_nothing(
 
 @pytest.fixture(scope="module")
 def crowd_server(server):
-    """16 slots, load adaptation off: a sampled request's tokens then depend only on its seed (slots.py)."""
-    served = Server(max_batch_size=16, adapt=False)
+    """16 slots, load adaptation off: a sampled request's tokens then depend only on its seed (slots.py). A shorter
+    context than the others: fewer programs to compile."""
+    served = Server(max_batch_size=16, max_seq_len=128, adapt=False)
     yield served
     served.stop()
 
@@ -388,7 +389,7 @@ def test_after_the_fuzz_it_still_generates(server):
 @pytest.fixture(scope="module")
 def tiny_server(server):
     """1 slot, 1 place in the queue."""
-    served = Server(max_batch_size=1, max_queue=1, adapt=False)
+    served = Server(max_batch_size=1, max_seq_len=64, max_queue=1, adapt=False)
     yield served
     served.stop()
 
@@ -398,7 +399,7 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_server):
 
     def ask(seed: int) -> None:
         with httpx.Client(base_url=tiny_server.url, timeout=120) as http:
-            response = http.post("/v1/completions", json={**LONG, "seed": seed})
+            response = http.post("/v1/completions", json={**LONG, "max_tokens": 48, "seed": seed})
             statuses.append((response.status_code, response.headers.get("retry-after"), response.json()))
 
     threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(5)]

@@ -105,7 +105,8 @@ def test_serve_answers_then_drains_on_sigterm(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--max-batch-size", "0"], "jspec: error: --max-batch-size 0: expected an integer >= 1"),
     (["--port", "70000"], "jspec: error: --port 70000: expected 0 .. 65535"),
-    (["--bogus"], "jspec serve: error: unrecognized arguments: --bogus"),
+    (["--bogus"], "jspec: error: unrecognized arguments: --bogus"),
+    (["--port", "eighty"], "jspec serve: error: argument --port: invalid int value: 'eighty'"),
 ])
 def test_bad_flags_exit_2_with_one_clear_line(tmp_path, argv, message):
     run = subprocess.run([sys.executable, "-m", "jspec.tools.cli", "serve", *argv], capture_output=True, text=True,
