@@ -79,6 +79,11 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value}: expected an integer >= {low}")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
+    if args.data_parallel_size != 1:
+        raise ValueError(f"--data-parallel-size {args.data_parallel_size}: the server runs one replica; use "
+                         f"-tp, or one server per data-parallel group")
+    if args.coordinator_address is not None or args.distributed:
+        raise ValueError("jspec serve runs on one host (no --coordinator-address / --distributed)")
 
 
 def _listen(host: str, port: int) -> socket.socket:

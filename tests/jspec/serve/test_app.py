@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 import jspec
 from jspec.serve.app import create_app
+from jspec.serve.protocol import ModelInfo, parse_chat
 from jspec.serve.slots import SlotEngine
+from jspec.serve.stop_strings import StopMatcher
 from jspec.tools import bundled
 from jspec.tools.serve_cmd import CALIBRATION_PROMPT, DrainingServer
 
@@ -348,9 +350,13 @@ def test_a_dropped_connection_frees_its_slot(server):
 
 # --- fuzzing ----------------------------------------------------------------------------------------------------
 
+
+def _containers(inner):
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+
+
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 40, 2 ** 40) | st.floats() | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                max_size=4), max_leaves=12)
+                    _containers, max_leaves=12)
 FIELDS = {
     "model": st.just(NAME) | JSON, "prompt": st.text(min_size=1, max_size=20) | st.lists(st.integers(-5, 3000),
                                                                                           max_size=8) | JSON,
@@ -363,8 +369,11 @@ FIELDS = {
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | JSON}) | JSON,
     "n": st.integers(0, 3) | JSON, "logprobs": JSON, "echo": JSON, "best_of": JSON, "return_token_ids": JSON,
 }
-BODIES = st.fixed_dictionaries({}, optional=FIELDS).map(lambda b: json.dumps(b).encode()) | JSON.map(
-    lambda b: json.dumps(b).encode()) | st.binary(max_size=40)
+VALID = {"prompt": "def f(x):", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 3}
+OBJECTS = st.fixed_dictionaries({}, optional=FIELDS)
+ONE_FIELD = st.sampled_from(sorted(FIELDS)).flatmap(lambda name: FIELDS[name].map(lambda v: {**VALID, name: v}))
+# a valid body with one field drawn (twice as likely), any object of those fields, any JSON value, any bytes
+BODIES = (ONE_FIELD | ONE_FIELD | OBJECTS | JSON).map(lambda body: json.dumps(body).encode()) | st.binary(max_size=40)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
@@ -416,3 +425,36 @@ def test_shutting_down_answers_503(tiny_server):
     tiny_server.slots.stop_accepting()
     response = tiny_server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
+
+
+# --- stop strings (no server) -----------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="ab\n ", max_size=30), stops=st.lists(st.text(alphabet="ab\n ", max_size=4), max_size=3),
+       cuts=st.lists(st.integers(0, 30), max_size=6))
+def test_stop_matcher_sends_the_text_before_the_first_stop_string(text, stops, cuts):
+    matcher = StopMatcher(stops)
+    bounds = [0, *sorted(c for c in cuts if c <= len(text)), len(text)]
+    sent, stopped = "", False
+    for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        piece, stopped = matcher.feed(text[start:end], final=i == len(bounds) - 2)
+        sent += piece
+        if stopped:
+            break
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    assert (sent, stopped) == ((text[:min(found)], True) if found else (text, False))
+
+
+def test_chat_with_a_template_renders_it_and_stops_at_its_end_of_turn():
+    from jspec.chat import ChatTemplate
+    from jspec.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(jspec.bundled_model())
+    template = ChatTemplate("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>{% endfor %}"
+                            "{% if add_generation_prompt %}<s>assistant\n{% endif %}", {"eos_token": "</s>"})
+    model = ModelInfo(name=NAME, tokenizer=tokenizer, chat_template=template, max_seq_len=64, vocab_size=10 ** 6)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Sort "}, {"type": "text", "text": "it."}]}]
+    params = parse_chat({"messages": messages, "stop_token_ids": [7]}, model)
+    expect = template.encode(tokenizer, [[{"role": "user", "content": "Sort it."}]])[0]
+    assert params.prompt_ids == expect and params.max_tokens == 64 - len(expect)
+    assert params.stop_token_ids == (7, tokenizer.token_to_id("</s>"))
