@@ -27,10 +27,13 @@ so drift on a shared machine hits both alike. Token ids are sent as the prompt, 
 reference see the same tokens (prompts longer than ``--max-seq-len - --max-tokens`` keep their last tokens).
 
 The offline reference, in the same run on the same engines and prompts (``SpecEngine.generate``, greedy, the
-same EOS): (a) the speedup of speculative over plain at batch 1, against the servers' speedup in the sequential
+same EOS), timed in every round beside the passes it is compared with (batch 1 at the start of the round, batch
+``--max-batch-size`` just before the saturated passes): (a) the speedup of speculative over plain at batch 1, against the servers' speedup in the sequential
 pass (criterion: within 10%); (b) speculative ``generate`` tokens/s at batch ``--max-batch-size`` against the
 speculative server's at saturation (criterion: >= 0.8x); and (c) the speculative server against the plain one at
 every rate (load adaptation should never lose to plain decoding by more than noise; criterion: >= 0.95x).
+``--repeats R`` runs R rounds: the table pools their requests; each check is the median of its per-round ratios
+(for (c), per rate, then the worst rate).
 ``--direct`` adds rows ``spec-direct`` and ``plain-direct``: the same passes submitted straight to each server's
 slot engine from this process (no HTTP, no detokenizing), which splits the gap to the offline figures between the
 scheduler and the HTTP layer. ``--json`` writes every figure (and each request's timings), ``--chart`` a PNG:
@@ -480,10 +483,13 @@ def parse_counters(text: str) -> dict[str, float]:
     return counters
 
 
-def counter_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-    """What happened during a pass: the share of chunks that ran the speculative program, and the mean tokens
-    committed per verify step of speculative chunks."""
-    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def counter_figures(delta: dict[str, float]) -> dict[str, float | None]:
+    """What the counters' change over passes says: the share of chunks that ran the speculative program, and the
+    mean tokens committed per verify step of a running request."""
     spec, plain = delta.get("chunks_speculative", 0.0), delta.get("chunks_plain", 0.0)
     return {"speculative_chunk_share": spec / (spec + plain) if spec + plain else None,
             "acceptance_length": delta["sum"] / delta["count"] if delta.get("count") else None}
@@ -491,57 +497,98 @@ def counter_figures(before: dict[str, float], after: dict[str, float]) -> dict[s
 
 # --- the offline reference --------------------------------------------------------------------------------------
 
-def offline_reference(spec_engine, plain_engine, ids: Sequence[list[int]], max_tokens: int,
-                      batch_size: int) -> dict[str, Any]:
-    """``SpecEngine.generate`` on the same prompts, greedy: tokens/s of spec and plain at batch 1 (one prompt per
-    call) and at ``batch_size`` (prompts grouped by length, as ``jspec bench``); each after a warm-up pass that
-    compiles. Tokens/s: new tokens / run seconds, prefill included, compilation excluded."""
-    from jspec.tools.eval_acceptance import run_method
+class OfflineReference:
+    """``SpecEngine.generate`` on the servers' engines and prompts, greedy, at batch 1 (one prompt per call) and at
+    ``batch_size`` (prompts grouped by length, as ``jspec bench``). Everything compiles in the constructor; each
+    :meth:`time` is one timed pass per engine. Tokens/s: new tokens / run seconds (``GenerateStats``: the compiled
+    program's wall time, prefill included, compilation and host-side batching excluded, as ``jspec bench``)."""
 
-    figures: dict[str, Any] = {}
-    for batch in dict.fromkeys((1, batch_size)):
-        for name, engine in (("spec", spec_engine), ("plain", plain_engine)):
-            run_method(engine, ids, batch, max_tokens)  # compiles every bucket
-            _, stats = run_method(engine, ids, batch, max_tokens)
+    def __init__(self, engines: dict[str, Any], ids: Sequence[list[int]], max_tokens: int, batch_size: int):
+        from jspec.tools.eval_acceptance import run_method
+
+        self.engines, self.ids, self.max_tokens, self.batch_size = engines, ids, max_tokens, batch_size
+        self._run = run_method
+        for batch in dict.fromkeys((1, batch_size)):
+            for engine in engines.values():
+                run_method(engine, ids, batch, max_tokens)  # compiles every bucket
+
+    def time(self, batch: int) -> dict[str, dict]:
+        figures = {}
+        for name, engine in self.engines.items():
+            _, stats = self._run(engine, self.ids, batch, self.max_tokens)
             figures[f"{name}_batch{batch}"] = {
                 "batch_size": batch, "tokens_per_second": stats["num_generated_tokens"] / stats["run_seconds"],
                 "output_tokens": stats["num_generated_tokens"], "acceptance_length": stats["acceptance_length"],
                 "run_seconds": stats["run_seconds"]}
             print(f"[bench-serve] offline {name} batch {batch}: "
                   f"{figures[f'{name}_batch{batch}']['tokens_per_second']:.1f} tokens/s", flush=True)
-    figures["speedup_batch1"] = figures["spec_batch1"]["tokens_per_second"] / figures["plain_batch1"]["tokens_per_second"]
-    return figures
+        return figures
+
+
+def median_offline(rounds: Sequence[dict[str, dict]]) -> dict[str, Any]:
+    """Per figure, the round with the median tokens/s (the rounds themselves are in the report), and the median
+    over rounds of each round's batch-1 speedup."""
+    merged: dict[str, Any] = {}
+    for key in dict.fromkeys(k for r in rounds for k in r):
+        figures = sorted((r[key] for r in rounds if key in r), key=lambda f: f["tokens_per_second"])
+        merged[key] = {**figures[len(figures) // 2], "tokens_per_second_runs": [f["tokens_per_second"]
+                                                                             for f in figures]}
+    speedups = [r["spec_batch1"]["tokens_per_second"] / r["plain_batch1"]["tokens_per_second"]
+                for r in rounds if "spec_batch1" in r and "plain_batch1" in r]
+    if speedups:
+        merged["speedup_batch1"] = float(np.median(speedups))
+    return merged
 
 
 def criteria(passes: Sequence[PassSummary], offline: dict[str, Any] | None, batch_size: int) -> list[dict]:
-    """The three checks (module docstring), each {"name", "measured", "target", "holds"}; a check whose figures
-    this run lacks is left out."""
+    """The three checks (module docstring) on one round, each {"name", "ratio", "low", "high" (None: no upper
+    bound), "detail"}; a check whose figures the round lacks is left out. (c)'s ratio is its worst rate's;
+    "per_rate" has them all."""
     by = {(p.server, p.rate): p for p in passes}
     checks = []
     seq_spec, seq_plain = by.get(("spec", SEQUENTIAL)), by.get(("plain", SEQUENTIAL))
-    if offline is not None and seq_spec and seq_plain and seq_plain.output_throughput > 0:
+    if offline and "spec_batch1" in offline and seq_spec and seq_plain and seq_plain.output_throughput > 0:
         served = seq_spec.output_throughput / seq_plain.output_throughput
-        ratio = served / offline["speedup_batch1"]
-        checks.append({"name": "(a) server speedup, one request at a time, vs offline speedup at batch 1",
-                       "measured": f"{served:.2f}x vs {offline['speedup_batch1']:.2f}x (ratio {ratio:.2f})",
-                       "target": "ratio within 0.90..1.10", "ratio": ratio, "holds": abs(ratio - 1) <= 0.10})
-    saturated = by.get(("spec", math.inf))
-    key = f"spec_batch{batch_size}"
-    if offline is not None and saturated and key in offline:
-        ratio = saturated.output_throughput / offline[key]["tokens_per_second"]
-        checks.append({"name": f"(b) spec server at saturation vs offline spec generate at batch {batch_size}",
-                       "measured": f"{saturated.output_throughput:.1f} vs {offline[key]['tokens_per_second']:.1f} "
-                                   f"tokens/s ({ratio:.2f}x)",
-                       "target": ">= 0.80x", "ratio": ratio, "holds": ratio >= 0.80})
+        alone = offline["spec_batch1"]["tokens_per_second"] / offline["plain_batch1"]["tokens_per_second"]
+        checks.append({"name": "(a) server speedup, one request at a time / offline speedup at batch 1",
+                       "ratio": served / alone, "low": 0.90, "high": 1.10,
+                       "detail": f"{served:.2f}x / {alone:.2f}x"})
+    saturated, key = by.get(("spec", math.inf)), f"spec_batch{batch_size}"
+    if offline and saturated and key in offline:
+        reference = offline[key]["tokens_per_second"]
+        checks.append({"name": f"(b) spec server at saturation / offline spec generate at batch {batch_size}",
+                       "ratio": saturated.output_throughput / reference, "low": 0.80, "high": None,
+                       "detail": f"{saturated.output_throughput:.0f} / {reference:.0f} tokens/s"})
     rates = [p.rate for p in passes if p.server == "spec" and ("plain", p.rate) in by]
     if rates:
-        ratios = {str(r): by[("spec", r)].output_throughput / max(by[("plain", r)].output_throughput, 1e-9)
-                  for r in rates}
-        worst = min(ratios.values())
-        checks.append({"name": "(c) spec server vs plain server, output tokens/s, at every rate",
-                       "measured": ", ".join(f"{r}: {v:.2f}x" for r, v in ratios.items()),
-                       "target": ">= 0.95x at every rate", "ratio": worst, "holds": worst >= 0.95})
+        per_rate = {rate_label(r): by[("spec", r)].output_throughput / max(by[("plain", r)].output_throughput, 1e-9)
+                    for r in rates}
+        checks.append({"name": "(c) spec server / plain server, output tokens/s, worst rate",
+                       "ratio": min(per_rate.values()), "low": 0.95, "high": None, "per_rate": per_rate,
+                       "detail": ", ".join(f"{r}: {v:.2f}x" for r, v in per_rate.items())})
     return checks
+
+
+def combine_checks(rounds: Sequence[Sequence[dict]]) -> list[dict]:
+    """Each check over the rounds: its median ratio (for (c): per rate, then the worst) against its bounds ->
+    {"name", "ratio", "ratios" (per round), "target", "holds", "measured"}."""
+    combined = []
+    for name in dict.fromkeys(c["name"] for r in rounds for c in r):
+        mine = [c for r in rounds for c in r if c["name"] == name]
+        if "per_rate" in mine[0]:
+            per_rate = {rate: float(np.median([c["per_rate"][rate] for c in mine if rate in c["per_rate"]]))
+                        for rate in mine[0]["per_rate"]}
+            ratio = min(per_rate.values())
+        else:
+            per_rate, ratio = None, float(np.median([c["ratio"] for c in mine]))
+        low, high = mine[0]["low"], mine[0]["high"]
+        target = f">= {low:.2f}" if high is None else f"{low:.2f}..{high:.2f}"
+        measured = (f"median {ratio:.2f}" if per_rate is None else
+                    "median per rate " + ", ".join(f"{r}: {v:.2f}x" for r, v in per_rate.items()))
+        combined.append({"name": name, "ratio": ratio, "ratios": [c["ratio"] for c in mine], "target": target,
+                         "holds": low <= ratio and (high is None or ratio <= high), "per_rate": per_rate,
+                         "measured": f"{measured} (rounds: " + "; ".join(c["detail"] for c in mine) + ")"})
+    return combined
 
 
 # --- output -----------------------------------------------------------------------------------------------------
@@ -591,9 +638,10 @@ def print_report(passes: Sequence[PassSummary], offline: dict | None, checks: Se
     if offline is not None:
         for key, figure in offline.items():
             if isinstance(figure, dict):
-                print(f"offline {key}: {figure['tokens_per_second']:.1f} tokens/s "
-                      f"(acceptance {figure['acceptance_length']:.2f})")
-        print(f"offline speedup at batch 1: {offline['speedup_batch1']:.2f}x")
+                print(f"offline {key}: {figure['tokens_per_second']:.1f} tokens/s (median of "
+                      f"{len(figure.get('tokens_per_second_runs', [0]))}; acceptance {figure['acceptance_length']:.2f})")
+        if "speedup_batch1" in offline:
+            print(f"offline speedup at batch 1: {offline['speedup_batch1']:.2f}x (median over rounds)")
     for check in checks:
         print(f"{'HOLDS' if check['holds'] else 'FAILS'}  {check['name']}: {check['measured']} "
               f"(target {check['target']})")
@@ -656,6 +704,47 @@ def write_chart(passes: Sequence[PassSummary], offline: dict | None, batch_size:
     return True
 
 
+def run_rounds(targets: dict[str, Target], prompts: Sequence, rates: Sequence[float | str],
+               args: argparse.Namespace, reference: OfflineReference | None, report: dict) -> tuple:
+    """``args.repeats`` rounds of every pass on every target, the offline reference timed in each round (batch 1
+    first, batch max_batch_size just before the saturated passes) -> (requests, seconds and counter changes per
+    (server, rate), pooled over rounds; offline figures per round; checks per round). Each pass's requests go to
+    ``report["requests"]`` as they finish."""
+    results: dict[tuple, list[RequestResult]] = {}
+    seconds: dict[tuple, float] = {}
+    deltas: dict[tuple, dict[str, float]] = {}
+    offline_rounds: list[dict] = []
+    round_checks = []
+    for target in targets.values():  # the first request of a server pays for what warm-up left (HTTP, threads)
+        target.run(prompts[:1], 4, SEQUENTIAL, args.seed)
+    for round_index in range(args.repeats):
+        offline_round: dict[str, dict] = {} if reference is None else reference.time(1)
+        round_passes = []
+        for n, rate in enumerate(rates):
+            if reference is not None and rate == math.inf:  # timed beside the saturated passes
+                offline_round.update(reference.time(args.max_batch_size))
+            for server, target in targets.items():
+                before = target.counters()
+                got, duration = target.run(prompts, args.max_tokens, rate, args.seed + 1000 * n)
+                key = (server, rate)
+                delta = counter_delta(before, target.counters())
+                results.setdefault(key, []).extend(got)
+                seconds[key] = seconds.get(key, 0.0) + duration
+                deltas[key] = {k: deltas.get(key, {}).get(k, 0.0) + v for k, v in delta.items()}
+                summary = summarize_pass(server, rate, got, duration)
+                round_passes.append(summary)
+                report["requests"].append({"server": server, "rate": rate_label(rate), "round": round_index,
+                                           "duration_s": duration, "results": [dataclasses.asdict(r) for r in got]})
+                print(f"[bench-serve] round {round_index + 1}/{args.repeats} {server} rate {rate_label(rate)}: "
+                      f"{summary.completed}/{summary.num_requests} ok, {summary.output_throughput:.1f} tokens/s, "
+                      f"TTFT p50 {_ms(summary.ttft_ms, 'p50')} ms, ITL p50 {_ms(summary.itl_ms, 'p50')} ms",
+                      flush=True)
+        if reference is not None and f"spec_batch{args.max_batch_size}" not in offline_round:
+            offline_round.update(reference.time(args.max_batch_size))
+        offline_rounds.append(offline_round)
+        round_checks.append(criteria(round_passes, offline_round or None, args.max_batch_size))
+    return results, seconds, deltas, offline_rounds, round_checks
+
 # --- command line -----------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -681,6 +770,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--request-rates", default="0.5,1,2,inf",
                       help="Poisson arrival rates in requests/s, comma-separated; inf: all at once")
     load.add_argument("--no-sequential", action="store_true", help="skip the pass of one request after another")
+    load.add_argument("--repeats", type=int, default=1,
+                      help="rounds of every pass (and of the offline reference beside them); the table pools the "
+                           "rounds' requests, each check takes the median of its per-round ratios")
     load.add_argument("--seed", type=int, default=0, help="arrival times; request i gets seed + i")
     load.add_argument("--ignore-eos", action="store_true",
                       help="send ignore_eos (vLLM's extension; jspec serve has none and stops at EOS)")
@@ -698,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> list[float | str]:
     """Validates before anything loads -> the passes' rates (SEQUENTIAL first unless --no-sequential)."""
-    for flag in ("num_prompts", "max_tokens", "max_batch_size", "steps_per_chunk"):
+    for flag in ("num_prompts", "max_tokens", "max_batch_size", "steps_per_chunk", "repeats"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected an integer >= 1")
     if args.max_seq_len <= args.max_tokens:
@@ -733,36 +825,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_name = args.model_name or served_model(args.base_url)
         target = http_target(args.base_url, model_name, ignore_eos=args.ignore_eos, token_ids=not args.no_token_ids)
         prompts: list = texts
-        offline = None
+        reference = None
         servers = contextlib.nullcontext({"server": target})
     else:
         spec_engine, plain_engine, config = load_engines(args)
         report["servers"] = config
         prompts, cut = fit_prompts(spec_engine.encode(texts), args.max_seq_len, args.max_tokens)
         report["prompts_cut"] = cut
-        offline = None if args.no_offline else offline_reference(spec_engine, plain_engine, prompts,
-                                                                 args.max_tokens, args.max_batch_size)
+        reference = None if args.no_offline else OfflineReference({"spec": spec_engine, "plain": plain_engine},
+                                                                   prompts, args.max_tokens, args.max_batch_size)
         servers = launch_servers({"spec": spec_engine, "plain": plain_engine}, args, costs=report["cost_tables"])
-    report["offline"] = offline
-    passes: list[PassSummary] = []
     with servers as targets:
-        for target in targets.values():  # the first request of a server pays for what warm-up left (HTTP, threads)
-            target.run(prompts[:1], 4, SEQUENTIAL, args.seed)
-        for n, rate in enumerate(rates):
-            for server, target in targets.items():
-                before = target.counters()
-                results, duration = target.run(prompts, args.max_tokens, rate, args.seed + 1000 * n)
-                summary = summarize_pass(server, rate, results, duration)
-                summary.server_counters = counter_figures(before, target.counters())
-                passes.append(summary)
-                report["passes"].append({**dataclasses.asdict(summary), "rate": rate_label(rate)})
-                report["requests"].append({"server": server, "rate": rate_label(rate),
-                                           "results": [dataclasses.asdict(r) for r in results]})
-                print(f"[bench-serve] {server} rate {rate_label(rate)}: {summary.completed}/{summary.num_requests} "
-                      f"ok, {summary.output_throughput:.1f} tokens/s, TTFT p50 {_ms(summary.ttft_ms, 'p50')} ms, "
-                      f"ITL p50 {_ms(summary.itl_ms, 'p50')} ms", flush=True)
-    checks = criteria(passes, offline, args.max_batch_size)
-    report["criteria"] = checks
+        results, seconds, deltas, offline_rounds, round_checks = run_rounds(targets, prompts, rates, args,
+                                                                            reference, report)
+    passes = []
+    for (server, rate), got in results.items():  # every round's requests pooled
+        summary = summarize_pass(server, rate, got, seconds[(server, rate)])
+        summary.server_counters = counter_figures(deltas[(server, rate)])
+        passes.append(summary)
+        report["passes"].append({**dataclasses.asdict(summary), "rate": rate_label(rate)})
+    offline = median_offline(offline_rounds) if reference is not None else None
+    report["offline"], report["offline_rounds"] = offline, offline_rounds
+    checks = combine_checks(round_checks)
+    report["criteria"], report["criteria_rounds"] = checks, round_checks
     print_report(passes, offline, checks)
     if args.json:
         with open(args.json, "w") as f:

