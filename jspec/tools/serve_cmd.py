@@ -3,8 +3,9 @@
 
 Start-up: the port is bound first (a taken port fails at once), the model loads as ``jspec generate`` loads it
 (the same --model / --drafter / tree defaults), every program compiles in the slot engine's warm-up, then the
-server listens and prints one ``... ready`` line. SIGTERM drains: no new requests (503), the running ones get up to
---shutdown-timeout seconds to finish, then the rest are ended, and the process exits 0. Ctrl-C exits at once (130),
+server listens and prints one ``... ready`` line. SIGTERM drains: the listening socket closes and requests on open
+connections get 503, the running ones get up to --shutdown-timeout seconds to finish, then the rest are ended, and
+the process exits 0. Ctrl-C exits at once (130),
 as every jspec command does.
 """
 

@@ -14,6 +14,7 @@ import jax
 import openai
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -198,6 +199,9 @@ def test_32_concurrent_greedy_requests_equal_generate_alone_and_compile_nothing(
     listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
+        jax.jit(lambda x: x * 3 + 1)(jax.numpy.ones(7))  # the listener hears a compile: a fresh program
+        assert compiles, "no backend_compile event heard: the event's name changed?"
+        compiles.clear()
         results = [None] * len(cases)
 
         def ask(i: int) -> None:
@@ -313,6 +317,15 @@ def test_top_k_off_values_are_accepted(server, top_k):
     response = server.http.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 2, "top_k": top_k,
                                                          "temperature": 1.0})
     assert response.status_code == 200, response.text
+
+
+def test_before_warm_up_health_and_requests_answer_503(server):
+    cold = SlotEngine(server.engine, max_seq_len=MAX_SEQ_LEN)
+    with TestClient(create_app(cold, NAME)) as client:
+        assert client.get("/health").status_code == 503
+        response = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert response.json()["error"]["message"]
 
 
 def test_unknown_route_is_404_in_openais_shape(server):
