@@ -169,7 +169,7 @@ async def _stream(generation: _Generation, shape: "_Shape") -> AsyncIterator[str
         if shape.chat:
             yield _event(shape.chunk({"role": "assistant", "content": ""}, None))
         async for text, tokens in generation.pieces():
-            if text or tokens:
+            if text or (tokens and shape.params.return_token_ids):  # tokens whose text is held back: no event
                 yield _event(shape.chunk(text, None, tokens))
         yield _event(shape.chunk("", generation.finish_reason))
         if shape.params.include_usage:

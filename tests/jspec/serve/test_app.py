@@ -176,6 +176,13 @@ def test_stop_token_ids_and_return_token_ids(server, tokenizer):
                                                     "return_token_ids": True}).json()
     choice = out["choices"][0]
     assert choice["token_ids"] == expect[:expect.index(stop_id) + 1] and choice["finish_reason"] == "stop"
+    streamed = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 30, "stream": True,
+                                                         "stop_token_ids": [stop_id], "return_token_ids": True})
+    events = [line.removeprefix("data: ") for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event)["choices"][0] for event in events[:-1]]
+    assert sum((c["token_ids"] for c in chunks), []) == choice["token_ids"]
+    assert "".join(c["text"] for c in chunks) == choice["text"] and chunks[-1]["finish_reason"] == "stop"
 
 
 def test_models_health_metrics(server):
