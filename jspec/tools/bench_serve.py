@@ -696,8 +696,10 @@ def write_chart(passes: Sequence[PassSummary], offline: dict | None, batch_size:
         ax.set_xticks(x, labels)
         ax.set_xlabel("request rate (req/s; seq: one at a time, inf: all at once)")
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7, loc="lower right" if ax is axes[0] else "upper left")
-        ax.set_ylim(bottom=0)
+        values = np.concatenate([np.asarray(line.get_ydata(), np.float64) for line in ax.get_lines()])
+        finite = values[np.isfinite(values)]
+        ax.set_ylim(0, 1.6 * (finite.max() if finite.size else 1.0))  # the legend's room above the data
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
