@@ -36,8 +36,8 @@ every rate (load adaptation should never lose to plain decoding by more than noi
 (for (c), per rate, then the worst rate).
 ``--direct`` adds rows ``spec-direct`` and ``plain-direct``: the same passes submitted straight to each server's
 slot engine from this process (no HTTP, no detokenizing), which splits the gap to the offline figures between the
-scheduler and the HTTP layer. ``--json`` writes every figure (and each request's timings), ``--chart`` a PNG:
-throughput, TTFT and ITL by rate.
+scheduler and the HTTP layer. ``--json`` writes every figure (``--json-requests``: and each request's chunk
+timings), ``--chart`` a PNG: throughput, TTFT and ITL by rate.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -127,6 +128,18 @@ class RequestResult:
     @property
     def ok(self) -> bool:
         return self.error is None and self.latency is not None
+
+
+def request_record(result: RequestResult) -> dict[str, Any]:
+    """A request for the JSON report: times rounded to microseconds, the text as its length and SHA-1 (enough to
+    compare outputs across servers without storing them)."""
+    record = dataclasses.asdict(result)
+    text = "".join(record.pop("chunk_texts"))
+    record.update(text_chars=len(text), text_sha1=hashlib.sha1(text.encode()).hexdigest())
+    for key in ("sent_at", "ttft", "latency"):
+        record[key] = None if record[key] is None else round(record[key], 6)
+    record["chunk_times"] = [round(t, 6) for t in record["chunk_times"]]
+    return record
 
 
 def tokens_per_chunk(result: RequestResult) -> list[float]:
@@ -711,7 +724,7 @@ def run_rounds(targets: dict[str, Target], prompts: Sequence, rates: Sequence[fl
     """``args.repeats`` rounds of every pass on every target, the offline reference timed in each round (batch 1
     first, batch max_batch_size just before the saturated passes) -> (requests, seconds and counter changes per
     (server, rate), pooled over rounds; offline figures per round; checks per round). Each pass's requests go to
-    ``report["requests"]`` as they finish."""
+    ``report["requests"]`` (with --json-requests)."""
     results: dict[tuple, list[RequestResult]] = {}
     seconds: dict[tuple, float] = {}
     deltas: dict[tuple, dict[str, float]] = {}
@@ -735,8 +748,9 @@ def run_rounds(targets: dict[str, Target], prompts: Sequence, rates: Sequence[fl
                 deltas[key] = {k: deltas.get(key, {}).get(k, 0.0) + v for k, v in delta.items()}
                 summary = summarize_pass(server, rate, got, duration)
                 round_passes.append(summary)
-                report["requests"].append({"server": server, "rate": rate_label(rate), "round": round_index,
-                                           "duration_s": duration, "results": [dataclasses.asdict(r) for r in got]})
+                if args.json_requests:
+                    report["requests"].append({"server": server, "rate": rate_label(rate), "round": round_index,
+                                               "duration_s": duration, "results": [request_record(r) for r in got]})
                 print(f"[bench-serve] round {round_index + 1}/{args.repeats} {server} rate {rate_label(rate)}: "
                       f"{summary.completed}/{summary.num_requests} ok, {summary.output_throughput:.1f} tokens/s, "
                       f"TTFT p50 {_ms(summary.ttft_ms, 'p50')} ms, ITL p50 {_ms(summary.itl_ms, 'p50')} ms",
@@ -785,7 +799,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also run every pass straight against each launched server's slot engine (no HTTP): "
                            "rows spec-direct, plain-direct")
     out = parser.add_argument_group("output")
-    out.add_argument("--json", default=None, help="write every figure (and each request's timings) here")
+    out.add_argument("--json", default=None, help="write every figure here")
+    out.add_argument("--json-requests", action="store_true",
+                     help="--json also holds every request's chunk timings (hundreds of kB)")
     out.add_argument("--chart", default=None, help="write a PNG chart here (throughput, TTFT, ITL by rate)")
     return parser
 
@@ -853,7 +869,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_report(passes, offline, checks)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=_json_default)
+            json.dump(report, f, indent=None if args.json_requests else 1, default=_json_default)
         print(f"[bench-serve] wrote {args.json}")
     if args.chart:
         if write_chart(passes, offline, args.max_batch_size, args.chart):
