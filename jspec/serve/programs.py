@@ -88,37 +88,43 @@ def admit(params_t, params_d, state: DecodeState, inputs: StepInputs, prompt_ids
         return shard_state(state), inputs
 
 
-@functools.partial(jax.jit, static_argnames=("setup", "speculate", "rows"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("setup", "speculate", "rows", "seq_len"), donate_argnames=("state",))
 def run_chunk(params_t, params_d, state: DecodeState, inputs: StepInputs, cancel: jax.Array, max_steps: jax.Array,
-              *, setup: GenerateSetup, speculate: bool = True, rows: int | None = None) -> DecodeState:
+              *, setup: GenerateSetup, speculate: bool = True, rows: int | None = None,
+              seq_len: int | None = None) -> DecodeState:
     """Finishes the slots where ``cancel`` (bool[B]) is set, then runs at most ``max_steps`` (i32[]) steps (until
     every slot is done): speculative steps, or with ``speculate=False`` plain steps that keep the drafter current
     (``jspec.step.root_step``). Plain servers (no drafter) ignore ``speculate``.
 
-    rows: step only slots [0, rows) (the occupancy bucket: the scheduler fills the lowest free slots first), so a
-    lightly loaded server pays for the rows it uses; the other slots are left as they are. None: every slot.
+    rows, seq_len: step only slots [0, rows) over their first ``seq_len`` token slots (the occupancy and length
+    buckets: the scheduler fills the lowest free slots first, and picks seq_len >= prompt + max_tokens of every
+    running slot among them), so a chunk pays for the rows and the context its requests use, as ``generate``'s
+    buckets do: attention reads every slot of the cache it is given. Every leaf of (state, inputs) is cut to the
+    shape the state of ``rows`` slots of ``seq_len`` tokens has (slot = position in every buffer, the drafter's
+    too), stepped, and written back in place. None: all of them. A finished slot among the rows may hold a longer
+    sequence; it is frozen, and its slot is rewritten whole when the next request is admitted there.
     """
     with traced_on(setup.mesh):
         state = state._replace(done=state.done | cancel)
-        if rows is None or rows == state.done.shape[0]:
+        rows = state.done.shape[0] if rows is None else rows
+        small = setup if seq_len is None else setup.with_max_seq_len(seq_len)
+        shapes = jax.eval_shape(functools.partial(idle_slots, setup=small, num_slots=rows,
+                                                  num_stop_ids=inputs.stop_ids.shape[1]), params_t, params_d)
+        if jax.tree.map(lambda x: x.shape, shapes) == jax.tree.map(lambda x: x.shape, (state, inputs)):
             return run_loop(params_t, params_d, state, inputs, setup=setup, max_steps=max_steps,
                             speculate=speculate)
-        axes = _batch_axes(setup, params_t, params_d, inputs.stop_ids.shape[1])
-        is_none = lambda x: x is None  # noqa: E731
 
-        def first_rows(axis, x):
-            return x if axis is None else jax.lax.slice_in_dim(x, 0, rows, axis=axis)
+        def cut(x, like):
+            return jax.lax.slice(x, (0,) * x.ndim, like.shape)
 
-        part = run_loop(params_t, params_d, jax.tree.map(first_rows, axes[0], state, is_leaf=is_none),
-                        jax.tree.map(first_rows, axes[1], inputs, is_leaf=is_none), setup=setup,
-                        max_steps=max_steps, speculate=speculate)
+        part = run_loop(params_t, params_d, jax.tree.map(cut, state, shapes[0]),
+                        jax.tree.map(cut, inputs, shapes[1]), setup=small, max_steps=max_steps,
+                        speculate=speculate)
 
-        def write_back(axis, whole, rows_part):
-            if axis is None:
-                return rows_part  # the loop's step counter
-            return jax.lax.dynamic_update_slice_in_dim(whole, rows_part, 0, axis)
+        def write_back(whole, part_leaf):
+            return jax.lax.dynamic_update_slice(whole, part_leaf.astype(whole.dtype), (0,) * whole.ndim)
 
-        return shard_state(jax.tree.map(write_back, axes[0], state, part, is_leaf=is_none))
+        return shard_state(jax.tree.map(write_back, state, part))
 
 
 def host_key(seed: int) -> np.ndarray:

@@ -81,6 +81,11 @@ class _Running:
     hist_seen: np.ndarray | int = 0  # accepted_hist already counted
     first_token_at: float | None = None
 
+    @property
+    def need(self) -> int:
+        """Token slots the request needs: prompt + max_tokens."""
+        return self.prompt_len + self.request.max_tokens
+
 
 class SlotEngine:
     """Serves a :class:`jspec.SpecEngine`'s model and drafter with continuous batching (module docstring).
@@ -91,11 +96,14 @@ class SlotEngine:
     adapt: choose per chunk between speculative and plain steps (:mod:`jspec.serve.adapt`); max_stop_ids:
     stop token ids per request (EOS included); row_buckets: the occupancy buckets a chunk may step (ascending,
     the last one max_batch_size; default: powers of two, then max_batch_size), one compiled chunk program per
-    bucket and step program (vLLM's cudagraph capture sizes play this part).
+    bucket and step program (vLLM's cudagraph capture sizes play this part); seq_buckets: likewise the context
+    lengths a chunk may run at (the last one max_seq_len; default: powers of two from 256, then max_seq_len): a
+    chunk runs at the smallest one holding prompt + max_tokens of every request in its rows.
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
-                 adapt: bool = True, max_stop_ids: int = 8, row_buckets: Sequence[int] | None = None):
+                 adapt: bool = True, max_stop_ids: int = 8, row_buckets: Sequence[int] | None = None,
+                 seq_buckets: Sequence[int] | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         for name, value, low in (("max_queue", max_queue, 0), ("steps_per_chunk", steps_per_chunk, 1),
                                  ("max_stop_ids", max_stop_ids, 1)):
@@ -118,11 +126,8 @@ class SlotEngine:
         self.adapt = adapt and self.speculative
         self.eos_token_ids = tuple(engine.eos_token_ids)
         self.widths = _width_buckets(max_seq_len)
-        self.row_buckets = _row_buckets(self.num_slots) if row_buckets is None else tuple(row_buckets)
-        if (not self.row_buckets or list(self.row_buckets) != sorted(set(self.row_buckets))
-                or self.row_buckets[-1] != self.num_slots or self.row_buckets[0] < 1):
-            raise ValueError(f"row_buckets={row_buckets!r}: expected ascending slot counts ending at "
-                             f"max_batch_size={self.num_slots}")
+        self.row_buckets = _check_buckets("row_buckets", row_buckets, self.num_slots, 1, "max_batch_size")
+        self.seq_buckets = _check_buckets("seq_buckets", seq_buckets, max_seq_len, MIN_SEQ_BUCKET, "max_seq_len")
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
@@ -134,6 +139,7 @@ class SlotEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._state = self._inputs = None
+        self._host_step = 0  # the state's loop step counter, as last read back
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -196,16 +202,19 @@ class SlotEngine:
         args = (engine.params, engine.drafter_params)
         self._state, self._inputs = idle_slots(*args, setup=self.setup, num_slots=self.num_slots,
                                                num_stop_ids=self.num_stop_ids)
+        cancel, steps = self._place(np.zeros((self.num_slots,), bool)), self._steps_arg()
+        lowered = {}
         for width in self.widths:
             row = self._row_arguments(Request([0], 1, _ignore), width)
-            self._compiled[("admit", width)] = admit.lower(*args, self._state, self._inputs, *row,
-                                                           self._place(np.zeros((), np.int32)), setup=self.setup).compile()
-        cancel, steps = self._place(np.zeros((self.num_slots,), bool)), self._steps_arg()
+            lowered["admit", width] = admit.lower(*args, self._state, self._inputs, *row,
+                                                  self._place(np.zeros((), np.int32)), setup=self.setup)
         for speculate in ((True, False) if self.speculative else (True,)):
             for rows in self.row_buckets:
-                self._compiled[("chunk", speculate, rows)] = run_chunk.lower(
-                    *args, self._state, self._inputs, cancel, steps, setup=self.setup, speculate=speculate,
-                    rows=rows).compile()
+                for seq_len in self.seq_buckets:
+                    lowered["chunk", speculate, rows, seq_len] = run_chunk.lower(
+                        *args, self._state, self._inputs, cancel, steps, setup=self.setup, speculate=speculate,
+                        rows=rows, seq_len=seq_len)
+        self._compiled.update((name, program.compile()) for name, program in lowered.items())
         host_key(0)  # the host's key derivation, compiled once too
         if self.adapt:
             self.costs, acceptance = self._measure(calibration_prompt)
@@ -298,32 +307,37 @@ class SlotEngine:
                                          frozenset(self.eos_token_ids + request.stop_token_ids))
             self.metrics.prompt_tokens.inc(len(request.prompt_ids))
         self.metrics.running.set(self.num_running)
-        self._emit(time.perf_counter(), 0.0, speculated=None)
+        self._emit(None, speculated=None)
 
     def _chunk(self) -> None:
         cancel = np.array([slot is not None and slot.request.cancelled is not None for slot in self._slots])
         busy = max(i for i, slot in enumerate(self._slots) if slot is not None) + 1
         rows = next(r for r in self.row_buckets if r >= busy)
+        need = max(slot.need for slot in self._slots[:rows] if slot is not None)
+        seq_len = next(n for n in self.seq_buckets if n >= need)
         # a plain server has one program per bucket
         speculate = self.adapter.choose(rows) if self.adapter is not None else True
         start = time.perf_counter()
-        step_before = int(self._state.step)
-        self._state = self._compiled[("chunk", speculate, rows)](
+        step_before = self._host_step
+        self._state = self._compiled[("chunk", speculate, rows, seq_len)](
             self.engine.params, self.engine.drafter_params, self._state, self._inputs, self._place(cancel),
             self._steps_arg())
-        steps = int(self._state.step) - step_before
-        seconds = time.perf_counter() - start
+        self._emit(start, speculated=speculate)  # waits for the chunk
+        seconds, steps = time.perf_counter() - start, self._host_step - step_before
         program = "speculative" if self.speculative and speculate else "plain"
         self.metrics.chunks.labels(program).inc()
         if steps:
             self.metrics.step_seconds.labels(program).observe(seconds / steps)
-        self._emit(time.perf_counter(), seconds, speculated=speculate)
 
-    def _emit(self, now: float, chunk_seconds: float, speculated: bool | None) -> None:
-        """Reads the slots back, hands each request its new tokens, frees finished slots."""
-        tokens, num_generated, done, num_steps, hist = jax.device_get(
+    def _emit(self, chunk_start: float | None, speculated: bool | None) -> None:
+        """Reads the slots back (waiting for the programs in flight), hands each request its new tokens, frees
+        finished slots. chunk_start: when the chunk was launched (None after admissions)."""
+        tokens, num_generated, done, num_steps, hist, step = jax.device_get(
             (self._state.tokens, self._state.num_generated, self._state.done, self._state.num_steps,
-             self._state.accepted_hist))
+             self._state.accepted_hist, self._state.step))
+        self._host_step = int(step)
+        now = time.perf_counter()
+        chunk_seconds = 0.0 if chunk_start is None else now - chunk_start
         chunk_tokens = chunk_steps = 0
         for slot, running in enumerate(self._slots):
             if running is None:
@@ -388,12 +402,14 @@ class SlotEngine:
 
     def _measure(self, prompt: Sequence[int] | None) -> tuple[CostTable, float]:
         """Per occupancy bucket and step program: fills the bucket's slots with ``prompt`` (greedy), times chunks
-        (best of 2 after one that warms caches) and frees the slots. The speculative chunks' acceptance over all
+        (best of 2 after one that warms caches) at the length bucket holding the prompt and its budget (one length
+        stands for all: the ratio of the two programs' costs is what matters) and frees the slots. The speculative chunks' acceptance over all
         slots is the starting estimate."""
         prompt = list(prompt) if prompt else list(range(1, 17))
         budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
         prompt = prompt[:self.max_seq_len - budget]
         width = next(w for w in self.widths if w >= len(prompt))
+        seq_len = next(n for n in self.seq_buckets if n >= len(prompt) + budget)
         args = (self.engine.params, self.engine.drafter_params)
         steps_arg = self._steps_arg()
         seconds: dict[tuple[bool, int], float] = {}
@@ -409,7 +425,7 @@ class SlotEngine:
                 for _ in range(3):
                     steps_before = int(self._state.step)
                     start = time.perf_counter()
-                    self._state = self._compiled[("chunk", speculate, rows)](
+                    self._state = self._compiled[("chunk", speculate, rows, seq_len)](
                         *args, self._state, self._inputs, self._place(np.zeros((self.num_slots,), bool)), steps_arg)
                     steps = int(self._state.step) - steps_before
                     timings.append((time.perf_counter() - start) / steps if steps else float("inf"))
@@ -418,19 +434,29 @@ class SlotEngine:
                     verify_steps = max(1, int(np.asarray(self._state.num_steps)[:rows].sum()))
                     acceptance = float(gained) / verify_steps
                 seconds[speculate, rows] = min(timings[1:])
-                self._state = self._compiled[("chunk", speculate, self.num_slots)](
+                self._state = self._compiled[("chunk", speculate, self.num_slots, self.max_seq_len)](
                     *args, self._state, self._inputs, self._place(np.ones((self.num_slots,), bool)), steps_arg)
         return CostTable({rows: seconds[True, rows] for rows in self.row_buckets},
                          {rows: seconds[False, rows] for rows in self.row_buckets}), acceptance
 
 
-def _row_buckets(num_slots: int) -> tuple[int, ...]:
-    """Occupancy buckets: powers of two below num_slots, then num_slots."""
-    buckets, rows = [], 1
-    while rows < num_slots:
-        buckets.append(rows)
-        rows *= 2
-    return tuple(buckets) + (num_slots,)
+MIN_SEQ_BUCKET = 256  # below it, a shorter context saves less than its programs cost to compile
+
+
+def _check_buckets(name: str, given: Sequence[int] | None, last: int, first: int, last_name: str) -> tuple[int, ...]:
+    """``given`` checked (ascending, ending at ``last``), or the default: powers of two from ``first`` below
+    ``last``, then ``last``."""
+    if given is None:
+        buckets, size = [], first
+        while size < last:
+            buckets.append(size)
+            size *= 2
+        return tuple(buckets) + (last,)
+    buckets = tuple(given)
+    if (not buckets or list(buckets) != sorted(set(buckets)) or buckets[-1] != last or buckets[0] < 1
+            or any(not isinstance(b, int) for b in buckets)):
+        raise ValueError(f"{name}={given!r}: expected ascending integers ending at {last_name}={last}")
+    return buckets
 
 
 def _width_buckets(max_seq_len: int) -> tuple[int, ...]:

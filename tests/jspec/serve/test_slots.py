@@ -91,9 +91,10 @@ def servers(params_t):
 
 @pytest.fixture(scope="module")
 def adaptive(params_t):
-    """EAGLE-3 (dynamic tree) with load adaptation and the default occupancy buckets (1, 2, 4)."""
+    """EAGLE-3 (dynamic tree) with load adaptation, the default occupancy buckets (1, 2, 4) and two length buckets
+    (the requests' prompt + max_tokens fall on both sides of 32)."""
     engine = make_engine(params_t, "eagle3-dynamic")
-    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2)
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, seq_buckets=(32, MAX_SEQ_LEN))
     slots.warm_up(PROMPTS[0])
     slots.start()
     yield engine, slots
@@ -139,10 +140,12 @@ def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptiv
     assert set(slots.costs.spec_step_seconds) == {1, 2, 4}
     adapter, slots.adapter = slots.adapter, AlwaysPlain()
     try:
-        sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n) for p, n in zip(PROMPTS, BUDGETS)])
+        assert PROMPTS[1] and len(PROMPTS[1]) + BUDGETS[1] <= 32  # alone: 1 row of 32 token slots
+        sinks = serve_all(slots, [dict(prompt_ids=PROMPTS[1], max_tokens=BUDGETS[1])])
+        sinks += serve_all(slots, [dict(prompt_ids=p, max_tokens=n) for p, n in zip(PROMPTS, BUDGETS)])
     finally:
         slots.adapter = adapter
-    for prompt, budget, sink in zip(PROMPTS, BUDGETS, sinks):
+    for prompt, budget, sink in zip([PROMPTS[1]] + PROMPTS, [BUDGETS[1]] + BUDGETS, sinks):
         assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0]
     body = slots.metrics.render().decode()
     assert 'jspec:chunks_total{program="plain"}' in body and 'jspec:chunks_total{program="speculative"}' in body
