@@ -95,8 +95,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server():
-    """8 slots, load adaptation on (the default)."""
-    served = Server(max_batch_size=8)
+    """8 slots, load adaptation on (the default); two occupancy buckets (fewer programs to compile than the
+    default four)."""
+    served = Server(max_batch_size=8, row_buckets=(2, 8))
     yield served
     served.stop()
 
@@ -237,7 +238,7 @@ def test_32_concurrent_greedy_requests_equal_generate_alone_and_compile_nothing(
 def crowd_server(server):
     """16 slots, load adaptation off: a sampled request's tokens then depend only on its seed (slots.py). A shorter
     context than the others: fewer programs to compile."""
-    served = Server(max_batch_size=16, max_seq_len=128, adapt=False)
+    served = Server(max_batch_size=16, max_seq_len=128, adapt=False, row_buckets=(4, 16))
     yield served
     served.stop()
 

@@ -91,10 +91,11 @@ def servers(params_t):
 
 @pytest.fixture(scope="module")
 def adaptive(params_t):
-    """EAGLE-3 (dynamic tree) with load adaptation, the default occupancy buckets (1, 2, 4) and two length buckets
-    (the requests' prompt + max_tokens fall on both sides of 32)."""
+    """EAGLE-3 (dynamic tree) with load adaptation, two occupancy buckets and two length buckets (the requests'
+    prompt + max_tokens fall on both sides of 32)."""
     engine = make_engine(params_t, "eagle3-dynamic")
-    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, seq_buckets=(32, MAX_SEQ_LEN))
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, row_buckets=(1, 4),
+                       seq_buckets=(32, MAX_SEQ_LEN))
     slots.warm_up(PROMPTS[0])
     slots.start()
     yield engine, slots
@@ -131,13 +132,13 @@ class AlwaysPlain(LoadAdapter):
     """Chooses the plain program except on probes, to exercise switching."""
 
     def __init__(self):
-        super().__init__(CostTable({r: 1.0 for r in (1, 2, 4)}, {r: 0.01 for r in (1, 2, 4)}), acceptance=1.0,
+        super().__init__(CostTable({r: 1.0 for r in (1, 4)}, {r: 0.01 for r in (1, 4)}), acceptance=1.0,
                          probe_every=3)
 
 
 def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptive):
     engine, slots = adaptive
-    assert set(slots.costs.spec_step_seconds) == {1, 2, 4}
+    assert set(slots.costs.spec_step_seconds) == {1, 4}
     adapter, slots.adapter = slots.adapter, AlwaysPlain()
     try:
         assert PROMPTS[1] and len(PROMPTS[1]) + BUDGETS[1] <= 32  # alone: 1 row of 32 token slots
