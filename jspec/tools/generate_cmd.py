@@ -31,27 +31,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true",
                         help="each prompt is a user message, rendered with the model's chat template "
                              "(tokenizer_config.json); generation also stops at its end-of-turn token")
-    models = parser.add_argument_group("models")
-    models.add_argument("--model", default=None,
-                        help="converted target directory (default: the bundled code model)")
-    models.add_argument("--drafter", default=None,
-                        help="a drafter name (jspec.drafters.DRAFTERS: 'eagle3' / 'draft' are the bundled head / draft "
-                             "model, 'ngram' prompt lookup), 'none', or a converted drafter directory (default without "
-                             "--model: 'ngram' on a CPU, where it is the fastest measured, 'eagle3' on a GPU/TPU; "
-                             "none with --model)")
-    models.add_argument("--max-seq-len", type=int, default=None,
-                        help=f"token slots per sequence: prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
-                             f"model's max_position_embeddings if smaller)")
-    models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                        help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
-    tree = parser.add_argument_group("draft tree (defaults: a chain of 10 tokens for ngram, a dynamic tree of 32 "
-                                     "tokens, depth 10, top-4, for model drafters)")
-    tree.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
-                      help="shape of the draft tree")
-    tree.add_argument("--num-draft-tokens", type=int, default=None,
-                      help="tree nodes per step, root included (chain: depth + 1)")
-    tree.add_argument("--num-steps", type=int, default=None, help="dynamic tree depth")
-    tree.add_argument("--topk", type=int, default=None, help="dynamic tree branching")
+    add_model_args(parser)
+    add_tree_args(parser)
     sampling = parser.add_argument_group("sampling (as in vLLM / Hugging Face)")
     sampling.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=128,
                           help="new tokens per prompt at most")
@@ -68,6 +49,36 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                         help="skip the plain-decoding run that the speedup is measured against")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of text (no streaming)")
     add_parallel_args(parser)
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """--model, --drafter, --max-seq-len, --dtype (generate and serve); returns their group."""
+    models = parser.add_argument_group("models")
+    models.add_argument("--model", default=None,
+                        help="converted target directory (default: the bundled code model)")
+    models.add_argument("--drafter", default=None,
+                        help="a drafter name (jspec.drafters.DRAFTERS: 'eagle3' / 'draft' are the bundled head / draft "
+                             "model, 'ngram' prompt lookup), 'none', or a converted drafter directory (default without "
+                             "--model: 'ngram' on a CPU, where it is the fastest measured, 'eagle3' on a GPU/TPU; "
+                             "none with --model)")
+    models.add_argument("--max-seq-len", type=int, default=None,
+                        help=f"token slots per sequence: prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
+                             f"model's max_position_embeddings if smaller)")
+    models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                        help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
+    return models
+
+
+def add_tree_args(parser: argparse.ArgumentParser) -> None:
+    """The draft tree's flags (generate and serve)."""
+    tree = parser.add_argument_group("draft tree (defaults: a chain of 10 tokens for ngram, a dynamic tree of 32 "
+                                     "tokens, depth 10, top-4, for model drafters)")
+    tree.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
+                      help="shape of the draft tree")
+    tree.add_argument("--num-draft-tokens", type=int, default=None,
+                      help="tree nodes per step, root included (chain: depth + 1)")
+    tree.add_argument("--num-steps", type=int, default=None, help="dynamic tree depth")
+    tree.add_argument("--topk", type=int, default=None, help="dynamic tree branching")
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:

@@ -20,7 +20,8 @@ import threading
 
 import uvicorn
 
-from jspec.tools.generate_cmd import DEFAULT_MAX_SEQ_LEN, _max_seq_len, _resolve_models, as_flags, draft_spec
+from jspec.tools.generate_cmd import (_max_seq_len, _resolve_models, add_model_args, add_tree_args, as_flags,
+                                     draft_spec)
 from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_processes
 
 CALIBRATION_PROMPT = "def fibonacci(n):"  # the load adapter's cost table is measured on it (warm-up)
@@ -28,25 +29,11 @@ BUNDLED_NAME = "jspec-code"
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    models = parser.add_argument_group("models (as `jspec generate`)")
-    models.add_argument("--model", default=None, help="converted target directory (default: the bundled code model)")
-    models.add_argument("--drafter", default=None,
-                        help="a drafter name ('eagle3', 'draft', 'ngram'), 'none', or a converted drafter directory "
-                             "(default without --model: 'ngram' on a CPU, 'eagle3' on a GPU/TPU; none with --model)")
-    models.add_argument("--max-seq-len", type=int, default=None,
-                        help=f"token slots per request: prompt + max_tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
-                             f"model's max_position_embeddings if smaller)")
-    models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                        help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
+    models = add_model_args(parser)
     models.add_argument("--served-model-name", default=None,
                         help=f"the model name clients send (default: {BUNDLED_NAME!r} for the bundled model, else the "
                              f"--model directory's name)")
-    tree = parser.add_argument_group("draft tree (as `jspec generate`)")
-    tree.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"], help="shape of the draft tree")
-    tree.add_argument("--num-draft-tokens", type=int, default=None,
-                      help="tree nodes per step, root included (chain: depth + 1)")
-    tree.add_argument("--num-steps", type=int, default=None, help="dynamic tree depth")
-    tree.add_argument("--topk", type=int, default=None, help="dynamic tree branching")
+    add_tree_args(parser)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
     server.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
