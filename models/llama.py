@@ -148,7 +148,8 @@ class LlamaModel(nn.Module):
     cache_len + write_offset ..; a drafter growing a tree; handed to the attention function as given, so a Python
     int stays static), ``logits_index`` i32[B, K] or None (which of the T rows get logits; None: all),
     ``tap_layers``: static tuple of layer indices whose residual-stream input is returned (HF
-    ``hidden_states[i]``).
+    ``hidden_states[i]``; index ``num_layers`` is the last layer's output before the final norm, which HF's
+    ``hidden_states[-1]`` gives after it).
 
     ``scan_layers``: True runs the layers under ``nn.scan`` (stacked params and cache; training, conversion);
     False unrolls them over per-layer params and cache (inference; :func:`unstack_layers` converts params).
@@ -176,6 +177,8 @@ class LlamaModel(nn.Module):
         else:
             x, taps, cache = self._unrolled_layers(x, cache, cos, sin, cache_len, local_mask, write_offset, tapped)
         if taps is not None:
+            if cfg.num_layers in tapped:  # the residual after the last layer, before the final norm
+                taps = taps.at[tapped.index(cfg.num_layers)].set(x.astype(taps.dtype))
             taps = taps[np.asarray([tapped.index(layer) for layer in tap_layers])]
 
         x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
@@ -223,16 +226,21 @@ class LlamaModel(nn.Module):
                                    write_offset)
             ks.append(k)
             vs.append(v)
+        if cfg.num_layers in tapped:
+            taps.append(x)
         return x, (jnp.stack(taps) if taps else None), KVCache(tuple(ks), tuple(vs))
 
 
 def _tap_slots(tap_layers: Sequence[int], num_layers: int) -> np.ndarray:
-    """i32[num_layers]: for each layer, its slot in the taps buffer, or len(tap_layers) when not tapped."""
+    """i32[num_layers]: for each layer, its slot in the taps buffer, or len(tap_layers) when not tapped. Tap
+    ``num_layers`` (the residual after the last layer, before the final norm) is valid and filled after the layers."""
     slots = np.full((num_layers,), len(tap_layers), np.int32)
     for slot, layer in enumerate(tap_layers):
-        if not 0 <= layer < num_layers:
-            raise ValueError(f"tap layer {layer} is outside 0..{num_layers - 1}")
-        slots[layer] = slot
+        if not 0 <= layer <= num_layers:
+            raise ValueError(f"tap layer {layer} is outside 0..{num_layers} (num_layers: the last layer's output, "
+                             f"before the final norm)")
+        if layer < num_layers:
+            slots[layer] = slot
     return slots
 
 

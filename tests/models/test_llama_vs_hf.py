@@ -59,9 +59,14 @@ def test_prefill_and_cached_decode_match_transformers(converted):
 def test_hidden_state_taps_match_transformers(converted):
     _, model, config, params = converted
     ids = np.random.default_rng(2).integers(0, config.vocab_size, (1, 9))
+    last_output = []  # tap num_layers: the last decoder layer's output, before the final norm
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda module, args, out: last_output.append((out[0] if isinstance(out, tuple) else out).detach()))
     with torch.no_grad():
-        hidden = model(torch.tensor(ids), output_hidden_states=True).hidden_states
-    layers = (2, config.num_layers // 2, config.num_layers - 3)
+        hidden = list(model(torch.tensor(ids), output_hidden_states=True).hidden_states)
+    hook.remove()
+    hidden[config.num_layers] = last_output[0]
+    layers = (2, config.num_layers // 2, config.num_layers - 3, config.num_layers, 0)
     cache = KVCache.zeros(config.num_layers, 1, 16, config.num_kv_heads, config.head_dim, jnp.float32)
     out = LlamaModel(config).apply({"params": params}, jnp.asarray(ids), jnp.arange(9)[None], cache,
                                    jnp.zeros((1,), jnp.int32), tap_layers=layers)

@@ -1,0 +1,63 @@
+"""Multi-token-prediction (MTP) modules shipped inside a target checkpoint (DeepSeek-V3's MTP structure, as used by
+Llama/Qwen2-family models such as XiaomiMiMo/MiMo-7B with ``num_nextn_predict_layers``).
+
+Module k (0-based) at slot p reads the hidden state h of position p (the target's for k = 0 in vanilla MTP, else the
+previous module's output) and the token at position p + k + 1, and predicts the token at p + k + 2::
+
+    e      = embed(token)            (the target's embedding; zeroed at position 0, as vLLM and SGLang do)
+    fused  = input_proj(concat(hidden_norm(h), token_norm(e)))      layout "mimo" (hidden first)
+           = input_proj(concat(token_norm(e), hidden_norm(h)))      layout "deepseek" (embedding first)
+    x      = block(fused)            one decoder layer of the target's shapes (its own K/V, rope as the target's)
+    logits = lm_head(final_norm(x))  the target's lm_head unless the module stores its own (DeepSeek shared_head)
+
+h for module 0 is the target's last hidden state *before* its final norm (tap ``num_layers`` of
+``models.llama.LlamaModel``), as Xiaomi's vLLM fork and upstream vLLM pass it (SGLang passes it after the norm).
+
+Parameter tree of one module (HF names: MiMo ``model.mtp_layers.{k}.*``, DeepSeek ``model.layers.{L + k}.*``)::
+
+    token_norm/weight   [H]        MiMo token_layernorm   DeepSeek enorm
+    hidden_norm/weight  [H]        MiMo hidden_layernorm  DeepSeek hnorm
+    input_proj/kernel   [2H, H]    MiMo input_proj        DeepSeek eh_proj   (rows in the checkpoint's concat order)
+    block/...                      a models.llama.DecoderLayer: input_layernorm, self_attn, post_attention_layernorm, mlp
+    final_norm/weight   [H]        MiMo final_layernorm   DeepSeek shared_head.norm
+    lm_head/kernel      [H, V]     optional: DeepSeek shared_head.head when stored and not the target's
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from models.config import ModelConfig
+
+MTP_LAYOUTS = ("mimo", "deepseek")
+
+
+@dataclasses.dataclass(frozen=True)
+class MtpConfig:
+    """layer: the module block's shapes (the target's, num_layers 1); num_modules: ``num_nextn_predict_layers``;
+    layout: "mimo" (concat hidden first) or "deepseek" (concat embedding first)."""
+
+    layer: ModelConfig
+    num_modules: int
+    layout: str = "mimo"
+
+    def __post_init__(self):
+        if not isinstance(self.num_modules, int) or self.num_modules < 1:
+            raise ValueError(f"MtpConfig.num_modules={self.num_modules!r}: expected an integer >= 1")
+        if self.layout not in MTP_LAYOUTS:
+            raise ValueError(f"MtpConfig.layout={self.layout!r}: expected one of {MTP_LAYOUTS}")
+        if self.layer.num_layers != 1:
+            raise ValueError(f"MtpConfig.layer.num_layers={self.layer.num_layers}: an MTP module's block is one "
+                             f"decoder layer")
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, num_modules: int, layout: str = "mimo") -> "MtpConfig":
+        """The modules of ``target``: blocks of the target's shapes."""
+        return cls(dataclasses.replace(target, num_layers=1), num_modules, layout)
+
+    def check_target(self, target: ModelConfig) -> None:
+        """ValueError naming the sizes when these modules cannot draft for ``target``."""
+        if self.layer.hidden_size != target.hidden_size or self.layer.vocab_size != target.vocab_size:
+            raise ValueError(f"MTP modules of hidden size {self.layer.hidden_size} and vocabulary "
+                             f"{self.layer.vocab_size} cannot draft for a target of hidden size {target.hidden_size} "
+                             f"and vocabulary {target.vocab_size}")
