@@ -23,7 +23,7 @@ from jspec.config import SamplingParams, SpecConfig
 from jspec.detokenize import TextStream
 from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
-from jspec.generate_setup import GenerateSetup
+from jspec.generate_setup import GenerateSetup, check_capture_layers
 from jspec.sampling import SamplingArrays
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
                             param_specs, put, replicated_specs, to_host)
@@ -52,9 +52,13 @@ class GenerateStats:
 
 @dataclasses.dataclass(frozen=True)
 class GenerateOutput:
+    """hidden_states: None unless ``capture_hidden_states`` was given; else per prompt one float32 array
+    [len(layers), prompt_len + len(token_ids), H], position-aligned with prompt + token_ids."""
+
     token_ids: list[list[int]]
     texts: list[str] | None
     stats: GenerateStats
+    hidden_states: list[np.ndarray] | None = None
 
 
 def default_dtype() -> str | None:
@@ -169,26 +173,42 @@ class SpecEngine:
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
-                 stop_token_ids: Sequence[int] | None = None) -> GenerateOutput:
+                 stop_token_ids: Sequence[int] | None = None,
+                 capture_hidden_states: Sequence[int] = ()) -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
-        or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``)."""
+        or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``).
+
+        capture_hidden_states: target layers whose residual-stream states to return for every token of each
+        sequence, prompt and generated (features for drafter training; TensorRT-LLM's SAVE_HIDDEN_STATES), in
+        ``GenerateOutput.hidden_states``. Hugging Face ``hidden_states`` indices: 0 the embeddings' output, i the
+        input of layer i, and ``num_layers`` the last layer's output before the final norm (HF's
+        ``hidden_states[-1]`` is after it). The states are gathered inside the one generate program (a separate
+        compiled program per layer list); the tokens are the same as without capture."""
+        layers = check_capture_layers(capture_hidden_states, self.config.num_layers)
         batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
-        result, run_seconds, compile_seconds = self._run(batch, params)
-        token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, to_host(result.num_generated),
-                                  batch.batch_size)
+        result, run_seconds, compile_seconds = self._run(batch, params, layers)
+        num_generated = to_host(result.num_generated)
+        token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, num_generated, batch.batch_size)
         texts = None
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in token_ids]
         stats = self._stats(result, batch.batch_size, run_seconds, compile_seconds)
-        return GenerateOutput(token_ids, texts, stats)
+        hidden = None
+        if layers:
+            states = to_host(result.hidden_states)
+            hidden = [states[:, b, :batch.prompt_lens[b] + num_generated[b]].astype(np.float32)
+                      for b in range(batch.batch_size)]
+        return GenerateOutput(token_ids, texts, stats, hidden)
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]], max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
-             stop_token_ids: Sequence[int] | None = None, add_generation_prompt: bool = True) -> GenerateOutput:
+             stop_token_ids: Sequence[int] | None = None, add_generation_prompt: bool = True,
+             capture_hidden_states: Sequence[int] = ()) -> GenerateOutput:
         """Generates the reply to a conversation ([{"role": "user", "content": "..."}, ...]) or to each of a list
         of them: rendered with the checkpoint's chat_template and encoded as transformers'
-        ``apply_chat_template(..., tokenize=True)`` does (``jspec.chat``), then :meth:`generate`. Stops at EOS and
-        at tokenizer_config.json's eos_token, the model's end of turn (e.g. Qwen's ``<|im_end|>``)."""
+        ``apply_chat_template(..., tokenize=True)`` does (``jspec.chat``), then :meth:`generate` (which
+        ``capture_hidden_states`` goes to). Stops at EOS and at tokenizer_config.json's eos_token, the model's end
+        of turn (e.g. Qwen's ``<|im_end|>``)."""
         conversations = as_conversations(messages)
         if self.chat_template is None or self.tokenizer is None:
             raise ValueError("chat needs the checkpoint's chat_template (tokenizer_config.json) and tokenizer.json, "
@@ -198,7 +218,7 @@ class SpecEngine:
         stop = tuple(stop_token_ids or ())
         stop += tuple(i for i in end_of_turn if i not in self.eos_token_ids + stop)
         return self.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             seed=seed, stop_token_ids=stop)
+                             seed=seed, stop_token_ids=stop, capture_hidden_states=capture_hidden_states)
 
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
@@ -293,13 +313,14 @@ class SpecEngine:
         key = _keys(params.seed, rows, self.mesh)
         return (self.params, self.drafter_params, prompt_ids, prompt_lens, key, max_new, stop_ids, sampling)
 
-    def _run(self, batch: PaddedBatch, params: SamplingParams) -> tuple[GenerateResult, float, float]:
+    def _run(self, batch: PaddedBatch, params: SamplingParams,
+             capture_layers: tuple[int, ...] = ()) -> tuple[GenerateResult, float, float]:
         args = self._arguments(batch, params)
-        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len)
+        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len, capture_layers)
         compile_seconds = 0.0
         if bucket not in self._compiled:
             start = time.perf_counter()
-            setup = self.setup.with_max_seq_len(batch.seq_len)
+            setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), capture_layers=capture_layers)
             self._compiled[bucket] = generate.lower(*args, setup=setup).compile()
             compile_seconds = time.perf_counter() - start
         start = time.perf_counter()

@@ -2,6 +2,11 @@
 
 The step is the fused speculative step when ``setup.drafter`` is set, plain decoding otherwise.
 
+Hidden-state capture (``setup.capture_layers``, TensorRT-LLM's SAVE_HIDDEN_STATES): the target taps the capture
+layers besides the drafter's; the prefill writes the prompt's states, every step those of the tokens it commits
+that the target ran on, and after the loop one more target pass on each sequence's last token fills its states,
+still inside the program (``GenerateResult.hidden_states``).
+
 Prompts arrive right-padded: prompt_ids i32[B, P] with the real tokens of sequence b in [0, prompt_lens[b]).
 Causal prefill never lets a real token see padding, and the padded slots' K/V are overwritten as the sequence
 grows, so no left-shift or per-sequence position offset is needed.
@@ -20,8 +25,8 @@ from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, TAPS, constrain, constrain_rows, traced_on
-from jspec.state import DecodeState
-from jspec.step import StepInputs, plain_step, root_step, spec_step
+from jspec.state import DecodeState, write_hidden_states
+from jspec.step import StepInputs, last_tokens, plain_step, root_step, spec_step
 from models.attention import KVCache
 from models.llama import unstack_layers
 
@@ -31,6 +36,8 @@ class GenerateResult(NamedTuple):
     num_generated: jax.Array  # i32[B]
     num_steps: jax.Array      # i32[B] verify steps each sequence took (prefill excluded)
     accepted_hist: jax.Array  # i32[B, D + 1] steps that committed 1..D+1 tokens
+    hidden_states: jax.Array | None = None  # [C, B, S, H] the capture layers' states at positions
+                                            # [0, prompt_len + num_generated); None unless capturing
 
 
 def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: StepInputs, *,
@@ -48,25 +55,31 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
                                      logits_index=(prompt_lens - 1)[:, None], tap_layers=setup.tap_layers)
     first = sample_tokens(out.logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))
     tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :prompt_width].set(prompt_ids)
+    hidden = None
+    if setup.capture_layers:
+        hidden = jnp.zeros((len(setup.capture_layers), batch, setup.max_seq_len, cfg.hidden_size), setup.jnp_dtype)
+        hidden = write_hidden_states(hidden, setup.captured_taps(out.taps), zeros, prompt_lens)
     state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                         done=jnp.zeros((batch,), bool), num_steps=zeros,
                         accepted_hist=jnp.zeros((batch, setup.tokens_per_step), jnp.int32),
-                        step=jnp.zeros((), jnp.int32))
+                        step=jnp.zeros((), jnp.int32), hidden_states=hidden)
     state, _ = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens, inputs.stop_ids,
                              counts_as_step=False)
     if setup.drafter is not None:
         draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first,
-                                                                          constrain(out.taps, TAPS)))
+                                                                          constrain(setup.drafter_taps(out.taps),
+                                                                                    TAPS)))
         state = state._replace(draft=draft)
     return shard_state(state)
 
 
 def shard_state(state: DecodeState) -> DecodeState:
     """On a mesh: the state's per-sequence arrays split by rows over "data", the target cache also by KV heads over
-    "model" (the drafter's state is left to the partitioner). Identity on one device."""
-    cache, draft = state.cache, state.draft
-    state = constrain_rows(state._replace(cache=None, draft=None))
-    return state._replace(cache=constrain(cache, KV_CACHE), draft=draft)
+    "model", captured hidden states by rows (axis 1) (the drafter's state is left to the partitioner). Identity on
+    one device."""
+    cache, draft, hidden = state.cache, state.draft, state.hidden_states
+    state = constrain_rows(state._replace(cache=None, draft=None, hidden_states=None))
+    return state._replace(cache=constrain(cache, KV_CACHE), draft=draft, hidden_states=constrain(hidden, TAPS))
 
 
 def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
@@ -107,7 +120,8 @@ def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setu
 def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
              max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
              setup: GenerateSetup) -> GenerateResult:
-    """Generates up to max_new_tokens[b] tokens after each prompt; one XLA program.
+    """Generates up to max_new_tokens[b] tokens after each prompt; one XLA program. With
+    ``setup.capture_layers``, also the target's states at those layers for every token (``hidden_states``).
 
     params_t: target params; params_d: drafter params (None for plain decoding); prompt_ids: i32[B, P]
     right-padded; prompt_lens: i32[B] (>= 1, prompt_lens + max_new_tokens <= setup.max_seq_len);
@@ -122,7 +136,20 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
         params_t, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens,
                                          stop_ids, sampling, setup=setup)
         state = run_loop(params_t, params_d, state, inputs, setup=setup)
-    return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist)
+        if setup.capture_layers:
+            state = capture_last_token(params_t, state, setup=setup)
+    return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist,
+                          state.hidden_states)
+
+
+def capture_last_token(params_t, state: DecodeState, *, setup: GenerateSetup) -> DecodeState:
+    """After the loop: the target on each sequence's last token (position seq_len - 1, which no step has run) fills
+    its captured states. Its K/V land at slot cache_len, where the root's already are; nothing else changes."""
+    cache_len = state.cache_len
+    out = setup.target_model().apply({"params": params_t}, last_tokens(state)[:, None], cache_len[:, None],
+                                     state.cache, cache_len, tap_layers=setup.capture_layers)
+    hidden = write_hidden_states(state.hidden_states, out.taps, cache_len, jnp.ones_like(cache_len))
+    return state._replace(hidden_states=constrain(hidden, TAPS))
 
 
 @functools.partial(jax.jit, static_argnames=("setup",))

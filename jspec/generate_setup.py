@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
+import jax
+import numpy as np
 from jax.sharding import Mesh
 
 from jspec.attention import target_attention
@@ -24,6 +27,8 @@ class GenerateSetup:
     plain decoding; attention_fn: the target's attention; force_accept: accept exactly min(N, depth) drafts per
     step (benchmarks only); mesh: the ("data", "model") device mesh the program is split over
 (``jspec.sharding``), None on one device. The drafter's ``max_seq_len`` is kept equal to the setup's (:meth:`with_max_seq_len`).
+    capture_layers: target layers whose residual-stream states ``generate`` keeps for every token (prompt and
+    generated) in ``DecodeState.hidden_states`` (:func:`check_capture_layers`); () keeps none.
     """
 
     target: ModelConfig
@@ -33,6 +38,7 @@ class GenerateSetup:
     attention_fn: AttentionFn = target_attention
     force_accept: int | None = None
     mesh: Mesh | None = None
+    capture_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.max_seq_len, int) or self.max_seq_len < 2:
@@ -42,6 +48,8 @@ class GenerateSetup:
         self.target.check_max_seq_len(self.max_seq_len)
         if self.force_accept is not None and (not isinstance(self.force_accept, int) or self.force_accept < 0):
             raise ValueError(f"force_accept={self.force_accept!r}: expected an integer >= 0")
+        if check_capture_layers(self.capture_layers, self.target.num_layers) != self.capture_layers:
+            raise ValueError(f"capture_layers={self.capture_layers!r}: expected a tuple of ints")
 
     def with_max_seq_len(self, max_seq_len: int) -> "GenerateSetup":
         """The same setup with shorter buffers (the engine sizes them per request bucket)."""
@@ -62,8 +70,25 @@ class GenerateSetup:
         return 1 if self.spec is None else self.spec.max_depth + 1
 
     @property
-    def tap_layers(self) -> tuple[int, ...]:
+    def drafter_tap_layers(self) -> tuple[int, ...]:
         return () if self.drafter is None else tuple(self.drafter.tap_layers)
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        """The layers the target taps: the drafter's, in its order, then the capture layers it does not tap."""
+        drafter = self.drafter_tap_layers
+        return drafter + tuple(layer for layer in self.capture_layers if layer not in drafter)
+
+    def drafter_taps(self, taps: jax.Array | None) -> jax.Array | None:
+        """The target's taps [len(tap_layers), B, T, H] -> the drafter's own [len(drafter_tap_layers), B, T, H]
+        (None when it reads none)."""
+        count = len(self.drafter_tap_layers)
+        return None if count == 0 else taps[:count]
+
+    def captured_taps(self, taps: jax.Array) -> jax.Array:
+        """The target's taps [len(tap_layers), B, T, H] -> the capture layers' [len(capture_layers), B, T, H]."""
+        layers = self.tap_layers
+        return taps[np.asarray([layers.index(layer) for layer in self.capture_layers])]
 
     @property
     def cache_slots(self) -> int:
@@ -73,3 +98,22 @@ class GenerateSetup:
     def target_model(self) -> LlamaModel:
         """The target, unrolled over per-layer params (``models.llama.unstack_layers``) and a per-layer cache."""
         return LlamaModel(self.target, self.jnp_dtype, self.attention_fn, scan_layers=False)
+
+
+def check_capture_layers(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """Validates hidden-state capture layers -> them as a tuple; ValueError naming the bad value otherwise.
+
+    Indices are Hugging Face ``hidden_states`` indices: 0 the embeddings' output, i in 1..num_layers-1 the
+    residual-stream input of layer i, and ``num_layers`` the last layer's output BEFORE the final norm (HF's
+    ``hidden_states[-1]`` is that output after the norm). No duplicates.
+    """
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+        raise ValueError(f"capture_hidden_states={layers!r}: expected a sequence of layer indices")
+    for layer in layers:
+        if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not 0 <= layer <= num_layers:
+            raise ValueError(f"capture_hidden_states has {layer!r}: expected layer indices in 0..{num_layers} "
+                             f"(0: the embeddings, i: the input of layer i, {num_layers}: the last layer's output "
+                             f"before the final norm)")
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"capture_hidden_states={tuple(layers)!r} repeats a layer: expected distinct indices")
+    return tuple(int(layer) for layer in layers)

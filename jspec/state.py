@@ -6,6 +6,9 @@ Invariant between steps, per sequence b::
     cache.k[l][b, :seq_len[b] - 1]          K of tokens[b, :seq_len[b] - 1] in layer l (V likewise); the last
                                             token is the root of the next step's tree, its K/V not in the cache yet
     tokens[b, prompt_len[b] : seq_len[b]]   the num_generated[b] new tokens
+    hidden_states[:, b, :seq_len[b] - 1]    when capturing (``GenerateSetup.capture_layers``): the target's states
+                                            at each captured layer for those tokens; like its K/V, the last
+                                            token's come with the next step (or ``generate``'s final pass)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from models.attention import KVCache
 
@@ -27,8 +31,26 @@ class DecodeState(NamedTuple):
     accepted_hist: jax.Array  # i32[B, D + 1] steps that committed exactly n = 1..D+1 tokens (index n - 1)
     step: jax.Array           # i32[] loop iteration
     draft: Any = None         # the drafter's own state (its KV cache, its next prediction); None when plain
+    hidden_states: jax.Array | None = None  # [C, B, S, H] compute dtype: captured states, slot = position; None
+                                            # unless GenerateSetup.capture_layers (C of them)
 
     @property
     def cache_len(self) -> jax.Array:
         """i32[B] tokens whose K/V are in the cache."""
         return self.seq_len - 1
+
+
+def write_hidden_states(hidden: jax.Array, states: jax.Array, start: jax.Array, count: jax.Array) -> jax.Array:
+    """Writes states of consecutive positions into the capture buffer, row by row.
+
+    hidden: [C, B, S, H]; states: [C, B, N, H], row b's n-th at position start[b] + n; start, count: i32[B]: only
+    the first count[b] of row b are written (0: the row is left as it is).
+    """
+    width, slots = states.shape[2], hidden.shape[2]
+
+    def row(buffer, new, first, n):  # [C, S, H], [C, N, H], i32[], i32[]
+        index = jnp.arange(width)
+        slot = jnp.where(index < n, first + index, slots)  # out of range: dropped
+        return buffer.at[:, slot].set(new.astype(buffer.dtype), mode="drop")
+
+    return jax.vmap(row, in_axes=(1, 1, 0, 0), out_axes=1)(hidden, states, start, count)

@@ -3,6 +3,10 @@
 ``spec_step`` is the fused speculative step: draft a tree, verify it in one target pass, accept, commit tokens
 and K/V. ``plain_step`` is autoregressive decoding (drafter=None): the baseline every speedup is measured
 against, through the same commit path.
+
+When capturing hidden states (``GenerateSetup.capture_layers``), each step also writes the target's states of the
+tokens it commits that the target ran on: the root and the accepted drafts, at positions cache_len ..
+cache_len + num_committed - 1 (the last committed token is the next root; its states come with the next step).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from jspec.kv_cache import commit_path
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
 from jspec.generate_setup import GenerateSetup
-from jspec.state import DecodeState
+from jspec.state import DecodeState, write_hidden_states
 
 
 class StepInputs(NamedTuple):
@@ -44,10 +48,28 @@ def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, se
     keys = keys_at(inputs.keys, state.seq_len)
     out, next_token = decode_one(params_t, state, last_tokens(state), inputs, keys, setup=setup)
     # A done sequence's cache_len is frozen, so its rewrite of slot cache_len harms nothing.
+    cache_len = state.cache_len
     state = state._replace(cache=out.cache)
-    state, _ = commit_tokens(state, next_token[:, None], jnp.ones_like(state.cache_len), inputs.max_new_tokens,
-                             inputs.stop_ids)
+    state, committed = commit_tokens(state, next_token[:, None], jnp.ones_like(cache_len), inputs.max_new_tokens,
+                                     inputs.stop_ids)
+    state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
     return state._replace(step=state.step + 1)
+
+
+def capture_committed(state: DecodeState, taps: jax.Array | None, cache_len: jax.Array, committed: jax.Array, *,
+                      setup: GenerateSetup, path: jax.Array | None = None) -> DecodeState:
+    """Writes the capture layers' states of a step's first ``committed[b]`` path nodes into
+    ``state.hidden_states``, node n at position cache_len[b] + n; identity when not capturing. A done row commits 0.
+
+    taps: the target's [len(setup.tap_layers), B, N, H]; path: i32[B, D + 1] the accepted path's node ids (root
+    first, -1 padded), or None when the N nodes are the path."""
+    if not setup.capture_layers:
+        return state
+    states = setup.captured_taps(taps)
+    if path is not None:
+        states = jnp.take_along_axis(states, jnp.maximum(path, 0)[None, :, :, None], axis=2)
+    hidden = write_hidden_states(state.hidden_states, states, cache_len, committed)
+    return state._replace(hidden_states=hidden)
 
 
 def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInputs, keys: jax.Array, *,
@@ -100,9 +122,10 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
                                        CommitContext(new_tokens, committed, verified.accept_index,
-                                                     constrain(out.taps, TAPS),
+                                                     constrain(setup.drafter_taps(out.taps), TAPS),
                                                      cache_len))
     cache = commit_path(out.cache, verified.accept_index, cache_len)
+    state = capture_committed(state, out.taps, cache_len, committed, setup=setup, path=verified.accept_index)
     return state._replace(cache=cache, draft=draft_state, step=state.step + 1)
 
 
@@ -139,7 +162,8 @@ def _root_and_commit(params_t, params_d, state: DecodeState, draft_state, root: 
     state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
-    taps = constrain(out.taps, TAPS)
+    state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
+    taps = constrain(setup.drafter_taps(out.taps), TAPS)
     if taps is not None and num_nodes > 1:
         taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
