@@ -10,15 +10,22 @@
 
 A new drafter: one file in this package with a ``load(source: DrafterSource) -> (drafter, params)`` function and
 a class implementing ``base.Drafter``, plus one entry in ``DRAFTERS`` below.
+
+A drafter written outside this package (TensorRT-LLM's USER_PROVIDED mode) joins the same table at run time:
+``register(name, load, description=...)``, or, for ``jspec generate --drafter NAME`` too, an entry point in the
+group ``"jspec.drafters"`` of the user's own package (its object: a zero-argument function that calls
+``register``, or a ``DrafterEntry``), looked up when a name is not registered, as vLLM loads its plugins.
+docs/drafters.md walks through one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 from typing import Any, Callable, NamedTuple
 
-from jspec.bundle import bundled_dir, is_bundled
+from jspec.bundle import PARTS, bundled_dir, is_bundled
 from jspec.config import SpecConfig
 from jspec.drafters import draft_model, eagle3, ngram
 from jspec.drafters.base import Drafter
@@ -60,10 +67,15 @@ def resolve(drafter: str | os.PathLike, target_dir: str | None) -> tuple[str, st
     """A drafter as a user writes it -> (registry name, weights directory or None); ValueError / FileNotFoundError
     naming the value otherwise. Nothing is loaded."""
     value = os.fspath(drafter)
+    if value not in DRAFTERS:
+        _register_plugin(value)
     if value in DRAFTERS:
         entry = DRAFTERS[value]
         if entry.checkpoint_kind is None:
             return value, None
+        if entry.bundled_part is None:
+            raise ValueError(f"drafter={value!r} loads weights (jspec.json kind {entry.checkpoint_kind!r}): pass "
+                             f"the drafter's directory instead of its name")
         if target_dir is None or not is_bundled(target_dir):
             raise ValueError(f"drafter={value!r} names the bundled code model's {entry.bundled_part} and needs the "
                              f"bundled target (jspec.bundled_model()); for target {target_dir!r} pass the converted "
@@ -74,9 +86,12 @@ def resolve(drafter: str | os.PathLike, target_dir: str | None) -> tuple[str, st
                                     f"installed")
         return value, path
     if not os.path.isdir(value):
-        raise FileNotFoundError(f"drafter={value!r}: expected one of {sorted(DRAFTERS)} or a converted drafter "
-                                f"directory, and no directory {value!r} exists")
+        raise FileNotFoundError(f"drafter={value!r}: expected one of {sorted(set(DRAFTERS) | _plugin_names())} "
+                                f"or a converted drafter directory, and no directory {value!r} exists")
     kind = read_jspec_meta(value).get("kind")
+    if all(entry.checkpoint_kind != kind for entry in DRAFTERS.values()):
+        for name in sorted(_plugin_names() - set(DRAFTERS)):  # a plugin may register this kind
+            _register_plugin(name)
     for name, entry in DRAFTERS.items():
         if entry.checkpoint_kind is not None and entry.checkpoint_kind == kind:
             return name, value
@@ -89,4 +104,117 @@ def load(drafter: str | os.PathLike, *, target: ModelConfig, target_dir: str | N
          max_seq_len: int, dtype: str) -> tuple[Drafter, Any]:
     """A drafter name or directory (see the module docstring) -> (static drafter, its params)."""
     name, path = resolve(drafter, target_dir)
-    return DRAFTERS[name].load(DrafterSource(path, target, target_dir, spec, max_seq_len, dtype))
+    entry = DRAFTERS[name]
+    loaded = entry.load(DrafterSource(path, target, target_dir, spec, max_seq_len, dtype))
+    what = f"drafter {name!r} (load={_qualname(entry.load)})"
+    if not isinstance(loaded, tuple) or len(loaded) != 2:
+        raise TypeError(f"{what} returned {type(loaded).__name__}: expected a (drafter, params) pair")
+    check_drafter(loaded[0], what)
+    return loaded
+
+
+# --- drafters from outside the package --------------------------------------------------------------------------
+
+ENTRY_POINT_GROUP = "jspec.drafters"
+_PROTOCOL_METHODS = ("with_max_seq_len", "prefill", "propose", "commit")
+_RESERVED_NAMES = ("none",)  # the CLI's --drafter none: plain decoding
+
+
+def register(name: str, load: Callable[[DrafterSource], tuple[Drafter, Any]], *, description: str,
+             checkpoint_kind: str | None = None, bundled_part: str | None = None,
+             overwrite: bool = False) -> DrafterEntry:
+    """Adds a drafter to the table under ``name`` -> its entry. From then on ``name`` works wherever a drafter
+    name does (``SpecEngine.from_pretrained(target, drafter=name)``, ``jspec generate --drafter name``).
+
+    load: ``DrafterSource -> (drafter, params)``; the drafter is checked against the ``Drafter`` protocol each
+    time it is loaded. checkpoint_kind: the ``jspec.json`` kind of the drafter's weights directory (a directory of
+    that kind then resolves to ``name``; None: no weights). bundled_part: the bundled code model's part the bare
+    name stands for (``jspec.bundle.PARTS``; needs checkpoint_kind). overwrite: replace a registered ``name``
+    (otherwise a clash is a ValueError).
+    """
+    entry = DrafterEntry(load=load, checkpoint_kind=checkpoint_kind, bundled_part=bundled_part,
+                         description=description)
+    _add(name, entry, overwrite=overwrite)
+    return entry
+
+
+def _add(name: str, entry: DrafterEntry, *, overwrite: bool) -> None:
+    """Validates ``entry`` under ``name`` and puts it in DRAFTERS."""
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise ValueError(f"drafter name {name!r}: expected a non-empty string without surrounding spaces")
+    if name in _RESERVED_NAMES:
+        raise ValueError(f"drafter name {name!r} is reserved (the CLI's --drafter {name} means plain decoding)")
+    if name in DRAFTERS and not overwrite:
+        raise ValueError(f"drafter name {name!r} is already registered ({DRAFTERS[name].description}); choose "
+                         f"another name or pass overwrite=True")
+    if not callable(entry.load):
+        raise ValueError(f"drafter {name!r}: load={entry.load!r} is not callable; expected a function "
+                         f"DrafterSource -> (drafter, params)")
+    if not isinstance(entry.description, str) or not entry.description.strip():
+        raise ValueError(f"drafter {name!r}: description={entry.description!r}: expected a non-empty string")
+    kind = entry.checkpoint_kind
+    if kind is not None:
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"drafter {name!r}: checkpoint_kind={kind!r}: expected a non-empty string or None")
+        owners = [other for other, e in DRAFTERS.items() if e.checkpoint_kind == kind and other != name]
+        if owners:
+            raise ValueError(f"drafter {name!r}: checkpoint_kind={kind!r} already belongs to drafter "
+                             f"{owners[0]!r} (a directory of that kind must resolve to one drafter)")
+    if entry.bundled_part is not None and (entry.bundled_part not in PARTS or kind is None):
+        raise ValueError(f"drafter {name!r}: bundled_part={entry.bundled_part!r}: expected one of {PARTS} with a "
+                         f"checkpoint_kind, or None")
+    DRAFTERS[name] = entry
+
+
+def check_drafter(drafter: Any, what: str = "drafter") -> None:
+    """TypeError naming what ``drafter`` lacks of the ``Drafter`` protocol (base.py), or nothing. It must also be
+    hashable: it is a static argument of the jitted program (a frozen dataclass is)."""
+    missing = [attr for attr in ("spec", "max_seq_len", "tap_layers") if not hasattr(drafter, attr)]
+    missing += [f"{method}()" for method in _PROTOCOL_METHODS if not callable(getattr(drafter, method, None))]
+    if missing:
+        raise TypeError(f"{what} is a {type(drafter).__name__}, which does not implement the jspec.drafters.Drafter "
+                        f"protocol: missing {', '.join(missing)} (subclass jspec.drafters.DrafterBase for spec, "
+                        f"max_seq_len, tap_layers and with_max_seq_len)")
+    if not isinstance(drafter.spec, SpecConfig):
+        raise TypeError(f"{what}: spec={drafter.spec!r}: expected a jspec.SpecConfig")
+    try:
+        hash(drafter)
+    except TypeError as error:
+        raise TypeError(f"{what} is a {type(drafter).__name__}, which is not hashable ({error}): make it a frozen "
+                        f"dataclass (it is a static argument of the jitted program)") from None
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """The installed distributions' entry points in ENTRY_POINT_GROUP, by name."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _plugin_names() -> set[str]:
+    return set(_entry_points())
+
+
+def _register_plugin(name: str) -> None:
+    """Runs the entry point called ``name`` (if any) so that it registers ``name``; ValueError naming the entry
+    point when it fails or registers something else."""
+    ep = _entry_points().get(name)
+    if ep is None:
+        return
+    where = f"entry point {ep.name} = {ep.value!r} (group {ENTRY_POINT_GROUP!r})"
+    try:
+        obj = ep.load()
+        if isinstance(obj, DrafterEntry):
+            _add(name, obj, overwrite=False)
+        elif callable(obj):
+            obj()
+        else:
+            raise TypeError(f"it is a {type(obj).__name__}: expected a DrafterEntry or a zero-argument function "
+                            f"that calls jspec.drafters.register")
+    except Exception as error:
+        raise ValueError(f"drafter {name!r}: {where} failed: {type(error).__name__}: {error}") from error
+    if name not in DRAFTERS:
+        raise ValueError(f"drafter {name!r}: {where} ran but registered no drafter named {name!r} (registered: "
+                         f"{sorted(DRAFTERS)})")
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
