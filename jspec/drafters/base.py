@@ -25,7 +25,8 @@ On a device mesh (``jspec.sharding``) the engine places ``params_d`` by the draf
 ``param_specs(params_d, tensor_parallel_size) -> PartitionSpecs``; without one (``DrafterBase``'s default too) the
 weights are replicated on every device. Either way the output is the same; only bytes and collectives differ.
 
-A new drafter is one file here implementing the protocol, plus one entry in ``registry.py``.
+A new drafter is one file here implementing the protocol, plus one entry in ``registry.py``; one written outside
+the package is registered at run time (``registry.register`` or an entry point; docs/drafters.md).
 """
 
 from __future__ import annotations

@@ -58,9 +58,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                         help="converted target directory (default: the bundled code model)")
     models.add_argument("--drafter", default=None,
                         help="a drafter name (jspec.drafters.DRAFTERS: 'eagle3' / 'draft' are the bundled head / draft "
-                             "model, 'ngram' prompt lookup), 'none', or a converted drafter directory (default without "
-                             "--model: 'ngram' on a CPU, where it is the fastest measured, 'eagle3' on a GPU/TPU; "
-                             "none with --model)")
+                             "model, 'ngram' prompt lookup; or a user drafter's, registered by an entry point in the "
+                             "group jspec.drafters: docs/drafters.md), 'none', or a converted drafter directory "
+                             "(default without --model: 'ngram' on a CPU, where it is the fastest measured, 'eagle3' "
+                             "on a GPU/TPU; none with --model)")
     models.add_argument("--max-seq-len", type=int, default=None,
                         help=f"token slots per sequence: prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
                              f"model's max_position_embeddings if smaller)")

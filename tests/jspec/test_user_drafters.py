@@ -201,9 +201,9 @@ def test_a_user_drafter_with_weights_resolves_by_its_directory(user_module, tmp_
 
 
 def test_entry_points_are_found_when_a_name_is_not_registered(user_module, monkeypatch):
-    user_module.ENTRY = DrafterEntry(load=user_module.load, checkpoint_kind=None, bundled_part=None,
-                                     description="as an entry")
-    monkeypatch.setattr(user_module, "ENTRY", user_module.ENTRY, raising=False)
+    monkeypatch.setattr(user_module, "ENTRY", DrafterEntry(load=user_module.load, checkpoint_kind=None,
+                                                           bundled_part=None, description="as an entry"),
+                        raising=False)
     fake_entry_points(monkeypatch, **{"lookup-table": "lookup_table:register_lookup_table",
                                       "as-entry": "lookup_table:ENTRY"})
     assert "lookup-table" not in DRAFTERS
@@ -215,15 +215,21 @@ def test_entry_points_are_found_when_a_name_is_not_registered(user_module, monke
 
 
 def test_broken_plugins_name_their_entry_point(user_module, monkeypatch):
-    fake_entry_points(monkeypatch, missing="no_such_module_for_jspec:register", other="lookup_table:register_lookup_table",
-                      number="lookup_table.__name__", raises="lookup_table:LookupTableDrafter")
-    with pytest.raises(ValueError, match=r"drafter 'missing': entry point missing = 'no_such_module_for_jspec:register' "
-                                         r"\(group 'jspec.drafters'\) failed: ModuleNotFoundError"):
+    fake_entry_points(monkeypatch, missing="no_such_module_for_jspec:register",
+                      other="lookup_table:register_lookup_table", text="lookup_table:__name__",
+                      raises="lookup_table:LookupTableDrafter")
+    with pytest.raises(ValueError, match=r"drafter 'missing': entry point missing = "
+                                         r"'no_such_module_for_jspec:register' \(group 'jspec.drafters'\) failed: "
+                                         r"ModuleNotFoundError"):
         resolve("missing", None)
     with pytest.raises(ValueError, match="entry point other = .* ran but registered no drafter named 'other'"):
         resolve("other", None)
     with pytest.raises(ValueError, match="entry point raises = .* failed: TypeError"):
         resolve("raises", None)  # the class is called with no arguments
+    with pytest.raises(ValueError, match="entry point text = .* it is a str: expected a DrafterEntry or a "
+                                         "zero-argument function"):
+        resolve("text", None)
+    assert not {"missing", "other", "raises", "text"} & set(DRAFTERS)
 
 
 @needs_bundle
