@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Iterable
 
 import jax
 import numpy as np
@@ -48,8 +48,9 @@ class GenerateSetup:
         self.target.check_max_seq_len(self.max_seq_len)
         if self.force_accept is not None and (not isinstance(self.force_accept, int) or self.force_accept < 0):
             raise ValueError(f"force_accept={self.force_accept!r}: expected an integer >= 0")
-        if check_capture_layers(self.capture_layers, self.target.num_layers) != self.capture_layers:
-            raise ValueError(f"capture_layers={self.capture_layers!r}: expected a tuple of ints")
+        if not isinstance(self.capture_layers, tuple):
+            raise ValueError(f"capture_layers={self.capture_layers!r}: expected a tuple of layer indices")
+        check_capture_layers(self.capture_layers, self.target.num_layers, name="capture_layers")
 
     def with_max_seq_len(self, max_seq_len: int) -> "GenerateSetup":
         """The same setup with shorter buffers (the engine sizes them per request bucket)."""
@@ -100,20 +101,22 @@ class GenerateSetup:
         return LlamaModel(self.target, self.jnp_dtype, self.attention_fn, scan_layers=False)
 
 
-def check_capture_layers(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
+def check_capture_layers(layers: Iterable[int], num_layers: int, *,
+                         name: str = "capture_hidden_states") -> tuple[int, ...]:
     """Validates hidden-state capture layers -> them as a tuple; ValueError naming the bad value otherwise.
 
     Indices are Hugging Face ``hidden_states`` indices: 0 the embeddings' output, i in 1..num_layers-1 the
     residual-stream input of layer i, and ``num_layers`` the last layer's output BEFORE the final norm (HF's
-    ``hidden_states[-1]`` is that output after the norm). No duplicates.
+    ``hidden_states[-1]`` is that output after the norm). No duplicates. ``name``: the argument, for messages.
     """
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
-        raise ValueError(f"capture_hidden_states={layers!r}: expected a sequence of layer indices")
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise ValueError(f"{name}={layers!r}: expected a sequence of layer indices")
+    layers = tuple(layers)
     for layer in layers:
         if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not 0 <= layer <= num_layers:
-            raise ValueError(f"capture_hidden_states has {layer!r}: expected layer indices in 0..{num_layers} "
+            raise ValueError(f"{name} has {layer!r}: expected layer indices in 0..{num_layers} "
                              f"(0: the embeddings, i: the input of layer i, {num_layers}: the last layer's output "
                              f"before the final norm)")
     if len(set(layers)) != len(layers):
-        raise ValueError(f"capture_hidden_states={tuple(layers)!r} repeats a layer: expected distinct indices")
+        raise ValueError(f"{name}={layers!r} repeats a layer: expected distinct indices")
     return tuple(int(layer) for layer in layers)

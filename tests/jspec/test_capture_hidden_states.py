@@ -5,10 +5,14 @@ Oracle: transformers' ``output_hidden_states`` on each full prompt + generated s
 forward hook on the last decoder layer, before the final norm), float32, atol 1e-4. Plain decoding and speculative
 engines (n-gram lookup; the target as its own draft model, so drafts are accepted at dynamic-tree nodes off the
 first branch; an EAGLE-3 head whose own taps overlap the captured layers) give the same states, and their tokens
-do not change.
+do not change. On a dp 2 x tp 2 mesh (4 virtual CPU devices, in a subprocess) the states equal one device's.
 """
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -133,6 +137,14 @@ def test_bad_layer_lists_raise(checkpoint, layers, match):
     assert engine.num_compiled == 0
 
 
+def test_setup_takes_a_tuple_of_valid_layers():
+    with pytest.raises(ValueError, match="tuple"):
+        jspec.GenerateSetup(fx.TARGET, 32, capture_layers=[0, 1])
+    with pytest.raises(ValueError, match=r"capture_layers has 5"):
+        jspec.GenerateSetup(fx.TARGET, 32, capture_layers=(0, 5))
+    assert jspec.GenerateSetup(fx.TARGET, 32, capture_layers=(4, 0)).tap_layers == (4, 0)
+
+
 def test_capture_program_is_one_loop_without_host_callbacks():
     engine = fx.spec_engine(fx.near_bigram_target(), fx.random_head(), "chain")
     setup = jspec.GenerateSetup(fx.TARGET, 32, drafter=engine.setup.drafter.with_max_seq_len(32),
@@ -144,3 +156,40 @@ def test_capture_program_is_one_loop_without_host_callbacks():
     assert not set(all_primitives(jaxpr)) & set(CALLBACK_PRIMITIVES)
     hidden = jax.eval_shape(lambda *a: jspec.generate(*a, setup=setup), *args).hidden_states
     assert hidden.shape == (2, 2, 32, fx.TARGET.hidden_size)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MESH_PROMPTS = [[5, 9, 13, 5, 9], [1, 2, 3, 4, 5, 6, 7], [40]]
+
+
+def mesh_case() -> dict:
+    """Run with 4 devices: an EAGLE-3 chain engine on a dp 2 x tp 2 mesh and on one device, capturing (4, 2, 0)."""
+    from jspec.drafters.eagle3 import Eagle3Drafter
+    from jspec.sharding import make_mesh
+
+    params, head = fx.near_bigram_target(), fx.random_head()
+    outs = []
+    for mesh in (None, make_mesh(tensor_parallel_size=2, data_parallel_size=2)):
+        drafter = Eagle3Drafter(fx.HEAD, fx.TARGET, fx.SPECS["chain"], fx.MAX_SEQ_LEN)
+        engine = jspec.SpecEngine(fx.TARGET, params, drafter=drafter, drafter_params=head, max_batch_size=4,
+                                  max_seq_len=fx.MAX_SEQ_LEN, mesh=mesh)
+        outs.append(engine.generate(MESH_PROMPTS, max_new_tokens=12, capture_hidden_states=(4, 2, 0)))
+    single, sharded = outs
+    return {"same_tokens": single.token_ids == sharded.token_ids,
+            "shapes": [list(a.shape) for a in sharded.hidden_states],
+            "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(single.hidden_states, sharded.hidden_states))}
+
+
+def test_capture_on_a_mesh_equals_one_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-m", "tests.jspec.test_capture_hidden_states"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    case = json.loads(done.stdout.strip().splitlines()[-1])
+    assert case["same_tokens"]
+    assert case["shapes"] == [[3, len(p) + 12, fx.TARGET.hidden_size] for p in MESH_PROMPTS]
+    assert case["max_diff"] < ATOL
+
+
+if __name__ == "__main__":
+    print(json.dumps(mesh_case()))
