@@ -8,6 +8,11 @@ Supported Hugging Face architectures and what each adds to plain Llama:
 | mistral    | MistralForCausalLM                     | sliding window (must not bind: see below)   |
 | qwen2      | Qwen2ForCausalLM (Qwen2, Qwen2.5)      | bias on q/k/v projections                   |
 | qwen3      | Qwen3ForCausalLM                       | RMSNorm on q and k per head, before rope    |
+| mimo       | MiMoForCausalLM (XiaomiMiMo/MiMo-7B)   | Qwen2 (q/k/v bias) + MTP modules (below)    |
+
+Any family may ship multi-token-prediction modules (config.json ``num_nextn_predict_layers``, tensors
+``model.mtp_layers.*`` or ``model.layers.{L + k}.*``): the target is the decoder above; the converter writes the
+modules beside it (models/mtp.py, models/checkpoint/mtp_layouts.py).
 
 A sliding window only matters when a sequence can grow past it; the engine refuses a config whose window is
 shorter than its ``max_seq_len`` (see :meth:`ModelConfig.check_max_seq_len`) instead of silently attending
@@ -24,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo")
+QKV_BIAS_MODEL_TYPES = ("qwen2", "mimo")  # Qwen2 and its descendants: bias on q/k/v always, never on o
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -180,10 +186,10 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
             raise ValueError(f"config.json {field}={value!r}: a {model_type} model needs a positive integer")
     num_heads = int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
-    # HF Llama and Qwen3 put attention_bias on q/k/v/o; Qwen2 always biases q/k/v only; Mistral has none.
+    # HF Llama and Qwen3 put attention_bias on q/k/v/o; Qwen2 (and MiMo) always bias q/k/v only; Mistral has none.
     attention_bias = model_type in ("llama", "qwen3") and bool(hf.get("attention_bias", False))
     sliding_window = hf.get("sliding_window")
-    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+    if model_type in QKV_BIAS_MODEL_TYPES + ("qwen3",) and not hf.get("use_sliding_window", False):
         sliding_window = None
     return ModelConfig(
         vocab_size=int(hf["vocab_size"]),
@@ -198,7 +204,7 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         rope_scaling=_rope_scaling_from_hf(hf),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or attention_bias,
+        qkv_bias=model_type in QKV_BIAS_MODEL_TYPES or attention_bias,
         o_bias=attention_bias,
         mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
         qk_norm=model_type == "qwen3",

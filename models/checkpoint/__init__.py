@@ -4,7 +4,9 @@
                    -> params, checked tensor by tensor; ``convert_hf_checkpoint`` writes a jspec directory
     hf_export.py   params -> an HF directory (``write_hf_llama``, ``write_hf_eagle3``)
     store.py       the jspec directory (config.json + jspec.json + orbax params/): ``load_llama``,
-                   ``load_eagle3``, ``read_jspec_meta``, ``DTYPES``, atomic writes
+                   ``load_eagle3``, ``load_mtp``/``has_mtp`` (a target's MTP modules in its mtp/),
+                   ``read_jspec_meta``, ``DTYPES``, atomic writes
+    mtp_layouts.py the HF layouts of MTP modules inside a target checkpoint (MiMo, DeepSeek)
 
 Every name is importable from ``models.checkpoint``.
 """
@@ -16,9 +18,10 @@ from models.checkpoint.hf_import import (checkpoint_kind, convert_hf_checkpoint,
                                          tensor_names)
 # Private, but jspec/train/target.py reads HF weights with the importer's pieces, this one included.
 from models.checkpoint.hf_import import _ignore_tied_lm_head  # noqa: F401
+from models.checkpoint.mtp_layouts import MTP_DIR
 from models.checkpoint.store import (DTYPES, FORMAT_VERSION, TOKENIZER_FILES, atomic_directory, check_destination,
-                                     load_eagle3, load_llama, load_params, read_hf_config, read_jspec_meta,
-                                     save_params, write_jspec_dir)
+                                     has_mtp, load_eagle3, load_llama, load_mtp, load_params, read_hf_config,
+                                     read_jspec_meta, save_params, write_jspec_dir)
 
 __all__ = [
     # hf_import
@@ -28,6 +31,9 @@ __all__ = [
     # hf_export
     "write_hf_eagle3", "write_hf_llama",
     # store
-    "DTYPES", "FORMAT_VERSION", "TOKENIZER_FILES", "atomic_directory", "check_destination", "load_eagle3",
-    "load_llama", "load_params", "read_hf_config", "read_jspec_meta", "save_params", "write_jspec_dir",
+    "DTYPES", "FORMAT_VERSION", "TOKENIZER_FILES", "atomic_directory", "check_destination", "has_mtp",
+    "load_eagle3", "load_llama", "load_mtp", "load_params", "read_hf_config", "read_jspec_meta", "save_params",
+    "write_jspec_dir",
+    # mtp_layouts
+    "MTP_DIR",
 ]

@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,8 @@ from flax import traverse_util
 from safetensors import SafetensorError, safe_open
 
 from models.checkpoint.eagle3_layouts import IGNORED_TENSORS, canonical_tensor_name, resolve_layout
+from models.checkpoint.mtp_layouts import (DEEPSEEK_COPIES, MTP_DIR, abstract_module, module_hf_names, module_prefix,
+                                          split_mtp_name)
 from models.checkpoint.store import (DTYPES, _abstract_eagle3_head, atomic_directory, check_destination,
                                      read_hf_config, write_jspec_dir)
 from models.config import ModelConfig, from_hf_config
@@ -308,7 +310,10 @@ def resolve_dtype(name: str, hf_config: dict) -> str:
 
 def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = False,
                      progress: bool = True) -> str:
-    """Converts a HF Llama-family checkpoint directory at ``src`` into a jspec directory at ``dst``."""
+    """Converts a HF Llama-family checkpoint directory at ``src`` into a jspec directory at ``dst``.
+
+    MTP modules in the checkpoint (config.json ``num_nextn_predict_layers``; models/checkpoint/mtp_layouts.py) are
+    written into ``dst/mtp/``, a jspec directory of kind "mtp", in the same atomic write as the target."""
     from models.llama import init_params
 
     check_destination(dst, overwrite)
@@ -318,17 +323,167 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     dtype = resolve_dtype(dtype, hf_config)
     files = safetensors_files(src)
     abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
-    plan = _plan_llama(files, abstract, _ignore_tied_lm_head(config))
+    headers = _headers(files)
+    mtp_names = {name for name in headers if split_mtp_name(name, config.num_layers) is not None}
+    ignore_tied = _ignore_tied_lm_head(config)
+    plan = _plan_llama(files, abstract, lambda name: ignore_tied(name) or name in mtp_names)
+    with _naming_config(src):
+        mtp = _plan_mtp(headers, mtp_names, hf_config, config, DTYPES[dtype])
     with contextlib.ExitStack() as stack:
         on_tensor = lambda: None
         if progress:
             from tqdm import tqdm
-            bar = stack.enter_context(tqdm(total=sum(map(len, plan.values())), desc="converting", unit="tensor"))
+            total = sum(map(len, plan.values())) + (len(mtp.sources) if mtp else 0)
+            bar = stack.enter_context(tqdm(total=total, desc="converting", unit="tensor"))
             on_tensor = bar.update
         with atomic_directory(dst, overwrite) as out:
             write_jspec_dir(out, hf_config, _stream_llama_leaves(plan, abstract, DTYPES[dtype], on_tensor), "llama",
                             dtype, src)
+            if mtp is not None:
+                mtp_dir = os.path.join(out, MTP_DIR)
+                os.makedirs(mtp_dir)
+                write_jspec_dir(mtp_dir, mtp.hf_config, _stream_mtp_leaves(mtp, DTYPES[dtype], on_tensor), "mtp",
+                                dtype, None)
     return os.path.abspath(dst)
+
+
+# --- MTP modules inside a target checkpoint (models/checkpoint/mtp_layouts.py) -------------------------------
+
+def _headers(files: list[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """tensor name -> (file, shape), from the safetensors headers alone."""
+    headers = {}
+    for file in files:
+        with _open_safetensors(file) as f:
+            for name in f.keys():
+                headers[name] = (file, tuple(f.get_slice(name).get_shape()))
+    return headers
+
+
+class _MtpPlan(NamedTuple):
+    hf_config: dict  # the target's config.json + "jspec_mtp": {num_modules, layout, own_lm_head}
+    sources: dict[tuple[str, ...], tuple[str, str, bool]]  # param path -> (file, tensor name, transpose?)
+    abstract: dict  # {"modules": {"0": module tree, ...}} of ShapeDtypeStructs
+
+
+def _num_mtp_modules(hf_config: dict) -> int:
+    value = hf_config.get("num_nextn_predict_layers")
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"config.json num_nextn_predict_layers={value!r}: expected an integer >= 0 (the number "
+                         f"of MTP modules)")
+    return value
+
+
+def _plan_mtp(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[str], hf_config: dict,
+              config: ModelConfig, dtype) -> _MtpPlan | None:
+    """Checks the MTP modules' tensors from the headers (and DeepSeek's embedding/lm_head copies against the
+    target's, read in full) -> what to write, or None when the checkpoint has none. ValueError naming every
+    missing, unexpected and misshapen tensor, a config.json that disagrees with the tensors, or a module with an
+    embedding of its own."""
+    from models.mtp import MtpConfig
+
+    num_modules = _num_mtp_modules(hf_config)
+    if not mtp_names:
+        return None  # num_nextn_predict_layers > 0 without the tensors (a stripped copy): the target alone
+    found = sorted(mtp_names)
+    if num_modules == 0:
+        raise ValueError(f"the checkpoint holds MTP-module tensors ({found[:3]}{' ...' if len(found) > 3 else ''}) "
+                         f"but config.json num_nextn_predict_layers={hf_config.get('num_nextn_predict_layers')!r}; "
+                         f"expected the number of modules")
+    layouts = sorted({split_mtp_name(name, config.num_layers)[0] for name in found})
+    if len(layouts) != 1:
+        raise ValueError(f"the checkpoint mixes MTP layouts {layouts} (model.mtp_layers.* and model.layers."
+                         f"{config.num_layers}+.*); expected one")
+    layout = layouts[0]
+    mtp_config = MtpConfig.for_target(config, num_modules, layout)
+    own_lm_head, dropped = _deepseek_copies(headers, mtp_names, config, num_modules) if layout == "deepseek" \
+        else ([False] * num_modules, set())
+    expected: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]] = {}
+    abstract_modules = {}
+    for index in range(num_modules):
+        module = abstract_module(mtp_config.layer, dtype, own_lm_head[index])
+        abstract_modules[str(index)] = module
+        for name, (path, shape, transpose) in module_hf_names(layout, index, config.num_layers, module).items():
+            expected[name] = (("modules", str(index)) + path, shape, transpose)
+    missing = [name for name in expected if name not in mtp_names]
+    unexpected = [name for name in found if name not in expected and name not in dropped]
+    misshapen = [f"{name}: got {headers[name][1]}, expected {expected[name][1]}" for name in found
+                 if name in expected and headers[name][1] != expected[name][1]]
+    problems = [f"{what}: {names}" for what, names in
+                (("missing", missing), ("unexpected", unexpected), ("misshapen", misshapen)) if names]
+    if problems:
+        raise ValueError(f"the MTP modules do not match config.json (num_nextn_predict_layers={num_modules}, "
+                         f"{layout} layout); " + "; ".join(problems))
+    mtp_hf_config = dict(hf_config, jspec_mtp={"num_modules": num_modules, "layout": layout,
+                                               "own_lm_head": own_lm_head})
+    sources = {path: (headers[name][0], name, transpose) for name, (path, _, transpose) in expected.items()}
+    return _MtpPlan(mtp_hf_config, sources, {"modules": abstract_modules})
+
+
+def _deepseek_copies(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[str], config: ModelConfig,
+                     num_modules: int) -> tuple[list[bool], set[str]]:
+    """DeepSeek modules' ``embed_tokens`` / ``shared_head.head`` against the target's embedding / lm_head ->
+    (per module: keeps its own lm_head?, the copies to drop). An absent copy means the target's; a differing
+    embedding is a ValueError; a misshapen shared_head.head is kept, to be reported with the module's tensors."""
+    target = {"model.embed_tokens.weight": "model.embed_tokens.weight",
+              "lm_head.weight": "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"}
+    cache: dict[str, np.ndarray] = {}
+
+    def target_tensor(name: str) -> np.ndarray | None:
+        source = target[name]
+        if source not in cache and source in headers:
+            cache.clear()  # one target tensor in memory at a time
+            cache[source] = _read_tensor(headers[source][0], source)
+        return cache.get(source)
+
+    own_lm_head, dropped = [], set()
+    for index in range(num_modules):
+        prefix = module_prefix("deepseek", index, config.num_layers)
+        own = False
+        for suffix, copied in DEEPSEEK_COPIES.items():
+            name = prefix + suffix
+            if name not in mtp_names:
+                continue  # no copy: the target's tensor, as when the copy is equal
+            reference = target_tensor(copied)
+            if reference is None or headers[name][1] != reference.shape:
+                if suffix == "shared_head.head.weight":
+                    own = True  # its shape is checked with the module's other tensors
+                    continue
+                raise ValueError(f"MTP tensor {name}: got {headers[name][1]}, expected "
+                                 f"{(config.vocab_size, config.hidden_size)} (a copy of the target's embedding)")
+            equal = np.array_equal(_read_tensor(headers[name][0], name), reference)
+            if suffix == "embed_tokens.weight" and not equal:
+                raise ValueError(f"MTP tensor {name} differs from the target's {target[copied]}: modules with an "
+                                 f"embedding of their own are not supported (jspec's MTP drafter embeds with the "
+                                 f"target's table)")
+            if equal:
+                dropped.add(name)
+            else:
+                own = True
+        own_lm_head.append(own)
+    return own_lm_head, dropped
+
+
+def _stream_mtp_leaves(plan: _MtpPlan, dtype, on_tensor: Callable[[], None] = lambda: None
+                       ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+    """Yields (param path, array) for every module parameter, one tensor read at a time."""
+    np_dtype = np.dtype(dtype)
+    for path, (file, name, transpose) in plan.sources.items():
+        if transpose:
+            array = np.ascontiguousarray(_read_tensor(file, name).T, dtype=np_dtype)
+        else:
+            array = _read_tensor(file, name, out=np.empty(_read_shape(plan.abstract, path), np_dtype))
+        on_tensor()
+        yield path, array
+        del array
+
+
+def _read_shape(abstract: dict, path: tuple[str, ...]) -> tuple[int, ...]:
+    leaf = abstract
+    for key in path:
+        leaf = leaf[key]
+    return tuple(leaf.shape)
 
 
 # --- EAGLE-3 heads -------------------------------------------------------------------------------------------

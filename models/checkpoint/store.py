@@ -1,16 +1,20 @@
-"""The jspec checkpoint directory: what ``convert_hf_checkpoint`` writes and ``load_llama``/``load_eagle3`` read.
+"""The jspec checkpoint directory: what ``convert_hf_checkpoint`` writes and ``load_llama``/``load_eagle3``/
+``load_mtp`` read.
 
 A converted directory holds::
 
     config.json        the Hugging Face config (verbatim for targets; for EAGLE-3 heads the flat Llama-style config
                        plus "jspec_eagle3": layout, resolved tap layers, suggested num_steps)
-    jspec.json         {"format": 2, "kind": "llama" | "eagle3", "dtype": "bfloat16"}
+    jspec.json         {"format": 2, "kind": "llama" | "eagle3" | "mtp", "dtype": "bfloat16"}
     params/            the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]}), one orbax
                        checkpoint per leaf: params/leaves.json lists the leaf paths, params/<a.b.c>/ holds the
                        leaf at path (a, b, c) (as the one-leaf tree {a: {b: {c: array}}}). Written leaf by leaf, so
                        converting needs host memory for one leaf, not the model. Format 1 (params/ one orbax
                        checkpoint of the whole tree) still loads.
     tokenizer.json ... tokenizer files copied from the source when present
+    mtp/               a target's MTP modules, when its checkpoint ships them: a jspec directory of kind "mtp"
+                       (config.json: the target's plus "jspec_mtp": {num_modules, layout, own_lm_head}; params:
+                       {"modules": {"0": module tree, ...}}, see models/mtp.py)
 
 Directories are written into a temporary sibling and renamed into place at the end (``atomic_directory``), so a
 failed write leaves nothing at the destination.
@@ -34,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from models.checkpoint.mtp_layouts import MTP_DIR, abstract_module
 from models.config import ModelConfig, from_hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -280,3 +285,40 @@ def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax
     head, dtype_name = _cast_params(restored["head"], stored, dtype)
     return config, head, restored["d2t"], dtype_name
 
+
+
+def has_mtp(target_dir: str) -> bool:
+    """Whether the converted target at ``target_dir`` carries MTP modules (``target_dir/mtp/``, kind "mtp")."""
+    path = os.path.join(target_dir, MTP_DIR, "jspec.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return json.load(f).get("kind") == "mtp"
+
+
+def load_mtp(target_dir: str, dtype: str | None = None) -> tuple[Any, dict]:
+    """Loads the MTP modules of a converted target -> (MtpConfig, {"modules": (module params, ...)}), each module
+    the tree of models/mtp.py. ``dtype`` casts if given. FileNotFoundError when the target has none."""
+    from models.mtp import MtpConfig
+
+    mtp_dir = os.path.join(target_dir, MTP_DIR)
+    if not has_mtp(target_dir):
+        raise FileNotFoundError(f"{target_dir!r} has no MTP modules (no {MTP_DIR}/ of kind 'mtp'): they come from a "
+                                f"checkpoint whose config.json has num_nextn_predict_layers > 0 and which ships their "
+                                f"tensors (docs/checkpoints.md)")
+    meta = _read_kind(mtp_dir, "mtp")
+    hf_config = read_hf_config(mtp_dir)
+    info = hf_config.get("jspec_mtp")
+    if not isinstance(info, dict) or not isinstance(info.get("own_lm_head"), list):
+        raise ValueError(f"{os.path.join(mtp_dir, 'config.json')}: jspec_mtp={info!r}, expected "
+                         f"{{num_modules, layout, own_lm_head: [bool per module]}}")
+    config = MtpConfig.for_target(from_hf_config(hf_config), info.get("num_modules"), info.get("layout"))
+    if len(info["own_lm_head"]) != config.num_modules:
+        raise ValueError(f"{os.path.join(mtp_dir, 'config.json')}: jspec_mtp.own_lm_head has "
+                         f"{len(info['own_lm_head'])} entries, expected num_modules={config.num_modules}")
+    stored = meta["dtype"]
+    abstract = {"modules": {str(index): abstract_module(config.layer, DTYPES[stored], bool(own))
+                            for index, own in enumerate(info["own_lm_head"])}}
+    restored = load_params(os.path.join(mtp_dir, "params"), abstract)
+    modules, _ = _cast_params(restored["modules"], stored, dtype)
+    return config, {"modules": tuple(modules[str(index)] for index in range(config.num_modules))}
