@@ -13,9 +13,9 @@ from jspec.tools.interrupt import on_interrupt
 def add_convert_args(parser: argparse.ArgumentParser) -> None:
     """The flags of ``jspec convert`` (scripts/convert_checkpoint.py shows the same)."""
     parser.add_argument("--src", required=True,
-                        help="Hugging Face directory: config.json + *.safetensors (a Llama-family target, or an "
-                             "EAGLE-3 head in any published layout, EAGLE's pytorch_model.bin included: "
-                             "docs/checkpoints.md)")
+                        help="Hugging Face directory: config.json + *.safetensors (a Llama-family target, with the "
+                             "MTP modules it ships written into DST/mtp/, or an EAGLE-3 head in any published "
+                             "layout, EAGLE's pytorch_model.bin included: docs/checkpoints.md)")
     parser.add_argument("--dst", required=True, help="output directory (must not exist unless --overwrite)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="parameter dtype; auto: the checkpoint's own")

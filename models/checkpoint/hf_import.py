@@ -1,7 +1,8 @@
 """Hugging Face checkpoints in: config.json + *.safetensors (one file or an index of shards) -> Flax params.
 
-``convert_hf_checkpoint`` picks the converter from the source: a Llama-family target (``convert_hf_llama``) or an
-EAGLE-3 head (``convert_hf_eagle3``; see ``checkpoint_kind``), and writes a jspec directory (see ``store``).
+``convert_hf_checkpoint`` picks the converter from the source: a Llama-family target (``convert_hf_llama``, which
+also writes the MTP modules a target ships into ``mtp/``) or an EAGLE-3 head (``convert_hf_eagle3``; see
+``checkpoint_kind``), and writes a jspec directory (see ``store``).
 Everything is read and checked before anything is written; a bad source raises ValueError (or
 FileNotFoundError) naming the file, and nothing is left at the destination.
 """
@@ -324,7 +325,8 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     files = safetensors_files(src)
     abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
     headers = _headers(files)
-    mtp_names = {name for name in headers if split_mtp_name(name, config.num_layers) is not None}
+    mtp_names = {name for name in headers
+                 if not _IGNORED.match(name) and split_mtp_name(name, config.num_layers) is not None}
     ignore_tied = _ignore_tied_lm_head(config)
     plan = _plan_llama(files, abstract, lambda name: ignore_tied(name) or name in mtp_names)
     with _naming_config(src):
@@ -362,7 +364,6 @@ def _headers(files: list[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
 class _MtpPlan(NamedTuple):
     hf_config: dict  # the target's config.json + "jspec_mtp": {num_modules, layout, own_lm_head}
     sources: dict[tuple[str, ...], tuple[str, str, bool]]  # param path -> (file, tensor name, transpose?)
-    abstract: dict  # {"modules": {"0": module tree, ...}} of ShapeDtypeStructs
 
 
 def _num_mtp_modules(hf_config: dict) -> int:
@@ -399,11 +400,9 @@ def _plan_mtp(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[st
     mtp_config = MtpConfig.for_target(config, num_modules, layout)
     own_lm_head, dropped = _deepseek_copies(headers, mtp_names, config, num_modules) if layout == "deepseek" \
         else ([False] * num_modules, set())
-    expected: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]] = {}
-    abstract_modules = {}
+    expected: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]] = {}  # HF name -> (path, HF shape, transpose?)
     for index in range(num_modules):
         module = abstract_module(mtp_config.layer, dtype, own_lm_head[index])
-        abstract_modules[str(index)] = module
         for name, (path, shape, transpose) in module_hf_names(layout, index, config.num_layers, module).items():
             expected[name] = (("modules", str(index)) + path, shape, transpose)
     missing = [name for name in expected if name not in mtp_names]
@@ -418,7 +417,7 @@ def _plan_mtp(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[st
     mtp_hf_config = dict(hf_config, jspec_mtp={"num_modules": num_modules, "layout": layout,
                                                "own_lm_head": own_lm_head})
     sources = {path: (headers[name][0], name, transpose) for name, (path, _, transpose) in expected.items()}
-    return _MtpPlan(mtp_hf_config, sources, {"modules": abstract_modules})
+    return _MtpPlan(mtp_hf_config, sources)
 
 
 def _deepseek_copies(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[str], config: ModelConfig,
@@ -467,23 +466,14 @@ def _deepseek_copies(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names:
 
 def _stream_mtp_leaves(plan: _MtpPlan, dtype, on_tensor: Callable[[], None] = lambda: None
                        ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-    """Yields (param path, array) for every module parameter, one tensor read at a time."""
+    """Yields (param path, array) for every module parameter, one tensor read (and cast) at a time."""
     np_dtype = np.dtype(dtype)
     for path, (file, name, transpose) in plan.sources.items():
-        if transpose:
-            array = np.ascontiguousarray(_read_tensor(file, name).T, dtype=np_dtype)
-        else:
-            array = _read_tensor(file, name, out=np.empty(_read_shape(plan.abstract, path), np_dtype))
+        array = _read_tensor(file, name)
+        array = np.ascontiguousarray(array.T if transpose else array, dtype=np_dtype)
         on_tensor()
         yield path, array
         del array
-
-
-def _read_shape(abstract: dict, path: tuple[str, ...]) -> tuple[int, ...]:
-    leaf = abstract
-    for key in path:
-        leaf = leaf[key]
-    return tuple(leaf.shape)
 
 
 # --- EAGLE-3 heads -------------------------------------------------------------------------------------------
