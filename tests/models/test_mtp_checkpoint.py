@@ -332,3 +332,20 @@ def test_writer_refuses_what_a_layout_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match=r"MTP module 0 params do not match.*block/mlp/up_proj/kernel"):
         write_hf_llama(str(tmp_path / "c"), hf_config, params, mtp_params=modules)
     assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_sharded_checkpoint_with_the_modules_in_their_own_shard(written, tmp_path):
+    """As MiMo-7B ships: an index of shards, the MTP modules in the last one."""
+    hf_dir, _, modules = written["mimo", "qwen2"]
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_text(open(os.path.join(hf_dir, "config.json")).read())
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    shards = {"model-00001-of-00002.safetensors": {n: t for n, t in tensors.items() if "mtp_layers" not in n},
+              "model-00002-of-00002.safetensors": {n: t for n, t in tensors.items() if "mtp_layers" in n}}
+    for file, part in shards.items():
+        save_file(part, str(sharded / file), metadata={"format": "pt"})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {name: file for file, part in shards.items() for name in part}}))
+    out = convert_hf_checkpoint(str(sharded), str(tmp_path / "out"), progress=False)
+    assert_trees_equal(load_mtp(out)[1], modules)
