@@ -26,8 +26,15 @@ Parameter tree of one module (HF names: MiMo ``model.mtp_layers.{k}.*``, DeepSee
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig
+from models.llama import DecoderLayer, RMSNorm, rope_cos_sin
 
 MTP_LAYOUTS = ("mimo", "deepseek")
 
@@ -61,3 +68,49 @@ class MtpConfig:
             raise ValueError(f"MTP modules of hidden size {self.layer.hidden_size} and vocabulary "
                              f"{self.layer.vocab_size} cannot draft for a target of hidden size {target.hidden_size} "
                              f"and vocabulary {target.vocab_size}")
+
+
+class MtpOutput(NamedTuple):
+    x: jax.Array       # [B, T, H] the block's output before final_norm: the hidden state fed to the next module/depth
+    normed: jax.Array  # [B, T, H] final_norm(x); logits = normed @ lm_head kernel (the caller's)
+    cache: KVCache     # one layer: [1, B, S, Hkv, D]
+
+
+class MtpModule(nn.Module):
+    """One MTP module. Call: embeds [B, T, H] (the target's embedding of the tokens read), hidden [B, T, H] (the
+    hidden state paired with them), positions i32[B, T] (rope positions; the embedding is zeroed where 0), cache
+    (one layer), cache_len i32[B], local_mask bool[B, T, W] | None, write_offset (models/attention.py) -> MtpOutput.
+    The lm_head is not applied here (it is usually the target's)."""
+
+    config: MtpConfig
+    dtype: jnp.dtype = jnp.float32
+    attention_fn: AttentionFn = dense_attention
+
+    @nn.compact
+    def __call__(self, embeds: jax.Array, hidden: jax.Array, positions: jax.Array, cache: KVCache,
+                 cache_len: jax.Array, local_mask: jax.Array | None = None,
+                 write_offset: jax.Array | int = 0) -> MtpOutput:
+        cfg = self.config.layer
+        embeds = jnp.where((positions == 0)[..., None], jnp.zeros((), self.dtype), embeds.astype(self.dtype))
+        token = RMSNorm(cfg.rms_norm_eps, self.dtype, name="token_norm")(embeds)
+        state = RMSNorm(cfg.rms_norm_eps, self.dtype, name="hidden_norm")(hidden.astype(self.dtype))
+        parts = [state, token] if self.config.layout == "mimo" else [token, state]
+        fused = nn.Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+                         name="input_proj")(jnp.concatenate(parts, axis=-1))
+        cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
+        (x, _), (k, v) = DecoderLayer(cfg, self.attention_fn, self.dtype, name="block")(
+            (fused, None), (cache.k[0], cache.v[0], None), cos, sin, cache_len, local_mask, write_offset)
+        normed = RMSNorm(cfg.rms_norm_eps, self.dtype, name="final_norm")(x)
+        return MtpOutput(x, normed, KVCache(k[None], v[None]))
+
+
+def init_mtp_params(config: MtpConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random parameters of ``config.num_modules`` modules -> {"modules": (module tree, ...)} (tests)."""
+    cfg = config.layer
+    module = MtpModule(config, dtype)
+    x = jnp.zeros((1, 1, cfg.hidden_size), dtype)
+    cache = KVCache.zeros(1, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype)
+    zeros = jnp.zeros((1, 1), jnp.int32)
+    keys = jax.random.split(key, config.num_modules)
+    return {"modules": tuple(module.init(k, x, x, zeros, cache, jnp.zeros((1,), jnp.int32))["params"]
+                             for k in keys)}
