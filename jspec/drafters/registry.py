@@ -6,7 +6,11 @@
   model's EAGLE-3 head or draft model: these names carry weights, so they mean the bundled parts and are only
   valid with the bundled target; for any other target pass the converted drafter's directory);
 - a converted drafter directory (``jspec convert``): its ``jspec.json`` kind picks the entry ("eagle3" -> the
-  EAGLE-3 head, "llama" -> a draft model with the target's vocabulary).
+  EAGLE-3 head, "llama" -> a draft model with the target's vocabulary);
+- ``"mtp"`` (MTP-EAGLE: the target's MTP module 0 applied recurrently, the common deployment) or ``"mtp_vanilla"``
+  (module d drafts depth d + 1): the weights are the MTP modules inside the target's own converted directory
+  (``<target_dir>/mtp/``, written by ``jspec convert`` from a checkpoint with ``num_nextn_predict_layers``), so
+  these names resolve to the target directory.
 
 A new drafter: one file in this package with a ``load(source: DrafterSource) -> (drafter, params)`` function and
 a class implementing ``base.Drafter``, plus one entry in ``DRAFTERS`` below.
@@ -27,9 +31,9 @@ from typing import Any, Callable, NamedTuple
 
 from jspec.bundle import PARTS, bundled_dir, is_bundled
 from jspec.config import SpecConfig
-from jspec.drafters import draft_model, eagle3, ngram
+from jspec.drafters import draft_model, eagle3, mtp, ngram
 from jspec.drafters.base import Drafter
-from models.checkpoint import read_jspec_meta
+from models.checkpoint import MTP_DIR, has_mtp, read_jspec_meta
 from models.config import ModelConfig
 
 
@@ -48,18 +52,24 @@ class DrafterSource(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class DrafterEntry:
     """load: DrafterSource -> (static drafter, params); checkpoint_kind: the ``jspec.json`` kind of its weights
-    directory (None: no weights); bundled_part: the bundled code model's part its bare name stands for."""
+    directory (None: no weights of its own); bundled_part: the bundled code model's part its bare name stands for;
+    weights_from_target: the weights live inside the target's directory (MTP modules): the name resolves to it."""
 
     load: Callable[[DrafterSource], tuple[Drafter, Any]]
     checkpoint_kind: str | None
     bundled_part: str | None
     description: str
+    weights_from_target: bool = False
 
 
 DRAFTERS: dict[str, DrafterEntry] = {
     "eagle3": DrafterEntry(eagle3.load, "eagle3", "eagle3", "an EAGLE-3 head on the target's hidden states"),
     "draft": DrafterEntry(draft_model.load, "llama", "draft", "a Llama-family draft model with the target's vocabulary"),
     "ngram": DrafterEntry(ngram.load, None, None, "prompt lookup (n-gram), no weights"),
+    "mtp": DrafterEntry(mtp.load, None, None, "the target's own MTP module 0, applied recurrently (MTP-EAGLE)",
+                        weights_from_target=True),
+    "mtp_vanilla": DrafterEntry(mtp.load_vanilla, None, None, "the target's own MTP modules, module d drafting "
+                                "depth d + 1 (DeepSeek-V3's vanilla MTP)", weights_from_target=True),
 }
 
 
@@ -71,6 +81,8 @@ def resolve(drafter: str | os.PathLike, target_dir: str | None) -> tuple[str, st
         _register_plugin(value)
     if value in DRAFTERS:
         entry = DRAFTERS[value]
+        if entry.weights_from_target:
+            return value, _target_with_mtp(value, target_dir)
         if entry.checkpoint_kind is None:
             return value, None
         if entry.bundled_part is None:
@@ -98,6 +110,18 @@ def resolve(drafter: str | os.PathLike, target_dir: str | None) -> tuple[str, st
     kinds = sorted(e.checkpoint_kind for e in DRAFTERS.values() if e.checkpoint_kind)
     raise ValueError(f"drafter directory {value!r} holds a {kind!r} checkpoint; expected one of kinds {kinds} "
                      f"(an EAGLE-3 head or a Llama-family draft model)")
+
+
+def _target_with_mtp(name: str, target_dir: str | None) -> str:
+    """The target directory that holds the MTP modules drafter ``name`` loads; ValueError naming it otherwise."""
+    if target_dir is None:
+        raise ValueError(f"drafter={name!r} loads the MTP modules inside the target directory, and no target "
+                         f"directory was given (use SpecEngine.from_pretrained(target_dir, drafter={name!r}))")
+    if not has_mtp(target_dir):
+        raise ValueError(f"drafter={name!r}: target directory {target_dir!r} holds no MTP modules (no "
+                         f"{MTP_DIR}/ of kind 'mtp'; convert a checkpoint whose config.json has "
+                         f"num_nextn_predict_layers > 0)")
+    return os.fspath(target_dir)
 
 
 def load(drafter: str | os.PathLike, *, target: ModelConfig, target_dir: str | None, spec: SpecConfig,
