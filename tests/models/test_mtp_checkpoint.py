@@ -349,3 +349,45 @@ def test_sharded_checkpoint_with_the_modules_in_their_own_shard(written, tmp_pat
         {"weight_map": {name: file for file, part in shards.items() for name in part}}))
     out = convert_hf_checkpoint(str(sharded), str(tmp_path / "out"), progress=False)
     assert_trees_equal(load_mtp(out)[1], modules)
+
+
+# --- the converted modules drive the MTP drafter (jspec/drafters/mtp.py) --------------------------------------
+
+def _mtp_registered() -> bool:
+    from jspec.drafters import registry
+    return "mtp" in registry.DRAFTERS
+
+
+needs_mtp_drafter = pytest.mark.skipif(not _mtp_registered(), reason="no 'mtp' drafter registered")
+PROMPTS = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+
+
+@needs_mtp_drafter
+@pytest.mark.parametrize("layout, target, drafter, num_steps", [("mimo", "qwen2", "mtp", 3),
+                                                                 ("deepseek", "llama", "mtp_vanilla", 2)])
+def test_from_pretrained_with_the_converted_modules_is_lossless(tmp_path, layout, target, drafter, num_steps):
+    """Greedy output of the converted target with its own modules drafting equals plain decoding (for any
+    weights); DeepSeek's module 1 has an lm_head of its own."""
+    import jspec
+
+    hf_config, config, params = make_target(target)
+    modules = make_modules(config, 2, own_lm_head=(1,) if layout == "deepseek" else ())
+    hf_dir = write_hf_llama(str(tmp_path / "hf"), hf_config, params, mtp_params=modules, mtp_layout=layout)
+    out = convert_hf_checkpoint(hf_dir, str(tmp_path / "out"), progress=False)
+    kwargs = dict(max_batch_size=2, max_seq_len=64)
+    plain = jspec.SpecEngine.from_pretrained(out, **kwargs).generate(PROMPTS, max_new_tokens=12).token_ids
+    spec = jspec.SpecConfig(tree="chain", num_steps=num_steps)
+    engine = jspec.SpecEngine.from_pretrained(out, drafter=drafter, spec=spec, **kwargs)
+    assert engine.generate(PROMPTS, max_new_tokens=12).token_ids == plain
+
+
+@needs_mtp_drafter
+def test_mtp_drafter_on_a_target_without_modules_is_an_error(tmp_path):
+    import jspec
+
+    hf_config, _, params = make_target("qwen2")
+    out = convert_hf_llama(write_hf_llama(str(tmp_path / "hf"), hf_config, params), str(tmp_path / "out"),
+                           progress=False)
+    with pytest.raises(ValueError, match=r"drafter='mtp'.*holds no MTP modules"):
+        jspec.SpecEngine.from_pretrained(out, drafter="mtp", spec=jspec.SpecConfig(tree="chain", num_steps=2),
+                                         max_batch_size=1, max_seq_len=64)
