@@ -119,3 +119,32 @@ def test_speculative_same_bucket_compiles_nothing_new():
     before = len(compiles)
     engine.generate([[7, 8, 9, 10, 11], [12]], max_new_tokens=9, temperature=0.8, top_p=0.9, seed=3)
     assert engine.num_compiled == 1 and len(compiles) == before, compiles[before:]
+
+
+MTP_TARGET = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=8)  # intermediate != 2H: the modules' input_proj [2H, H] stands out
+
+
+@pytest.mark.parametrize("mode, forwards", [("mtp_eagle", 2 + 1), ("vanilla", 2 + 3)])
+def test_mtp_generate_is_one_loop_holding_target_and_modules(mode, forwards):
+    """MTP (jspec/drafters/mtp.py), chain of 3: the loop body runs the target and every module forward: 2 drafting
+    depths in propose, then the commit's extend (module 0 alone for mtp_eagle, the three modules for vanilla)."""
+    from jspec.drafters.mtp import MtpDrafter
+    from models.mtp import MtpConfig, init_mtp_params
+
+    config = MtpConfig.for_target(MTP_TARGET, 3)
+    drafter = MtpDrafter(config, MTP_TARGET, jspec.SpecConfig(tree="chain", num_steps=3), 64, mode=mode)
+    engine = jspec.SpecEngine(MTP_TARGET, init_params(MTP_TARGET, jax.random.key(0)), drafter=drafter,
+                              drafter_params=init_mtp_params(config, jax.random.key(1)), max_batch_size=4,
+                              max_seq_len=64)
+    args = generate_args(engine)
+    args = (args[0], engine.drafter_params) + args[2:]
+    jaxpr = jax.make_jaxpr(lambda *a: jspec.generate(*a, setup=engine.setup))(*args).jaxpr
+    loops = [e for e in top_level_eqns(jaxpr) if e.primitive.name == "while"]
+    assert len(loops) == 1
+    body = loops[0].params["body_jaxpr"].jaxpr
+    assert_target_in(body, MTP_TARGET)
+    input_proj = [e for e in find_eqns(body, "dot_general") if e.invars[0].aval.shape[-1] == 2 * 32
+                  and e.outvars[0].aval.shape[-1] == 32]
+    assert len(input_proj) == forwards, len(input_proj)
+    assert not set(all_primitives(jaxpr)) & set(CALLBACK_PRIMITIVES)
