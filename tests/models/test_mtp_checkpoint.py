@@ -142,6 +142,17 @@ def test_mimo_config_is_a_qwen2_target():
     assert (config.num_layers, config.head_dim, config.rope_theta) == (36, 128, 640000.0)
 
 
+@pytest.mark.parametrize("layout, target", CASES)
+def test_the_stored_tree_is_the_module_s(layout, target):
+    """What the converter writes and load_mtp reads has models.mtp.MtpModule's parameter names and shapes."""
+    from models.mtp import init_mtp_params
+
+    config = MtpConfig.for_target(from_hf_config(TARGETS[target]), 1, layout)
+    module = init_mtp_params(config, jax.random.key(0))["modules"][0]
+    shapes = lambda tree: jax.tree.map(lambda leaf: tuple(leaf.shape), tree)
+    assert shapes(abstract_module(config.layer)) == shapes(module)
+
+
 # --- HF names ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout, target", CASES[:2])
