@@ -190,7 +190,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution():
     config = MtpConfig.for_target(target, 1)
     modules = jax.tree.map(lambda a: a * 2.0 if a.ndim >= 2 else a, init_mtp_params(config, jax.random.key(8)))
     spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
-    rows = 12000
+    rows = 8000
     drafter = MtpDrafter(config, target, spec, 16)
     out = jspec.SpecEngine(target, params, drafter=drafter, drafter_params=modules, max_batch_size=rows,
                            max_seq_len=16).generate([sampling_tests.PROMPT] * rows, max_new_tokens=3,
@@ -209,3 +209,26 @@ def test_registry_names_resolve_to_the_target_directory(tmp_path):
             registry.resolve(name, None)
         with pytest.raises(ValueError, match="no MTP modules"):
             registry.resolve(name, str(tmp_path))
+
+
+def test_from_pretrained_with_the_targets_own_modules(near_target, tmp_path):
+    """HF checkpoint with MTP modules (DeepSeek layout) -> converter -> from_pretrained(target, drafter="mtp" |
+    "mtp_vanilla"): the modules come from the target directory; output equals plain decoding."""
+    from models.checkpoint import convert_hf_llama, write_hf_llama
+    cfg = fx.TARGET
+    hf_config = {"model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+                 "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+                 "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+                 "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta}
+    modules = {"modules": tuple(copy_module(near_target, "deepseek", 0.3, seed) for seed in range(3))}
+    hf_dir = write_hf_llama(str(tmp_path / "hf"), hf_config, near_target, mtp_params=modules, mtp_layout="deepseek")
+    target_dir = convert_hf_llama(hf_dir, str(tmp_path / "target"), progress=False)
+    kwargs = dict(spec=CHAIN, max_batch_size=4, max_seq_len=64)
+    expected = jspec.SpecEngine.from_pretrained(target_dir, max_batch_size=4, max_seq_len=64).generate(
+        RAGGED, max_new_tokens=12).token_ids
+    for name, mode in (("mtp", "mtp_eagle"), ("mtp_vanilla", "vanilla")):
+        engine = jspec.SpecEngine.from_pretrained(target_dir, drafter=name, **kwargs)
+        assert engine.setup.drafter.mode == mode and engine.setup.drafter.mtp.layout == "deepseek"
+        out = engine.generate(RAGGED, max_new_tokens=12)
+        assert out.token_ids == expected, name
+        assert out.stats.acceptance_length > 1.5, out.stats
