@@ -1,8 +1,10 @@
 """Drafters: each proposes a draft tree inside the jitted loop (``base.Drafter`` is the protocol).
 
 eagle3.Eagle3Drafter (an EAGLE-3 head on the target's features), draft_model.DraftModelDrafter (a separate
-Llama-family model with the target's vocabulary), ngram.NgramDrafter (prompt lookup, no weights). ``load`` turns
-what a user writes (a registered name or a converted directory) into a drafter; ``registry.py`` is the table.
+Llama-family model with the target's vocabulary), mtp.MtpDrafter (the MTP modules shipped inside the target's own
+checkpoint: names "mtp" = MTP-EAGLE, module 0 recurrent, and "mtp_vanilla" = module d drafts depth d + 1),
+ngram.NgramDrafter (prompt lookup, no weights). ``load`` turns what a user writes (a registered name or a converted
+directory) into a drafter; ``registry.py`` is the table.
 
 What a drafter written outside this package needs (docs/drafters.md): the protocol and its contexts
 (``Drafter``, ``DraftTree``, ``PrefillContext``, ``CommitContext``), ``DrafterBase`` (the shared members),

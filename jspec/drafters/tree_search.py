@@ -1,7 +1,8 @@
 """Growing a draft tree from a drafter's distributions: static trees (chains included) and EAGLE-2 dynamic trees.
 
-Shared by every model drafter (EAGLE-3 head, separate draft model): they differ only in their ``DraftForward``,
-one forward of the drafter over the nodes of one depth. Each node's K/V goes to the drafter's window
+Shared by every model drafter (EAGLE-3 head, separate draft model, MTP modules): they differ only in their
+``DraftForward``, one forward of the drafter over the nodes of one depth. Both searches call it once per depth,
+shallowest first (the MTP drafter counts the calls to pick module d for depth d). Each node's K/V goes to the drafter's window
 (models/attention.py) at its own slot, and its mask row lets it see exactly its ancestors there.
 
 A node at depth d >= 1 holds the token at position root_pos + d; the drafter forward that reads it runs at
