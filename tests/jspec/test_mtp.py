@@ -74,17 +74,18 @@ def near_target():
 
 @pytest.fixture(scope="module")
 def near_plain(near_target):
-    return fx.plain_engine(near_target).generate(RAGGED, max_new_tokens=30).token_ids
+    return fx.plain_engine(near_target).generate(RAGGED, max_new_tokens=20).token_ids
 
 
-@pytest.mark.parametrize("spec", [CHAIN, DYNAMIC], ids=["chain", "dynamic"])
 @pytest.mark.parametrize("mode, layout", [("mtp_eagle", "mimo"), ("vanilla", "deepseek")])
-def test_greedy_output_equals_plain_decoding(near_target, near_plain, spec, mode, layout):
+def test_greedy_output_equals_plain_decoding_dynamic_tree(near_target, near_plain, mode, layout):
     """Noisy copies of the target's last layer (attention on: windows, caches and masks all matter); module 2 of
-    the vanilla three is a random one, so its depth's drafts are mostly rejected."""
+    the vanilla three is a random one, so its depth's drafts are mostly rejected. Chains: the host-replay and
+    from_pretrained tests below (both modes, output compared with plain decoding)."""
+    spec = DYNAMIC
     modules = [copy_module(near_target, layout, scale, seed) for seed, scale in enumerate((0.3, 0.6))]
     random = init_mtp_params(MtpConfig.for_target(fx.TARGET, 1, layout), jax.random.key(9))["modules"][0]
-    out = engine(near_target, modules + [random], spec, mode, layout).generate(RAGGED, max_new_tokens=30)
+    out = engine(near_target, modules + [random], spec, mode, layout).generate(RAGGED, max_new_tokens=20)
     assert out.token_ids == near_plain
     assert 1.5 < out.stats.acceptance_length < spec.max_depth + 1, out.stats  # multi-token acceptance, not all
 
@@ -190,7 +191,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution():
     config = MtpConfig.for_target(target, 1)
     modules = jax.tree.map(lambda a: a * 2.0 if a.ndim >= 2 else a, init_mtp_params(config, jax.random.key(8)))
     spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
-    rows = 8000
+    rows = 6000
     drafter = MtpDrafter(config, target, spec, 16)
     out = jspec.SpecEngine(target, params, drafter=drafter, drafter_params=modules, max_batch_size=rows,
                            max_seq_len=16).generate([sampling_tests.PROMPT] * rows, max_new_tokens=3,
