@@ -233,3 +233,61 @@ def test_from_pretrained_with_the_targets_own_modules(near_target, tmp_path):
         out = engine.generate(RAGGED, max_new_tokens=12)
         assert out.token_ids == expected, name
         assert out.stats.acceptance_length > 1.5, out.stats
+
+
+# --- vanilla alignment with attention: the drafter's state equals a recomputation over DeepSeek slots -------------
+
+def reference_outputs(params_t, modules, hidden, tokens, count):
+    """Module k over its DeepSeek slots p = 0 .. count - 1 - k, reading (x^{k-1}_p, token p + k + 1) at positions
+    p + k from a fresh cache -> [x^k f32[count - k, H] per module], module 0's logits at slot count - 1."""
+    from models.attention import KVCache
+    from models.mtp import MtpModule
+    config = MtpConfig.for_target(fx.TARGET, len(modules))
+    embedding = params_t["embed_tokens"]["embedding"]
+    outputs, x, logits = [], hidden[:count], None
+    for k, module in enumerate(modules):
+        n = count - k
+        if n <= 0:
+            break
+        cache = KVCache.zeros(1, 1, n, fx.TARGET.num_kv_heads, fx.TARGET.head_dim, jnp.float32)
+        out = MtpModule(config).apply({"params": module}, embedding[tokens[k + 1:k + 1 + n]][None], x[:n][None],
+                                      jnp.arange(k, k + n, dtype=jnp.int32)[None], cache, jnp.zeros((1,), jnp.int32))
+        x = out.x[0]
+        outputs.append(x)
+        logits = out.normed[0, -1] @ params_t["lm_head"]["kernel"] if k == 0 else logits
+    return outputs, logits
+
+
+def test_vanilla_prefill_and_commit_state_equals_the_recomputation():
+    """Random target and three random modules (attention on); prompts of 2 and 6 tokens (module 2 of the first has
+    no committed slot at first: its first cache slots must not be read), then a commit of 3 and of 1 tokens."""
+    from jspec.drafters.base import CommitContext, PrefillContext
+    from models.attention import KVCache
+    from models.llama import LlamaModel
+    params_t = init_params(fx.TARGET, jax.random.key(0))
+    config = MtpConfig.for_target(fx.TARGET, 3)
+    modules = init_mtp_params(config, jax.random.key(1))["modules"]
+    drafter = MtpDrafter(config, fx.TARGET, CHAIN, 32, mode="vanilla")
+    seq = jax.random.randint(jax.random.key(2), (2, 16), 0, fx.TARGET.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    cache = KVCache.zeros(fx.TARGET.num_layers, 2, 16, fx.TARGET.num_kv_heads, fx.TARGET.head_dim, jnp.float32)
+    taps = LlamaModel(fx.TARGET).apply({"params": params_t}, seq, positions, cache, jnp.zeros((2,), jnp.int32),
+                                       tap_layers=(fx.TARGET.num_layers,)).taps  # [1, 2, 16, H]
+    lens, width = jnp.array([2, 6]), 8
+    state = jax.jit(drafter.prefill)(params_t, {"modules": modules},
+                                     PrefillContext(seq[:, :width], lens, seq[jnp.arange(2), lens], taps[:, :, :width]))
+
+    def check(state, roots):
+        for b, root in enumerate(roots):
+            outputs, logits = reference_outputs(params_t, modules, taps[0, b], seq[b], root)
+            np.testing.assert_allclose(state.logits[b], logits, rtol=1e-4, atol=1e-4)
+            for k, x in enumerate(outputs):  # module k's last committed slot: p = root - 1 - k
+                np.testing.assert_allclose(state.hidden[k, b], x[-1], rtol=1e-4, atol=1e-4, err_msg=f"{b} {k}")
+
+    check(state, [2, 6])
+    committed, depth = jnp.array([3, 1]), CHAIN.max_depth
+    index = lens[:, None] + jnp.arange(depth + 1)[None]
+    ctx = CommitContext(jnp.take_along_axis(seq, index + 1, axis=1), committed,
+                        jnp.broadcast_to(jnp.arange(depth + 1), (2, depth + 1)),
+                        jnp.take_along_axis(taps, index[None, :, :, None], axis=2), lens)
+    check(jax.jit(drafter.commit)(params_t, {"modules": modules}, state, ctx), [5, 7])
