@@ -97,7 +97,8 @@ class MtpDrafter(DrafterBase):
 
     params_d = {"modules": (module params, ...)} (models/mtp.py; a module may hold its own "lm_head"); the
     embedding and, by default, the lm_head are the target's (params_t). mode: "mtp_eagle" (module 0 recurrently)
-    or "vanilla" (module d drafts depth d + 1; needs spec.max_depth <= mtp.num_modules).
+    or "vanilla" (module d drafts depth d + 1; needs spec.max_depth <= mtp.num_modules). On a mesh the modules
+    are replicated (``DrafterBase.param_specs``): one decoder layer each, small beside the target.
     """
 
     mtp: MtpConfig
@@ -195,11 +196,14 @@ class MtpDrafter(DrafterBase):
 
 
 def load(source: "DrafterSource", mode: str = "mtp_eagle") -> tuple[MtpDrafter, Any]:
-    """The MTP modules of a converted target directory (``source.path``: the target's own) -> (drafter,
-    {"modules": (module params, ...)})."""
+    """The MTP modules inside the converted target directory (``source.target_dir``/mtp/) -> (drafter,
+    {"modules": (module params, ...)}); the registry's names "mtp" and "mtp_vanilla" resolve to that directory."""
     from models.checkpoint import load_mtp  # the target's mtp/ directory
 
-    config, params_d = load_mtp(source.path, source.dtype)
+    if source.target_dir is None:
+        raise ValueError("the MTP drafter loads the modules inside the target directory: target_dir is None "
+                         "(load the target with SpecEngine.from_pretrained(target_dir, drafter='mtp'))")
+    config, params_d = load_mtp(source.target_dir, source.dtype)
     drafter = MtpDrafter(config, source.target, source.spec, source.max_seq_len, source.dtype, mode)
     return drafter, params_d
 

@@ -279,7 +279,8 @@ def test_vanilla_prefill_and_commit_state_equals_the_recomputation():
 
     def check(state, roots):
         for b, root in enumerate(roots):
-            outputs, logits = reference_outputs(params_t, modules, taps[0, b], seq[b], root)
+            outputs, logits = jax.jit(reference_outputs, static_argnums=4)(params_t, modules, taps[0, b], seq[b],
+                                                                           root)
             np.testing.assert_allclose(state.logits[b], logits, rtol=1e-4, atol=1e-4)
             for k, x in enumerate(outputs):  # module k's last committed slot: p = root - 1 - k
                 np.testing.assert_allclose(state.hidden[k, b], x[-1], rtol=1e-4, atol=1e-4, err_msg=f"{b} {k}")
