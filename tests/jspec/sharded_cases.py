@@ -1,4 +1,4 @@
-"""Runs the sharded-engine cases on 8 virtual CPU devices and prints one JSON report (tests/jspec/test_sharding_engine.py).
+"""Runs the sharded-engine cases on 8 virtual CPU devices and prints one JSON report (tests/jspec/test_sharded_engine.py).
 
 Run as a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (JAX reads it at start-up):
 every case builds a single-device engine and sharded ones over the same weights and records their tokens.
@@ -135,11 +135,18 @@ def collectives(names: list[str]) -> dict:
     return report
 
 
-if __name__ == "__main__":
-    what, names = sys.argv[1], sys.argv[2].split(",")
+def main(argv: list[str]) -> dict:
+    """``WHAT NAMES [WHAT NAMES ...]`` (WHAT: cases, collectives or bundled; NAMES comma-separated) -> {WHAT:
+    report}. One process runs them all: each process pays JAX's start-up and the single-device engines again."""
     assert len(jax.devices()) == 8, jax.devices()
-    if what == "bundled":
-        out = {"bundled-eagle3": bundled_case()}
-    else:
-        out = run_cases(names) if what == "cases" else collectives(names)
-    print(json.dumps(out))
+    out = {}
+    for what, names in zip(argv[::2], argv[1::2]):
+        if what == "bundled":
+            out[what] = {"bundled-eagle3": bundled_case()}
+        else:
+            out[what] = run_cases(names.split(",")) if what == "cases" else collectives(names.split(","))
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])))

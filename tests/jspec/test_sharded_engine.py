@@ -25,17 +25,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DRAFTERS = ("plain", "eagle3-chain", "eagle3-dynamic", "draft-model", "ngram")
 
 
-def run_on_8_devices(what: str, name: str) -> dict:
+@pytest.fixture(scope="module")
+def report() -> dict:
+    """Every case of this module from one subprocess on 8 devices -> {"cases"|"collectives"|"bundled": {name:
+    report}} (one process instead of one per case: each pays JAX's start-up and compiles its own programs)."""
+    names = ",".join(DRAFTERS)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-m", "tests.jspec.sharded_cases", what, name], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "tests.jspec.sharded_cases", "cases", names, "collectives", names,
+                           "bundled", "bundled-eagle3"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])[name]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_sharded_tokens_equal_one_device(name):
-    case = run_on_8_devices("cases", name)
+def test_sharded_tokens_equal_one_device(report, name):
+    case = report["cases"][name]
     single = case["single"]
     assert all(len(tokens) == 24 for tokens in single[:3])
     for mesh in cases.MESHES:
@@ -48,10 +53,10 @@ def test_sharded_tokens_equal_one_device(name):
         assert case["acceptance"] > 3.0
 
 
-def test_bundled_model_with_its_eagle3_head_on_meshes():
+def test_bundled_model_with_its_eagle3_head_on_meshes(report):
     """Real acceptance (the trained head, default dynamic tree), loaded by from_pretrained straight into the
     sharding; generate and stream both equal one device's tokens."""
-    case = run_on_8_devices("bundled", "bundled-eagle3")
+    case = report["bundled"]["bundled-eagle3"]
     assert case["acceptance"] > 1.5
     for mesh in cases.BUNDLED_MESHES:
         assert case[mesh]["greedy"] == case["single"], mesh
@@ -74,8 +79,8 @@ def _weight_shapes() -> set[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_loop_collectives_are_per_layer_all_reduces(name):
-    program = run_on_8_devices("collectives", name)
+def test_loop_collectives_are_per_layer_all_reduces(report, name):
+    program = report["collectives"][name]
     assert program["generate_loops"] == 1  # still one lax.while_loop in one program
     found = program["collectives"]
     target, tp, batch = cases.TARGET, 4, 1
