@@ -121,8 +121,9 @@ class SpecEngine:
 
         drafter: None (plain decoding), a name from ``jspec.drafters.DRAFTERS`` (``"ngram"``: prompt lookup, no
         weights; ``"eagle3"`` / ``"draft"``: the bundled code model's head / draft model, with the bundled target
-        only), or a converted directory holding an EAGLE-3 head or a Llama-family draft model with the target's
-        vocabulary. spec: the draft tree (default ``SpecConfig()``). dtype: compute dtype, "float32" or
+        only; ``"mtp"`` / ``"mtp_vanilla"``: the MTP modules converted with ``target_dir``; a user drafter's name,
+        registered with ``jspec.drafters.register`` or an entry point, docs/drafters.md), or a converted directory
+        holding an EAGLE-3 head or a Llama-family draft model with the target's vocabulary. spec: the draft tree (default ``SpecConfig()``). dtype: compute dtype, "float32" or
         "bfloat16"; None means float32 on a CPU and the checkpoint's stored dtype on a GPU/TPU
         (:func:`default_dtype`). force_accept: benchmarks only (see ``__init__``). tensor_parallel_size,
         data_parallel_size: vLLM's names; the target is split over ``tensor_parallel_size`` devices and the batch

@@ -58,7 +58,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                         help="converted target directory (default: the bundled code model)")
     models.add_argument("--drafter", default=None,
                         help="a drafter name (jspec.drafters.DRAFTERS: 'eagle3' / 'draft' are the bundled head / draft "
-                             "model, 'ngram' prompt lookup; or a user drafter's, registered by an entry point in the "
+                             "model, 'ngram' prompt lookup, 'mtp' / 'mtp_vanilla' the MTP modules inside the --model "
+                             "checkpoint; or a user drafter's, registered by an entry point in the "
                              "group jspec.drafters: docs/drafters.md), 'none', or a converted drafter directory "
                              "(default without --model: 'ngram' on a CPU, where it is the fastest measured, 'eagle3' "
                              "on a GPU/TPU; none with --model)")
