@@ -11,6 +11,7 @@ a weight.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -64,7 +65,8 @@ def test_bundled_model_with_its_eagle3_head_on_meshes(report):
         assert case[mesh]["acceptance"] == case["acceptance"]
 
 
-def _weight_shapes() -> set[tuple[int, ...]]:
+@functools.cache
+def _weight_shapes() -> frozenset[tuple[int, ...]]:
     """Every matrix shape a weight has, whole or split 2, 4 or 8 ways along either axis."""
     import jax
 
@@ -75,7 +77,7 @@ def _weight_shapes() -> set[tuple[int, ...]]:
         if len(shape) == 2:
             for split in (1, 2, 4, 8):
                 shapes |= {(shape[0] // split, shape[1]), (shape[0], shape[1] // split)}
-    return shapes
+    return frozenset(shapes)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
