@@ -10,9 +10,6 @@ do not change. On a dp 2 x tp 2 mesh (4 virtual CPU devices, in a subprocess) th
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -26,6 +23,7 @@ from models.attention import KVCache
 from models.llama import LlamaModel
 from tests import spec_fixtures as fx
 from tests.program_structure import CALLBACK_PRIMITIVES, all_primitives, top_level_eqns
+from tests.virtual_devices import run_on_virtual_devices
 
 ATOL = 1e-4
 # ragged, repetitive (n-gram lookup finds matches); batch 3 -> a bucket of 4 (one padding row)
@@ -158,7 +156,6 @@ def test_capture_program_is_one_loop_without_host_callbacks():
     assert hidden.shape == (2, 2, 32, fx.TARGET.hidden_size)
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MESH_PROMPTS = [[5, 9, 13, 5, 9], [1, 2, 3, 4, 5, 6, 7], [40]]
 
 
@@ -181,11 +178,7 @@ def mesh_case() -> dict:
 
 
 def test_capture_on_a_mesh_equals_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-m", "tests.jspec.test_capture_hidden_states"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    case = json.loads(done.stdout.strip().splitlines()[-1])
+    case = run_on_virtual_devices("tests.jspec.test_capture_hidden_states", 4)
     assert case["same_tokens"]
     assert case["shapes"] == [[3, len(p) + 12, fx.TARGET.hidden_size] for p in MESH_PROMPTS]
     assert case["max_diff"] < ATOL

@@ -4,14 +4,18 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jspec
 from jspec.sampling import SamplingArrays
 from models.config import ModelConfig
 from models.llama import init_params
-from tests.program_structure import CALLBACK_PRIMITIVES, all_primitives, find_eqns, top_level_eqns
+from tests.program_structure import (
+    CALLBACK_PRIMITIVES,
+    all_primitives,
+    find_eqns,
+    top_level_eqns,
+)
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8)
@@ -91,15 +95,21 @@ def _spec_engine(tree):
                             max_batch_size=4, max_seq_len=64)
 
 
-@pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
-def test_speculative_generate_is_one_loop_holding_both_models(tree):
-    engine = _spec_engine(tree)
+def speculative_loop(engine):
+    """-> (generate's arguments with the drafter's params, the program's jaxpr, the body of its one while loop);
+    asserts there is exactly one loop at the top level."""
     args = generate_args(engine)
     args = (args[0], engine.drafter_params) + args[2:]
     jaxpr = jax.make_jaxpr(lambda *a: jspec.generate(*a, setup=engine.setup))(*args).jaxpr
     loops = [e for e in top_level_eqns(jaxpr) if e.primitive.name == "while"]
     assert len(loops) == 1
-    body = loops[0].params["body_jaxpr"].jaxpr
+    return args, jaxpr, loops[0].params["body_jaxpr"].jaxpr
+
+
+@pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
+def test_speculative_generate_is_one_loop_holding_both_models(tree):
+    engine = _spec_engine(tree)
+    args, jaxpr, body = speculative_loop(engine)
     assert_target_in(body, SPEC_TARGET)
     head_lm_head = [e for e in find_eqns(body, "dot_general")
                     if any(getattr(v.aval, "shape", ())[-1:] == (DRAFT_VOCAB,) for v in e.invars)]
@@ -137,12 +147,7 @@ def test_mtp_generate_is_one_loop_holding_target_and_modules(mode, forwards):
     engine = jspec.SpecEngine(MTP_TARGET, init_params(MTP_TARGET, jax.random.key(0)), drafter=drafter,
                               drafter_params=init_mtp_params(config, jax.random.key(1)), max_batch_size=4,
                               max_seq_len=64)
-    args = generate_args(engine)
-    args = (args[0], engine.drafter_params) + args[2:]
-    jaxpr = jax.make_jaxpr(lambda *a: jspec.generate(*a, setup=engine.setup))(*args).jaxpr
-    loops = [e for e in top_level_eqns(jaxpr) if e.primitive.name == "while"]
-    assert len(loops) == 1
-    body = loops[0].params["body_jaxpr"].jaxpr
+    _, jaxpr, body = speculative_loop(engine)
     assert_target_in(body, MTP_TARGET)
     input_proj = [e for e in find_eqns(body, "dot_general") if e.invars[0].aval.shape[-1] == 2 * 32
                   and e.outvars[0].aval.shape[-1] == 32]

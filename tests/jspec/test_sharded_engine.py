@@ -12,17 +12,13 @@ a weight.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from tests.jspec import sharded_cases as cases
+from tests.virtual_devices import run_on_virtual_devices
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRAFTERS = ("plain", "eagle3-chain", "eagle3-dynamic", "draft-model", "ngram")
 
 
@@ -31,12 +27,8 @@ def report() -> dict:
     """Every case of this module from one subprocess on 8 devices -> {"cases"|"collectives"|"bundled": {name:
     report}} (one process instead of one per case: each pays JAX's start-up and compiles its own programs)."""
     names = ",".join(DRAFTERS)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-m", "tests.jspec.sharded_cases", "cases", names, "collectives", names,
-                           "bundled", "bundled-eagle3"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_on_virtual_devices("tests.jspec.sharded_cases", 8, "cases", names, "collectives", names, "bundled",
+                                  "bundled-eagle3", timeout=1200)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)

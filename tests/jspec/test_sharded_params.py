@@ -6,23 +6,14 @@ device holds one KV head's k/v projection."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.virtual_devices import run_on_virtual_devices
 
 
 @pytest.fixture(scope="module")
 def report():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-m", "tests.jspec.sharded_params"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_on_virtual_devices("tests.jspec.sharded_params", 4)
 
 
 @pytest.mark.parametrize("which", ["restored", "restored_per_leaf", "engine"])
