@@ -1,5 +1,7 @@
-"""Stop strings over streamed text: the text is cut before the first stop string, and while the text so far ends
-in what could be the start of one, that tail is held back until the next piece decides it."""
+"""Stop strings over streamed text: the text is cut before the stop string that completes first (the earliest end;
+at equal ends the one that starts first), and while the text so far ends in what could be the start of one, that
+tail is held back until the next piece decides it. Where the text is cut therefore does not depend on how it was
+split into pieces (as generation goes, the first stop string to appear stops it, as in vLLM)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from typing import Sequence
 class StopMatcher:
     """Feed it the text pieces of one completion; it returns what may be sent.
 
-    Invariant: the text sent so far holds no stop string and does not end inside one, so a stop string found in
-    ``text[sent:]`` is the first one of the whole completion.
+    Invariant: the text sent so far holds no stop string and does not end inside one, so the stop string in
+    ``text[sent:]`` that ends first is the first one to complete in the whole completion.
     """
 
     def __init__(self, stops: Sequence[str]):
@@ -22,9 +24,9 @@ class StopMatcher:
         """-> (text to send now, whether a stop string ended the completion). ``final``: no more text follows,
         so nothing is held back."""
         self.text += piece
-        cut = min((i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            return self._send_up_to(cut), True
+        found = [(i + len(s), i) for s, i in ((s, self.text.find(s, self.sent)) for s in self.stops) if i >= 0]
+        if found:
+            return self._send_up_to(min(found)[1]), True
         end = len(self.text) if final else len(self.text) - self._held_back()
         return self._send_up_to(end), False
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import jspec
@@ -453,6 +453,8 @@ def test_shutting_down_answers_503(tiny_server):
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(alphabet="ab\n ", max_size=30), stops=st.lists(st.text(alphabet="ab\n ", max_size=4), max_size=3),
        cuts=st.lists(st.integers(0, 30), max_size=6))
+@example(text=" aa", stops=["a", " aa"], cuts=[2])  # "a" completes first, whether or not the text is cut at 2
+@example(text=" aa", stops=["a", " aa"], cuts=[])
 def test_stop_matcher_sends_the_text_before_the_first_stop_string(text, stops, cuts):
     matcher = StopMatcher(stops)
     bounds = [0, *sorted(c for c in cuts if c <= len(text)), len(text)]
@@ -462,8 +464,9 @@ def test_stop_matcher_sends_the_text_before_the_first_stop_string(text, stops, c
         sent += piece
         if stopped:
             break
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    assert (sent, stopped) == ((text[:min(found)], True) if found else (text, False))
+    # the stop string that completes first (earliest end, then earliest start), however the text was cut
+    found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops if s) if i >= 0]
+    assert (sent, stopped) == ((text[:min(found)[1]], True) if found else (text, False))
 
 
 def test_chat_with_a_template_renders_it_and_stops_at_its_end_of_turn():
