@@ -32,8 +32,11 @@ Train a drafter for a trained target (an HF directory, e.g. from `jspec train-ta
     jspec train-drafter --kind draft_model --target TARGET_HF --out DRAFT_HF --work-dir WORK
 
 eagle3: an EAGLE-3 head distilled on the frozen target's features (layers 2, L//2, L-3) and next-token
-distributions, with the training-time test (head unrolled --unroll steps on its own outputs, weights
---decay ** i); written in the HF EAGLE-3 layout (config.json + model.safetensors with d2t; t2d.npy beside).
+distributions over the text the target itself generates (--num-generated), with EAGLE-3's training-time test
+(the head drafts --unroll steps of a chain on its own outputs, attending its earlier steps through a mask;
+step i's loss weighs --decay ** i); the progress bar shows the loss and the head's top-1 agreement with the
+target per step. Written in the HF EAGLE-3 layout SpecForge writes (config.json + model.safetensors with d2t
+and t2d), which `jspec convert`, SGLang and vLLM read.
 draft_model: a --num-layers Llama distilled from the target, in HF Llama layout with the target's tokenizer.
 Both resume from --work-dir/checkpoints after a kill.
 """
@@ -94,11 +97,15 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--work-dir", required=True, help="token cache and orbax checkpoints")
     parser.add_argument("--draft-vocab-size", type=int, default=None,
                         help="eagle3: most frequent target tokens kept (default: the whole target vocab)")
-    parser.add_argument("--unroll", type=int, default=3, help="eagle3: training-time-test steps")
+    parser.add_argument("--unroll", type=int, default=7, help="eagle3: training-time-test steps")
     parser.add_argument("--decay", type=float, default=0.8, help="eagle3: loss weight of step i is decay ** i")
     parser.add_argument("--num-layers", type=int, default=2, help="draft_model: layers")
-    parser.add_argument("--num-generated", type=int, default=0,
-                        help="eagle3: train half on the target's greedy continuations of this many corpus windows")
+    parser.add_argument("--num-generated", type=int, default=2048,
+                        help="eagle3: regenerate the data: the target's greedy continuations of this many corpus "
+                             "windows (cached in --work-dir; 0: train on the corpus itself)")
+    parser.add_argument("--generated-fraction", type=float, default=1.0,
+                        help="eagle3: share of the training text that is the target's continuations (1.0: only "
+                             "them, as SpecForge recommends; the rest is corpus text)")
     _add_train_config_args(parser, DRAFTER_DEFAULTS)
     return parser
 
@@ -112,7 +119,7 @@ def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -
 
         report = train_eagle3(args.out, args.target, args.work_dir, train, args.draft_vocab_size, args.unroll,
                               args.decay, args.corpus_root, progress=not args.no_progress,
-                              num_generated=args.num_generated)
+                              num_generated=args.num_generated, generated_fraction=args.generated_fraction)
         print(f"held-out distillation loss {report['heldout_loss']:.3f}; wrote {args.out}")
     else:
         from jspec.train.draft_model import train_draft_model

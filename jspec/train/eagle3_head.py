@@ -1,13 +1,12 @@
-"""Distilling an EAGLE-3 head from a frozen target, with EAGLE-3's training-time test.
+"""Distilling an EAGLE-3 head from a frozen target, with EAGLE-3's training-time test, as SpecForge trains them.
 
-Data: token sequences (ideally the target's own generations). The target runs once per batch, giving the
-features (residual-stream inputs of layers 2, L//2, L-3) and its next-token distributions. The head is trained
-to reproduce, at position p, the target's distribution for position p + 2 given (token p + 1, feature p) —
-the pairing the drafter uses (jspec/drafters/eagle3.py). Training-time test: the head is unrolled
-``unroll`` times; unroll step j replaces the feature at p by the head's own pre-norm output at p - 1 from step
-j - 1, as drafting does at depth j + 1, and its loss is weighted by ``decay ** j``. (Simplification: at step j
-the head attends to the step-j inputs of earlier positions, where drafting would see true-feature pairs
-further back.)
+Data: token sequences, by default the target's own greedy continuations of the corpus (SpecForge regenerates
+its data with the target). The target runs once per batch, giving the features (residual-stream inputs of
+layers 2, L//2, L-3) and its next-token distributions over the draft vocabulary (the ``draft_vocab_size`` most
+frequent target tokens of the training data: d2t/t2d). The head is unrolled ``unroll`` (default 7) steps: step j
+at index p is the draft node at depth j + 1 of a chain rooted after slot p, attending the real context and its
+own earlier steps through a mask, exactly as drafting does (jspec/train/ttt.py); step j's cross-entropy against
+the target's distribution is weighted ``decay ** j`` (0.8).
 """
 
 from __future__ import annotations
@@ -20,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jspec.train.ttt import TttMetrics, ttt_loss
 from models.attention import KVCache
 from models.config import ModelConfig
-from models.eagle3 import Eagle3Config, Eagle3Head
+from models.eagle3 import Eagle3Config
 from models.llama import LlamaModel
 
 
@@ -56,25 +56,16 @@ def make_batch(params_t: Any, target: ModelConfig, tokens: np.ndarray, lengths: 
 
 def distill_loss(head_params: Any, embedding: jax.Array, batch: DistillBatch, *, config: Eagle3Config,
                  unroll: int, decay: float) -> jax.Array:
-    """Weighted cross-entropy (target distribution vs head) summed over the unrolled steps."""
-    head = Eagle3Head(config)
-    b, n = batch.tokens.shape
-    tokens_next = jnp.concatenate([batch.tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)  # token p + 1
-    targets = jnp.concatenate([batch.target_probs[:, 1:], jnp.zeros_like(batch.target_probs[:, :1])], axis=1)
-    embeds = jnp.take(embedding, tokens_next, axis=0)
-    positions = jnp.broadcast_to(jnp.arange(n), (b, n))
-    cache = KVCache.zeros(1, b, n, config.layer.num_kv_heads, config.layer.head_dim, jnp.float32)
-    hidden, total, weight_sum = batch.features, 0.0, 0.0
-    for step in range(unroll):
-        out = head.apply({"params": head_params}, embeds, hidden, positions, cache, jnp.zeros((b,), jnp.int32))
-        # position p predicts p + 2 at step 0; step j's position p stands for depth j + 1 of a draft from p - j
-        valid = batch.valid & (jnp.arange(n)[None] + 2 < batch.valid.sum(axis=1, keepdims=True))
-        valid = valid & (jnp.arange(n)[None] >= step)
-        ce = -jnp.sum(targets * jax.nn.log_softmax(out.logits), axis=-1)
-        total += decay ** step * jnp.sum(jnp.where(valid, ce, 0.0)) / jnp.maximum(valid.sum(), 1)
-        weight_sum += decay ** step
-        hidden = jnp.concatenate([jnp.zeros_like(out.hidden[:, :1]), out.hidden[:, :-1]], axis=1)
-    return total / weight_sum
+    """The training-time-test loss of ``batch`` (jspec/train/ttt.py): decay^j-weighted cross-entropy of the
+    head's unroll steps against the target's distributions."""
+    return distill_metrics(head_params, embedding, batch, config=config, unroll=unroll, decay=decay).loss
+
+
+def distill_metrics(head_params: Any, embedding: jax.Array, batch: DistillBatch, *, config: Eagle3Config,
+                    unroll: int, decay: float) -> TttMetrics:
+    """distill_loss with the per-step cross-entropy and top-1 accuracy beside it."""
+    return ttt_loss(head_params, config, embedding, batch.tokens, batch.features, batch.target_probs,
+                    batch.valid.sum(axis=1), unroll=unroll, decay=decay)
 
 
 def distill_eagle3_head(head_params: Any, params_t: Any, batch: DistillBatch, *, config: Eagle3Config,
@@ -151,21 +142,36 @@ def init_head_from_target(config: Eagle3Config, params_t: Any, target: ModelConf
 def windows_loss(head_params: Any, windows: jax.Array, *, params_t: Any, target: ModelConfig,
                  config: Eagle3Config, keep_ids: np.ndarray, unroll: int, decay: float) -> jax.Array:
     """distill_loss on windows: i32[B, N] of real text, features and labels from the frozen target (traced)."""
+    return windows_metrics(head_params, windows, params_t=params_t, target=target, config=config,
+                           keep_ids=keep_ids, unroll=unroll, decay=decay).loss
+
+
+def windows_metrics(head_params: Any, windows: jax.Array, *, params_t: Any, target: ModelConfig,
+                    config: Eagle3Config, keep_ids: np.ndarray, unroll: int, decay: float) -> TttMetrics:
+    """windows_loss with the per-step cross-entropy and top-1 accuracy."""
     features, logits = target_features(params_t, windows, target=target)
     logits = logits if len(keep_ids) == target.vocab_size else logits[..., jnp.asarray(keep_ids)]
     batch = DistillBatch(windows, jax.lax.stop_gradient(features),
                          jax.lax.stop_gradient(jax.nn.softmax(logits, axis=-1)), jnp.ones(windows.shape, bool))
-    return distill_loss(head_params, params_t["embed_tokens"]["embedding"], batch, config=config, unroll=unroll,
-                        decay=decay)
+    return distill_metrics(head_params, params_t["embed_tokens"]["embedding"], batch, config=config,
+                           unroll=unroll, decay=decay)
 
 
 def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_vocab_size: int | None = None,
-                 unroll: int = 3, decay: float = 0.8, corpus_root: str | None = None, progress: bool = True,
-                 log=print, num_generated: int = 0) -> dict:
-    """Trains an EAGLE-3 head for the HF target at ``target_dir`` on the stdlib corpus (train split) and writes
-    it in HF EAGLE-3 layout to ``out_dir``. ``train``: a jspec.train.target.TrainConfig. ``num_generated``:
-    when > 0, half the training text is the target's own greedy continuations of that many corpus windows.
-    Resumable (orbax, in ``work_dir/checkpoints``). Returns the report (also ``out_dir/train_report.json``)."""
+                 unroll: int = 7, decay: float = 0.8, corpus_root: str | None = None, progress: bool = True,
+                 log=print, num_generated: int = 0, generated_fraction: float = 1.0) -> dict:
+    """Trains an EAGLE-3 head for the HF target at ``target_dir`` and writes it in the HF EAGLE-3 layout
+    SpecForge writes (model.safetensors with d2t and t2d) to ``out_dir``. ``train``: a
+    jspec.train.target.TrainConfig. ``num_generated``: when > 0, the target's own greedy continuations of that many
+    corpus windows make ``generated_fraction`` of the training text (1.0: only them, as SpecForge recommends; the
+    rest is the stdlib corpus's train split); 0 trains on the corpus alone. The draft vocabulary is the
+    ``draft_vocab_size`` most frequent tokens of that training text. Resumable (orbax, in
+    ``work_dir/checkpoints``). Returns the report (also ``out_dir/train_report.json``), with the held-out loss and
+    per-step top-1 accuracy of the head against the target."""
+    if not 0.0 < generated_fraction <= 1.0:
+        raise ValueError(f"generated_fraction={generated_fraction}: expected a number in (0, 1]")
+    if unroll < 1:
+        raise ValueError(f"unroll={unroll}: expected >= 1")
     import dataclasses
     import json
     import os
@@ -179,27 +185,41 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     started = time.perf_counter()
     target, params_t, target_hf = load_hf_llama(target_dir)
     _, splits = corpus_for(target_dir, work_dir, corpus_root)
-    d2t, t2d = draft_vocab_maps(splits["train"], target.vocab_size, draft_vocab_size or target.vocab_size)
+    tokens = splits["train"]
+    if num_generated:
+        generated = self_generated_tokens(target, params_t, tokens, work_dir, num_generated, seed=train.seed,
+                                          log=log)
+        tokens = (generated if generated_fraction == 1.0
+                  else mix_with_generated(tokens, generated, train.seed, generated_fraction))
+    d2t, t2d = draft_vocab_maps(tokens, target.vocab_size, draft_vocab_size or target.vocab_size)
     keep_ids = np.flatnonzero(t2d)
     hf_config = eagle3_hf_config(target_hf, len(d2t))
     config = eagle3_config_from_hf(hf_config)
-    loss = functools.partial(windows_loss, params_t=params_t, target=target, config=config, keep_ids=keep_ids,
-                             unroll=unroll, decay=decay)
+    metrics = functools.partial(windows_metrics, params_t=params_t, target=target, config=config,
+                                keep_ids=keep_ids, unroll=unroll, decay=decay)
+    loss = lambda head, windows: metrics(head, windows).loss  # noqa: E731
     held = jnp.asarray(heldout_windows(splits["heldout"], train.eval_batches * train.batch_size,
                                        train.seq_len + 1))
-    eval_fn = jax.jit(lambda head: jnp.mean(jnp.stack([
-        loss(head, held[i:i + train.batch_size]) for i in range(0, len(held), train.batch_size)])))
+
+    @jax.jit
+    def heldout(head):
+        parts = [metrics(head, held[i:i + train.batch_size]) for i in range(0, len(held), train.batch_size)]
+        return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *parts)
+
+    def shown(head, windows):  # the progress bar: loss and top-1 accuracy per unroll step
+        out = metrics(head, windows)
+        return {"loss": out.loss, "acc": out.accuracy}
+
     head = init_head_from_target(config, params_t, target, d2t, jax.random.key(train.seed))
-    tokens = splits["train"]
-    if num_generated:
-        tokens = mix_with_generated(tokens, self_generated_tokens(target, params_t, tokens, work_dir, num_generated,
-                                                                  seed=train.seed, log=log), train.seed)
-    head, report = train_loop(head, loss, train, tokens, work_dir, lambda h: float(eval_fn(h)),
-                              progress, log, desc="eagle3")
+    head, report = train_loop(head, loss, train, tokens, work_dir, lambda h: float(heldout(h).loss),
+                              progress, log, desc="eagle3", metrics_fn=shown)
+    final = heldout(head)
     write_hf_eagle3(out_dir, hf_config, jax.tree.map(np.asarray, head), d2t, overwrite=True)
     np.save(os.path.join(out_dir, "t2d.npy"), t2d)
     summary = {"train_config": dataclasses.asdict(train), "unroll": unroll, "decay": decay,
-               "num_generated": num_generated,
+               "num_generated": num_generated, "generated_fraction": generated_fraction,
+               "heldout_step_loss": np.asarray(final.step_loss).tolist(),
+               "heldout_step_accuracy": np.asarray(final.accuracy).tolist(),
                "draft_vocab_size": int(len(d2t)), "heldout_loss": report["heldout"][-1][1],
                "heldout_curve": report["heldout"], "first_losses": report["losses"][:5],
                "last_losses": report["losses"][-5:], "wall_seconds": time.perf_counter() - started}

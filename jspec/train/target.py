@@ -140,8 +140,12 @@ def train_lm(hf_config: dict, train: TrainConfig, train_tokens: np.ndarray, held
 
 def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], train: TrainConfig,
                train_tokens: np.ndarray, work_dir: str, evaluate_fn: Callable[[Any], float] | None = None,
-               progress: bool = True, log: Callable[[str], None] = print, desc: str = "train") -> tuple[Any, dict]:
+               progress: bool = True, log: Callable[[str], None] = print, desc: str = "train",
+               metrics_fn: Callable[[Any, jax.Array], dict[str, jax.Array]] | None = None) -> tuple[Any, dict]:
     """AdamW on ``loss_fn(params, windows i32[B, seq_len + 1])`` over random windows of ``train_tokens``.
+
+    ``metrics_fn(params, windows)``, when given, replaces loss_fn: it returns {"loss": scalar, name: f32[K]...}
+    and the progress bar shows each extra metric's running mean (e.g. per-step draft accuracy).
 
     Resumes from the latest orbax checkpoint in ``work_dir/checkpoints`` (state: params + optimizer state);
     ``evaluate_fn(params)`` (held-out loss) runs every ``eval_every`` steps and at the end. Returns
@@ -159,11 +163,17 @@ def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], trai
         state = manager.restore(start, args=ocp.args.StandardRestore(abstract))
         log(f"resumed from step {start} ({work_dir}/checkpoints)")
 
+    def with_aux(params, windows):
+        if metrics_fn is None:
+            return loss_fn(params, windows), {}
+        metrics = dict(metrics_fn(params, windows))
+        return metrics.pop("loss"), metrics
+
     @jax.jit
     def update(state, windows):
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"], windows)
+        (loss, metrics), grads = jax.value_and_grad(with_aux, has_aux=True)(state["params"], windows)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
+        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss, metrics
 
     report: dict[str, Any] = {"losses": [], "heldout": []}
     num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
@@ -175,19 +185,24 @@ def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], trai
         from tqdm import tqdm
         bar = tqdm(total=train.steps, initial=start, desc=desc, unit="step", mininterval=5.0)
     tokens_per_step = train.batch_size * train.seq_len
-    window_start, ema = time.perf_counter(), None
+    window_start, ema, ema_metrics = time.perf_counter(), None, {}
     for step in range(start, train.steps):
         rng = np.random.default_rng((train.seed, step))
         windows = jnp.asarray(sample_windows(train_tokens, train.batch_size, train.seq_len + 1, rng))
-        state, loss = update(state, windows)
+        state, loss, metrics = update(state, windows)
         loss = float(loss)
         report["losses"].append(loss)
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
+        for name, value in metrics.items():
+            value = np.asarray(value)
+            ema_metrics[name] = value if name not in ema_metrics else 0.98 * ema_metrics[name] + 0.02 * value
         done = step + 1
         if bar is not None:
             elapsed = time.perf_counter() - window_start
             bar.update(1)
-            bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens_per_step / max(elapsed, 1e-9):.0f}", refresh=False)
+            extra = {name: "/".join(f"{v:.2f}" for v in np.atleast_1d(value)) for name, value in ema_metrics.items()}
+            bar.set_postfix(loss=f"{ema:.3f}", **extra, tok_s=f"{tokens_per_step / max(elapsed, 1e-9):.0f}",
+                            refresh=False)
         window_start = time.perf_counter()
         if done % train.checkpoint_every == 0 or done == train.steps:
             manager.save(done, args=ocp.args.StandardSave(state))
@@ -199,6 +214,7 @@ def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], trai
     manager.close()
     if bar is not None:
         bar.close()
+    report["train_metrics"] = {name: np.asarray(value).tolist() for name, value in ema_metrics.items()}
     return state["params"], report
 
 
@@ -315,10 +331,12 @@ def self_generated_tokens(config: ModelConfig, params: Any, tokens: np.ndarray, 
     return generated
 
 
-def mix_with_generated(corpus: np.ndarray, generated: np.ndarray, seed: int = 0) -> np.ndarray:
-    """The generated tokens followed by an equally long random stretch of the corpus (half and half)."""
+def mix_with_generated(corpus: np.ndarray, generated: np.ndarray, seed: int = 0,
+                       generated_fraction: float = 0.5) -> np.ndarray:
+    """The generated tokens followed by a random stretch of the corpus, so that the generated tokens are
+    ``generated_fraction`` of the whole (0.5: half and half)."""
     if len(generated) == 0:
         return corpus
-    size = min(len(generated), len(corpus))
+    size = min(int(round(len(generated) * (1.0 - generated_fraction) / generated_fraction)), len(corpus))
     start = int(np.random.default_rng(seed).integers(0, len(corpus) - size + 1))
     return np.concatenate([generated, corpus[start:start + size]])

@@ -50,7 +50,8 @@ def _eagle3_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
 
 def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, overwrite: bool = False) -> str:
     """Writes an HF-layout EAGLE-3 checkpoint (config.json + model.safetensors, ``midlayer.`` names) at
-    ``directory`` from head ``params`` (the Eagle3Head tree) and ``d2t`` (int[V_draft]).
+    ``directory`` from head ``params`` (the Eagle3Head tree) and ``d2t`` (int[V_draft]), with ``t2d``
+    (bool[V_target], the draft vocabulary's members) beside d2t as SpecForge writes it.
 
     config.json is ``hf_config`` with architectures ["LlamaForCausalLMEagle3"] and torch_dtype set to the
     params' dtype. Raises ValueError when the params or d2t do not fit the config.
@@ -69,6 +70,9 @@ def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, over
         tensors[name] = np.ascontiguousarray(array.T if transpose else array)
     d2t = _eagle3_d2t(np.asarray(d2t), config.draft_vocab_size, config.target_vocab_size)
     tensors["d2t"] = d2t.astype(np.int64)
+    t2d = np.zeros(config.target_vocab_size, bool)  # SpecForge writes the inverse map too: a membership mask
+    t2d[np.arange(config.draft_vocab_size) + d2t] = True
+    tensors["t2d"] = t2d
     hf_config = dict(hf_config, architectures=["LlamaForCausalLMEagle3"], torch_dtype=dtype)
     with atomic_directory(directory, overwrite) as out:
         with open(os.path.join(out, "config.json"), "w") as f:

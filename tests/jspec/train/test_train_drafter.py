@@ -44,6 +44,11 @@ def test_eagle3_head_trains_and_converts(setup):
     assert (config.draft_vocab_size, config.target_vocab_size, dtype) == (DRAFT_VOCAB, 300, "bfloat16")
     t2d = np.load(os.path.join(out, "t2d.npy"))
     np.testing.assert_array_equal(np.flatnonzero(t2d), np.arange(DRAFT_VOCAB) + np.asarray(d2t))
+    from safetensors.numpy import load_file
+    stored = load_file(os.path.join(out, "model.safetensors"))  # SpecForge's layout: d2t and t2d inside
+    assert stored["t2d"].dtype == np.bool_ and stored["d2t"].dtype == np.int64
+    np.testing.assert_array_equal(stored["t2d"], t2d)
+    assert len(report["heldout_step_accuracy"]) == 3 and all(0 <= a <= 1 for a in report["heldout_step_accuracy"])
     target, _, _ = load_hf_llama(target_hf)
     config.check_target(target)
 
