@@ -12,6 +12,7 @@ from typing import Literal, Sequence
 
 TreeKind = Literal["chain", "static", "dynamic"]
 TREE_KINDS = ("chain", "static", "dynamic")
+SELECTIONS = ("eagle2", "top1_chain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,9 @@ class SpecConfig:
     topk: children per expanded node (dynamic trees).
     num_draft_tokens: T, tree nodes per sequence including the root (dynamic/static trees).
     tree_choices: static trees: paths of child ranks, e.g. ((0,), (1,), (0, 0)); every prefix must be present.
+    selection: dynamic trees: "eagle2" keeps the ``num_draft_tokens - 1`` best candidates by cumulative log-prob;
+      "top1_chain" always keeps the drafter's top-1 chain to full depth (``num_steps`` nodes) and fills the rest
+      by cumulative log-prob, so a long greedy run is never cut short when the drafter is unsure early on.
     """
 
     tree: TreeKind = "dynamic"
@@ -32,10 +36,19 @@ class SpecConfig:
     topk: int = 4
     num_draft_tokens: int = 16
     tree_choices: tuple[tuple[int, ...], ...] | None = None
+    selection: str = "eagle2"
 
     def __post_init__(self):
         if self.tree not in TREE_KINDS:
             raise ValueError(f"tree={self.tree!r}: expected one of {TREE_KINDS}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection={self.selection!r}: expected one of {SELECTIONS}")
+        if self.selection != "eagle2" and self.tree != "dynamic":
+            raise ValueError(f"selection={self.selection!r} applies to dynamic trees, not tree={self.tree!r}")
+        if self.selection == "top1_chain" and self.num_draft_tokens - 1 < self.num_steps:
+            raise ValueError(f"selection='top1_chain' keeps a chain of num_steps={self.num_steps} nodes, but "
+                             f"num_draft_tokens={self.num_draft_tokens} leaves room for "
+                             f"{self.num_draft_tokens - 1}")
         for name in ("num_steps", "topk", "num_draft_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

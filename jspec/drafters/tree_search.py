@@ -88,10 +88,15 @@ def dynamic_window_size(topk: int, num_steps: int) -> int:
 
 def draft_dynamic_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_logits: jax.Array,
                        root_hidden: jax.Array, root_pos: jax.Array, *, topk: int, num_steps: int,
-                       num_draft_tokens: int,
-                       to_target: Callable[[jax.Array], jax.Array]) -> tuple[Any, DynamicDraft]:
+                       num_draft_tokens: int, to_target: Callable[[jax.Array], jax.Array],
+                       keep_top1_chain: bool = False) -> tuple[Any, DynamicDraft]:
     """EAGLE-2: per depth keep the topk frontier nodes by cumulative log-prob and expand each by its topk
     children; finally keep the num_draft_tokens - 1 best candidates (sorted ids: parents before children).
+
+    keep_top1_chain (``SpecConfig(selection="top1_chain")``): the drafter's top-1 chain (the root's best child,
+    its best child, ... to depth num_steps) is always in the frontier, as its slot 0, and always selected; the
+    other slots and the other num_draft_tokens - 1 - num_steps nodes go by cumulative log-prob as above. The
+    chain's candidates are then the first of each depth's block: ids 0, topk, topk + topk^2, ...
 
     Candidate ids: depth 1 holds 0..topk-1 (children of the root); depth i + 1 >= 2 holds
     topk + (i - 1) topk^2 + j topk + c for child c of frontier node j. parent_list[1 + (i - 1) topk + j] is the
@@ -118,7 +123,11 @@ def draft_dynamic_tree(forward: DraftForward, carry: Any, root_token: jax.Array,
         child_tokens = to_target(child_ids).reshape(batch, topk * topk)
         all_scores.append(cumulative)
         all_tokens.append(child_tokens)
-        frontier_scores, pick = jax.lax.top_k(cumulative, topk)
+        if keep_top1_chain:  # candidate 0 of the block is child 0 of frontier slot 0: the chain goes on
+            _, pick = jax.lax.top_k(cumulative.at[:, 0].set(jnp.inf), topk)
+            frontier_scores = jnp.take_along_axis(cumulative, pick, axis=1)
+        else:
+            frontier_scores, pick = jax.lax.top_k(cumulative, topk)
         parent_slot = pick // topk
         frontier_ids = (topk + (depth - 1) * topk * topk + pick).astype(jnp.int32)
         frontier_tokens = jnp.take_along_axis(child_tokens, pick, axis=1)
@@ -126,6 +135,9 @@ def draft_dynamic_tree(forward: DraftForward, carry: Any, root_token: jax.Array,
         ancestors = _take(rows, parent_slot)
     scores = jnp.concatenate(all_scores, axis=1)
     tokens = jnp.concatenate(all_tokens, axis=1)
+    if keep_top1_chain:
+        chain = np.concatenate([[0], topk + topk * topk * np.arange(num_steps - 1)])
+        scores = scores.at[:, chain].set(jnp.inf)
     _, selected = jax.lax.top_k(scores, num_draft_tokens - 1)
     selected = jnp.sort(selected, axis=1).astype(jnp.int32)
     tree_tokens = jnp.concatenate([root_token[:, None], jnp.take_along_axis(tokens, selected, axis=1)], axis=1)
@@ -166,5 +178,6 @@ def search_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_l
         return carry, static_draft_tree(static_tree, tokens, cache_len)
     carry, draft = draft_dynamic_tree(forward, carry, root_token, root_logits, root_hidden, cache_len,
                                       topk=spec.topk, num_steps=spec.num_steps,
-                                      num_draft_tokens=spec.num_draft_tokens, to_target=to_target)
+                                      num_draft_tokens=spec.num_draft_tokens, to_target=to_target,
+                                      keep_top1_chain=spec.selection == "top1_chain")
     return carry, dynamic_draft_tree(draft, cache_len, topk=spec.topk, num_steps=spec.num_steps)
