@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -111,19 +111,25 @@ class SpecEngine:
                            "target's (benchmarks only)", force_accept)
         self.eos_token_ids = tuple(sorted(set(target_config.eos_token_ids) | set(eos_token_ids)))
         self._compiled: dict[tuple, Any] = {}
+        self.auto_choice = None  # jspec.auto.AutoChoice when from_pretrained(spec="auto") chose this engine
 
     @classmethod
     def from_pretrained(cls, target_dir: str | os.PathLike, drafter: str | os.PathLike | None = None,
-                        spec: SpecConfig | None = None, max_batch_size: int = 8, max_seq_len: int = 2048,
+                        spec: SpecConfig | str | None = None, max_batch_size: int = 8, max_seq_len: int = 2048,
                         dtype: str | None = None, force_accept: int | None = None, tensor_parallel_size: int = 1,
-                        data_parallel_size: int = 1, mesh: jax.sharding.Mesh | None = None) -> "SpecEngine":
+                        data_parallel_size: int = 1, mesh: jax.sharding.Mesh | None = None,
+                        auto_cache_dir: str | os.PathLike | None = None,
+                        auto_log: Callable[[str], None] | None = None) -> "SpecEngine":
         """Loads a converted checkpoint directory (``jspec convert``; ``jspec.bundled_model()`` for the bundled one).
 
         drafter: None (plain decoding), a name from ``jspec.drafters.DRAFTERS`` (``"ngram"``: prompt lookup, no
         weights; ``"eagle3"`` / ``"draft"``: the bundled code model's head / draft model, with the bundled target
         only; ``"mtp"`` / ``"mtp_vanilla"``: the MTP modules converted with ``target_dir``; a user drafter's name,
         registered with ``jspec.drafters.register`` or an entry point, docs/drafters.md), or a converted directory
-        holding an EAGLE-3 head or a Llama-family draft model with the target's vocabulary. spec: the draft tree (default ``SpecConfig()``). dtype: compute dtype, "float32" or
+        holding an EAGLE-3 head or a Llama-family draft model with the target's vocabulary. spec: the draft tree (default ``SpecConfig()``), or ``"auto"``: the drafter (when
+        ``drafter`` is None: any available one, or plain decoding) and tree with the most expected tokens/s on this
+        device (jspec/auto.py; step costs timed once and cached in ``auto_cache_dir``, None caches nothing;
+        ``auto_log`` receives progress lines; ``engine.auto_choice`` says what was chosen and why). dtype: compute dtype, "float32" or
         "bfloat16"; None means float32 on a CPU and the checkpoint's stored dtype on a GPU/TPU
         (:func:`default_dtype`). force_accept: benchmarks only (see ``__init__``). tensor_parallel_size,
         data_parallel_size: vLLM's names; the target is split over ``tensor_parallel_size`` devices and the batch
@@ -132,8 +138,14 @@ class SpecEngine:
         those axes (``jspec.sharding.make_mesh``). Each parameter is restored straight into its sharding.
         """
         target_dir = os.fspath(target_dir)
+        if isinstance(spec, str) and spec == "auto":
+            return cls._from_pretrained_auto(target_dir, drafter, max_batch_size=max_batch_size,
+                                             max_seq_len=max_seq_len, dtype=dtype,
+                                             tensor_parallel_size=tensor_parallel_size,
+                                             data_parallel_size=data_parallel_size, mesh=mesh,
+                                             cache_dir=auto_cache_dir, log=auto_log)
         if spec is not None and not isinstance(spec, SpecConfig):
-            raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig or None")
+            raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig, 'auto' or None")
         if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
             raise ValueError(f"drafter={drafter!r}: expected None, a drafter name or a converted drafter directory")
         if mesh is None and tensor_parallel_size * data_parallel_size != 1:
@@ -159,6 +171,54 @@ class SpecEngine:
                      drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept, mesh=mesh)
         engine.chat_template = load_chat_template(target_dir)
+        return engine
+
+    @classmethod
+    def _from_pretrained_auto(cls, target_dir: str, drafter, *, max_batch_size: int, max_seq_len: int, dtype,
+                              tensor_parallel_size: int, data_parallel_size: int, mesh, cache_dir, log
+                              ) -> "SpecEngine":
+        """spec="auto" (jspec/auto.py): times the candidates once per device (cached in ``cache_dir``/auto; None
+        caches nothing), combines them with the acceptance profile, and returns the engine of the best, plain
+        decoding included; ``engine.auto_choice`` says what was chosen and why."""
+        from jspec.auto import auto_choice, load_profile
+        from jspec.drafters import resolve
+
+        if drafter is not None:
+            names = [os.fspath(drafter)]
+            resolve(names[0], target_dir)
+        else:
+            names = []
+            for name in ("eagle3", "draft", "ngram", "mtp"):
+                try:
+                    resolve(name, target_dir)
+                except (ValueError, FileNotFoundError):
+                    continue
+                names.append(name)
+        kwargs = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype,
+                      tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size, mesh=mesh)
+        built: dict = {}
+
+        def make_engine(candidate, force_accept):
+            key = (candidate.label, force_accept)
+            if key not in built:
+                quiet = logging.getLogger("jspec").level
+                logging.getLogger("jspec").setLevel(logging.ERROR)  # force_accept's benchmark warning: timing only
+                try:
+                    built[key] = cls.from_pretrained(target_dir, drafter=candidate.drafter, spec=candidate.spec,
+                                                     force_accept=force_accept, **kwargs)
+                finally:
+                    logging.getLogger("jspec").setLevel(quiet)
+            return built[key]
+
+        tokenizer = load_tokenizer(target_dir)
+        if tokenizer is None:
+            raise ValueError(f"spec='auto' calibrates on text prompts, but {target_dir} has no tokenizer")
+        choice = auto_choice(target_dir, names, make_engine, lambda text: tokenizer.encode(text).ids,
+                             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+                             batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype,
+                             profile=load_profile(target_dir), log=log or (lambda s: None))
+        engine = make_engine(choice.best.candidate, None)
+        engine.auto_choice = choice
         return engine
 
     def plain(self) -> "SpecEngine":

@@ -48,6 +48,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--no-baseline", action="store_true",
                         help="skip the plain-decoding run that the speedup is measured against")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of text (no streaming)")
+    output.add_argument("--verbose", action="store_true",
+                        help="print every method auto weighed (expected acceptance, step cost, tokens/s) and why")
     add_parallel_args(parser)
 
 
@@ -61,8 +63,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                              "model, 'ngram' prompt lookup, 'mtp' / 'mtp_vanilla' the MTP modules inside the --model "
                              "checkpoint; or a user drafter's, registered by an entry point in the "
                              "group jspec.drafters: docs/drafters.md), 'none', or a converted drafter directory "
-                             "(default without --model: 'ngram' on a CPU, where it is the fastest measured, 'eagle3' "
-                             "on a GPU/TPU; none with --model)")
+                             "(jspec generate's default without --model: auto, the drafter and tree with the most "
+                             "expected tokens/s on this device, plain decoding included (jspec/auto.py); none with "
+                             "--model)")
     models.add_argument("--max-seq-len", type=int, default=None,
                         help=f"token slots per sequence: prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN}, or the "
                              f"model's max_position_embeddings if smaller)")
@@ -73,8 +76,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
 
 def add_tree_args(parser: argparse.ArgumentParser) -> None:
     """The draft tree's flags (generate and serve)."""
-    tree = parser.add_argument_group("draft tree (defaults: a chain of 10 tokens for ngram, a dynamic tree of 32 "
-                                     "tokens, depth 10, top-4, for model drafters)")
+    tree = parser.add_argument_group("draft tree (jspec generate's default: auto, the tree with the most expected "
+                                     "tokens/s on this device; otherwise a chain of 10 tokens for ngram, a dynamic "
+                                     "tree of 32 tokens, depth 10, top-4, for model drafters)")
     tree.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
                       help="shape of the draft tree")
     tree.add_argument("--num-draft-tokens", type=int, default=None,
@@ -176,10 +180,22 @@ def _chat_inputs(args: argparse.Namespace, engine, template) -> None:
 
 
 def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec):
-    """-> (the engine with the drafter, the plain-decoding engine on the same params or None)."""
+    """-> (the engine with the drafter, the plain-decoding engine on the same params or None). spec "auto": the
+    engine auto chose (``engine.auto_choice``), step costs cached under $JSPEC_HOME/auto."""
     import jspec
+    from jspec.tools.compile_cache import jspec_home
     from jspec.tools.force_accept import force_accept_from_env
 
+    if spec == "auto":
+        engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec="auto",
+                                                  max_batch_size=max(1, len(args.prompts)),
+                                                  max_seq_len=args.max_seq_len, dtype=args.dtype,
+                                                  auto_cache_dir=jspec_home(),
+                                                  auto_log=lambda line: print(f"[jspec] {line}", file=sys.stderr),
+                                                  **mesh_kwargs(args))
+        if engine.auto_choice.drafter is None or args.no_baseline:
+            return engine, None
+        return engine, engine.plain()
     engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
                                               max_batch_size=max(1, len(args.prompts)),
                                               max_seq_len=args.max_seq_len, dtype=args.dtype,
@@ -296,6 +312,18 @@ def run_generate(args: argparse.Namespace) -> int:
         raise ValueError(as_flags(str(error))) from error
 
 
+def wants_auto(args: argparse.Namespace, drafter: str | None) -> bool:
+    """Whether jspec generate chooses by measurement (spec="auto"): no tree flag, no benchmark knob, and either
+    the bundled model with no --drafter (auto may pick any drafter, or none) or a named drafter (its best tree)."""
+    from jspec.tools.force_accept import force_accept_from_env
+
+    if args.tree is not None or (args.num_draft_tokens, args.num_steps, args.topk) != (None, None, None):
+        return False
+    if force_accept_from_env() is not None or args.drafter == "none":
+        return False
+    return args.drafter is not None or args.model is None
+
+
 def draft_spec(args: argparse.Namespace, drafter: str | None):
     """The tree flags over the drafter's default tree (``jspec.tools.bundled.default_spec``) -> SpecConfig, or
     None for plain decoding."""
@@ -319,8 +347,14 @@ def _run_generate(args: argparse.Namespace) -> int:
     model_dir, drafter, what = _resolve_models(args)
     args.max_seq_len = _max_seq_len(args.max_seq_len, model_dir)
     template = _chat_template(args, model_dir)
-    spec = draft_spec(args, drafter)
+    auto = wants_auto(args, drafter)
+    if auto:
+        drafter = args.drafter  # None: auto may choose any drafter, or none
+    spec = "auto" if auto else draft_spec(args, drafter)
     engine, baseline = _engines(args, model_dir, drafter, spec)
+    choice = engine.auto_choice
+    if choice is not None:
+        drafter, spec = choice.drafter, choice.spec
     args.inputs = args.prompts  # what the engines are given: texts, or --chat's token ids
     if template is not None:
         _chat_inputs(args, engine, template)
@@ -328,15 +362,16 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.json:
         report = _generate_batch(args, engine, baseline, sampling)
         report.update(model=model_dir, drafter=drafter, spec=dataclasses.asdict(spec) if spec else None,
-                      sampling=sampling)
+                      sampling=sampling, auto=choice.to_json() if choice is not None else None)
         print(json.dumps(report))
         return 0
     print(f"[jspec] target: {what}")
+    if choice is not None:
+        print("[jspec] " + (choice.describe() if args.verbose else choice.summary()).replace("\n", "\n[jspec] "))
     if drafter is not None:
         print(f"[jspec] drafter: {drafter} ({spec.tree} tree, {spec.tree_size} tokens per step)")
-        if args.drafter is None and drafter == "ngram":
-            print("[jspec] (prompt lookup: on a CPU the fastest drafter for this small model; "
-                  "`--drafter eagle3` runs its EAGLE-3 head)")
+    elif choice is not None:
+        print("[jspec] plain decoding: no drafter is expected to pay on this device (`--drafter eagle3` forces one)")
     if len(args.prompts) == 1 and not args.no_stream:
         _generate_streamed(args, engine, baseline, sampling)
     else:

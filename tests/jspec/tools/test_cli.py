@@ -126,7 +126,7 @@ def test_speculative_stream_equals_plain_decoding_and_counts_steps_as_generate(s
 @pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 def test_bundled_eagle3_generates_plain_decodings_tokens_with_fewer_target_steps():
     flags = ["generate", "--json", "--max-new-tokens", "24", "def fibonacci(n):"]
-    code, out, _ = run(*flags, "--no-baseline", "--drafter", "eagle3")  # the bundled target with its EAGLE-3 head
+    code, out, _ = run(*flags, "--no-baseline", "--drafter", "eagle3", "--tree", "dynamic")  # the bundled target with its EAGLE-3 head
     assert code == 0
     speculative = json.loads(out)
     code, out, _ = run(*flags, "--drafter", "none")
@@ -249,7 +249,8 @@ def test_a_key_error_is_a_bug_and_shows_its_traceback(monkeypatch):
 
 
 @pytest.mark.parametrize("command, shown", [
-    ("generate", ["(default: 128)", "defaults: a chain of 10 tokens for ngram, a dynamic tree of 32", "(default: 0.0)",
+    ("generate", ["(default: 128)", "default: auto, the tree with the most expected tokens/s on this device; "
+                  "otherwise a chain of 10 tokens for ngram, a dynamic tree of 32", "(default: 0.0)",
                   "(default: 1.0)",
                   "(default: 1024, or the model's max_position_embeddings if smaller)"]),
     ("convert", ["(default: auto)"]),

@@ -72,10 +72,16 @@ def streaming_started(stdout: str) -> bool:
     return echo in stdout and len(stdout) > stdout.index(echo) + len(echo)
 
 
+# A method named in full: the default (auto) would first time every candidate in the fresh $JSPEC_HOME
+# (tests/jspec/test_auto.py covers that path).
+FIXED_METHOD = ("--drafter", "ngram", "--tree", "chain", "--num-draft-tokens", "10")
+
+
 @needs_bundle
 def test_ctrl_c_while_streaming_exits_130_at_once(tmp_path):
     for attempt in range(3):  # one run in six once crashed or ignored it: try several
-        run = Jspec(["generate", "--max-new-tokens", "1000", "--max-seq-len", "2048", PROMPT], str(tmp_path))
+        run = Jspec(["generate", *FIXED_METHOD, "--max-new-tokens", "1000", "--max-seq-len", "2048", PROMPT],
+                    str(tmp_path))
         run.wait_for(streaming_started)
         code, seconds, stderr = run.interrupt()
         assert code == 130 and seconds < EXIT_SECONDS, (attempt, code, seconds, stderr)
@@ -84,7 +90,8 @@ def test_ctrl_c_while_streaming_exits_130_at_once(tmp_path):
 
 @needs_bundle
 def test_ctrl_c_during_one_long_generate_call_exits_130_at_once(tmp_path):
-    run = Jspec(["generate", "--no-stream", "--max-new-tokens", "1000", "--max-seq-len", "2048", "def f(x):",
+    run = Jspec(["generate", *FIXED_METHOD, "--no-stream", "--max-new-tokens", "1000", "--max-seq-len", "2048",
+                 "def f(x):",
                  "import os", "class A:"], str(tmp_path))
     run.wait_for(lambda out: "[jspec] drafter" in out)
     time.sleep(2.0)  # loading, compiling or generating: each blocks in C++ for long stretches
@@ -127,7 +134,7 @@ def cache_files(jspec_home) -> list[str]:
 
 @needs_bundle
 def test_a_second_identical_call_compiles_nothing(tmp_path):
-    argv = ["generate", "--no-baseline", "--max-new-tokens", "16", "def f(x):"]
+    argv = ["generate", *FIXED_METHOD, "--no-baseline", "--max-new-tokens", "16", "def f(x):"]
     outputs, entries = [], []
     for _ in range(2):
         run = Jspec(argv, str(tmp_path))

@@ -1,0 +1,292 @@
+"""``spec="auto"``: the drafter and tree chosen by measurement, per device and model.
+
+Expected tokens per second of a method = (1 + mean accepted drafts per step) / seconds per step. The two factors
+come from different places, because they depend on different things:
+
+- **Seconds per step** depend on the device, the model, the tree and ``max_seq_len``: measured here, once per
+  (backend, device kind, JAX version, model, drafter, batch size, max_seq_len), and cached as JSON in
+  ``cache_dir``. Each candidate runs with ``force_accept=0`` (every step commits exactly one token, so the
+  number of steps is known), and the cost of a step is the difference of two runs of different lengths divided
+  by the difference of their step counts: prefill and dispatch cancel.
+- **Accepted drafts per step** depend on the model and drafter, not the device: the bundled model ships them
+  (``acceptance_profile.json`` beside its parts, written by scripts/calibrate_auto.py on calibration prompts
+  cut from the Python standard library, not from HumanEval); for any other model they are measured on the same
+  calibration prompts at first use and cached with the step costs.
+
+Plain decoding is a candidate (0 accepted drafts, its own step cost), so auto picks it when no drafter pays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import statistics
+from typing import Callable, Sequence
+
+import jax
+
+from jspec.config import SpecConfig
+
+logger = logging.getLogger(__name__)
+
+PROFILE_FILE = "acceptance_profile.json"
+# Calibration prompts: openings of functions in the Python standard library (the bundled model's training
+# source, held-out files or not: it only sets the acceptance estimate). Not HumanEval, which evaluates.
+CALIBRATION_PROMPTS = (
+    "def _splitext(p, sep, altsep, extsep):\n    \"\"\"Split the extension from a pathname.",
+    "class Counter(dict):\n    '''Dict subclass for counting hashable items.",
+    "def dedent(text):\n    \"\"\"Remove any common leading whitespace from every line in `text`.",
+    "import os\nimport sys\n\n\ndef main(args=None):\n    parser = argparse.ArgumentParser(",
+    "    def __repr__(self):\n        return '%s(%r)' % (self.__class__.__name__,",
+    "def isabs(s):\n    \"\"\"Test whether a path is absolute\"\"\"\n    s = os.fspath(s)\n",
+    "class Queue:\n    '''Create a queue object with a given maximum size.\n\n    If maxsize is <= 0,",
+    "def commonprefix(m):\n    \"Given a list of pathnames, returns the longest common leading component\"\n",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One method auto may choose: a drafter name (None: plain decoding) and its tree."""
+
+    drafter: str | None
+    spec: SpecConfig | None
+
+    @property
+    def label(self) -> str:
+        if self.drafter is None:
+            return "plain"
+        s = self.spec
+        if s.tree == "chain":
+            shape = f"chain {s.num_steps}"
+        elif s.tree == "dynamic":
+            shape = f"dynamic {s.num_steps}x{s.topk}/{s.num_draft_tokens}" + (
+                " top1" if s.selection == "top1_chain" else "")
+        else:
+            shape = f"static {s.tree_size}"
+        return f"{self.drafter} {shape}"
+
+
+def _chain(n: int) -> SpecConfig:
+    return SpecConfig(tree="chain", num_steps=n)
+
+
+def _top1(steps: int, topk: int, tokens: int) -> SpecConfig:
+    return SpecConfig(tree="dynamic", num_steps=steps, topk=topk, num_draft_tokens=tokens, selection="top1_chain")
+
+
+# What auto considers per drafter: few shapes, because each costs one compile the first time on a device.
+CANDIDATE_SPECS: dict[str, tuple[SpecConfig, ...]] = {
+    "ngram": (_chain(4), _chain(9)),
+    "eagle3": (_chain(3), _chain(5), _top1(6, 3, 12), _top1(8, 4, 24)),
+    "draft": (_chain(3), _chain(5)),
+    "mtp": (_chain(1), _chain(3)),
+}
+
+
+def candidates(drafters: Sequence[str]) -> list[Candidate]:
+    """Plain decoding, then CANDIDATE_SPECS of each named drafter (an unknown name gets the n-gram shapes)."""
+    out = [Candidate(None, None)]
+    for name in drafters:
+        out += [Candidate(name, spec) for spec in CANDIDATE_SPECS.get(name, CANDIDATE_SPECS["ngram"])]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    candidate: Candidate
+    accepted_per_step: float  # mean accepted drafts per verify step (0 for plain decoding)
+    step_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return (1.0 + self.accepted_per_step) / self.step_seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoChoice:
+    """The chosen method and every estimate behind it (best first)."""
+
+    drafter: str | None
+    spec: SpecConfig | None
+    estimates: tuple[Estimate, ...]
+    source: str  # where the numbers came from, for the user
+
+    @property
+    def best(self) -> Estimate:
+        return self.estimates[0]
+
+    @property
+    def plain(self) -> Estimate:
+        return next(e for e in self.estimates if e.candidate.drafter is None)
+
+    @property
+    def expected_speedup(self) -> float:
+        return self.best.tokens_per_second / self.plain.tokens_per_second
+
+    def summary(self) -> str:
+        return (f"auto chose {self.best.candidate.label}: expected {self.expected_speedup:.2f}x plain decoding "
+                f"({self.source})")
+
+    def describe(self) -> str:
+        """The whole table: what each candidate was expected to do, best first."""
+        lines = [self.summary(), f"{'method':28s} {'accepted/step':>13s} {'step ms':>8s} {'tok/s':>8s} "
+                                 f"{'vs plain':>8s}"]
+        for e in self.estimates:
+            lines.append(f"{e.candidate.label:28s} {e.accepted_per_step:13.2f} {e.step_seconds * 1e3:8.2f} "
+                         f"{e.tokens_per_second:8.0f} {e.tokens_per_second / self.plain.tokens_per_second:7.2f}x")
+        lines.append("expected tok/s = (1 + accepted drafts per step) / step seconds; plain decoding is a candidate")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"drafter": self.drafter, "spec": dataclasses.asdict(self.spec) if self.spec else None,
+                "expected_speedup": self.expected_speedup, "source": self.source,
+                "candidates": [{"method": e.candidate.label, "accepted_per_step": e.accepted_per_step,
+                                "step_ms": e.step_seconds * 1e3, "expected_tokens_per_second": e.tokens_per_second}
+                               for e in self.estimates]}
+
+
+def choose(accepted: dict[str, float], step_seconds: dict[str, float], pool: Sequence[Candidate],
+           source: str = "") -> AutoChoice:
+    """The candidate of ``pool`` with the most expected tokens/s. accepted / step_seconds: by candidate label
+    (plain's acceptance is 0 by definition). A candidate missing from either is skipped; plain must be timed."""
+    estimates = []
+    for candidate in pool:
+        label = candidate.label
+        if label not in step_seconds or (candidate.drafter is not None and label not in accepted):
+            continue
+        if step_seconds[label] <= 0:
+            raise ValueError(f"step_seconds[{label!r}]={step_seconds[label]}: expected a positive number")
+        estimates.append(Estimate(candidate, 0.0 if candidate.drafter is None else float(accepted[label]),
+                                  float(step_seconds[label])))
+    if not any(e.candidate.drafter is None for e in estimates):
+        raise ValueError("choose: plain decoding must be among the timed candidates")
+    estimates.sort(key=lambda e: -e.tokens_per_second)
+    best = estimates[0].candidate
+    return AutoChoice(best.drafter, best.spec, tuple(estimates), source)
+
+
+# --- measuring ----------------------------------------------------------------------------------------------------
+
+def cache_key(target_dir: str, drafters: Sequence[str], batch_size: int, max_seq_len: int, dtype: str | None) -> str:
+    """What a step cost depends on: device, JAX, the model's files' identity, drafters, batch and cache size."""
+    device = jax.devices()[0]
+    ident = [jax.default_backend(), getattr(device, "device_kind", ""), jax.__version__, str(batch_size),
+             str(max_seq_len), str(dtype), *drafters]
+    for name in ("config.json", "jspec.json", os.path.join("params", "_METADATA")):
+        path = os.path.join(target_dir, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                ident.append(hashlib.sha256(f.read()).hexdigest())
+    return hashlib.sha256("\n".join(ident).encode()).hexdigest()[:24]
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return data
+    except (OSError, ValueError) as error:
+        logger.warning("auto: ignoring the unreadable cache %s (%s); measuring again", path, error)
+        return None
+
+
+def _write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def measure_step_seconds(make_engine: Callable[[Candidate, int | None], object], candidate: Candidate,
+                         prompt: list[int], short: int = 8, long: int = 32, repeats: int = 2) -> float:
+    """Seconds per step of ``candidate``: ``make_engine(candidate, force_accept)`` runs with force_accept=0, the
+    difference of a ``long`` and a ``short`` run over their difference in verify steps, median of ``repeats``."""
+    engine = make_engine(candidate, None if candidate.drafter is None else 0)
+    engine.generate([prompt], max_new_tokens=short)  # compiles
+    samples = []
+    for _ in range(repeats):
+        a = engine.generate([prompt], max_new_tokens=short).stats
+        b = engine.generate([prompt], max_new_tokens=long).stats
+        steps = b.num_verify_steps - a.num_verify_steps
+        samples.append((b.run_seconds - a.run_seconds) / max(steps, 1))  # force_accept=0: steps = tokens
+    return max(statistics.median(samples), 1e-7)
+
+
+def measure_acceptance(make_engine: Callable[[Candidate, int | None], object], candidate: Candidate,
+                       prompts: Sequence[list[int]], max_new_tokens: int = 64) -> float:
+    """Mean accepted drafts per verify step of ``candidate`` over ``prompts`` (greedy, one prompt at a time)."""
+    engine = make_engine(candidate, None)
+    committed = steps = 0.0
+    for prompt in prompts:
+        stats = engine.generate([prompt], max_new_tokens=max_new_tokens).stats
+        committed += stats.acceptance_length * stats.num_verify_steps
+        steps += stats.num_verify_steps
+    return committed / max(steps, 1.0) - 1.0
+
+
+def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[[Candidate, int | None], object],
+                tokenize: Callable[[str], list[int]], *, cache_dir: str | None, batch_size: int = 1,
+                max_seq_len: int = 1024, dtype: str | None = None, profile: dict | None = None,
+                log: Callable[[str], None] = lambda s: None) -> AutoChoice:
+    """Chooses among plain decoding and ``drafters`` (names) for ``target_dir``. make_engine(candidate,
+    force_accept) builds an engine at this batch size and max_seq_len. profile: {label: accepted drafts per step}
+    (the shipped one), or None to measure on CALIBRATION_PROMPTS. Results are cached in ``cache_dir``/auto (None:
+    nothing is cached)."""
+    pool = candidates(drafters)
+    path = None
+    cached = {}
+    if cache_dir is not None:
+        path = os.path.join(cache_dir, "auto", cache_key(target_dir, drafters, batch_size, max_seq_len, dtype)
+                            + ".json")
+        cached = _read_json(path) or {}
+    steps = dict(cached.get("step_seconds", {}))
+    accepted = dict(profile) if profile is not None else dict(cached.get("accepted", {}))
+    prompts = [tokenize(p) for p in CALIBRATION_PROMPTS]
+    todo = [c for c in pool if c.label not in steps]
+    if todo:
+        log(f"auto: timing {len(todo)} methods once on this device (cached in "
+            f"{os.path.dirname(path) if path else 'nowhere'})")
+    for candidate in todo:
+        steps[candidate.label] = measure_step_seconds(make_engine, candidate, prompts[0])
+        log(f"auto:   {candidate.label}: {steps[candidate.label] * 1e3:.2f} ms per step")
+    todo = [c for c in pool if c.drafter is not None and c.label not in accepted]
+    for candidate in todo:
+        accepted[candidate.label] = measure_acceptance(make_engine, candidate, prompts)
+        log(f"auto:   {candidate.label}: {accepted[candidate.label]:.2f} accepted drafts per step")
+    if path is not None and (cached.get("step_seconds") != steps
+                             or (profile is None and cached.get("accepted") != accepted)):
+        _write_json(path, {"step_seconds": steps, **({} if profile is not None else {"accepted": accepted})})
+    source = ("step costs measured on this device, acceptance from the bundle's calibration profile"
+              if profile is not None else "step costs and acceptance measured on this device")
+    return choose(accepted, steps, pool, source)
+
+
+def load_profile(model_dir: str) -> dict | None:
+    """{label: accepted drafts per step} shipped beside a model (PROFILE_FILE in its directory or its parent, as
+    the bundle keeps it), or None."""
+    for directory in (model_dir, os.path.dirname(os.path.abspath(model_dir))):
+        path = os.path.join(directory, PROFILE_FILE)
+        if os.path.isfile(path):
+            with open(path) as f:
+                return json.load(f)["accepted"]
+    return None
+
+
+def calibrate_profile(drafters: Sequence[str], make_engine: Callable[[Candidate, int | None], object],
+                      tokenize: Callable[[str], list[int]], max_new_tokens: int = 64) -> dict:
+    """{"accepted": {label: accepted drafts per step}, ...} of every candidate of ``drafters`` on
+    CALIBRATION_PROMPTS (greedy): the profile a model ships as PROFILE_FILE (scripts/calibrate_auto.py)."""
+    prompts = [tokenize(p) for p in CALIBRATION_PROMPTS]
+    accepted = {c.label: measure_acceptance(make_engine, c, prompts, max_new_tokens)
+                for c in candidates(drafters) if c.drafter is not None}
+    return {"accepted": accepted, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+            "note": "mean accepted drafts per verify step, greedy, float32, one prompt at a time; "
+                    "written by scripts/calibrate_auto.py"}

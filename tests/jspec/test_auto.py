@@ -1,0 +1,140 @@
+"""spec="auto": the choice maximises expected tokens/s and can be plain decoding; step costs are measured once
+per device and cached (atomically, a corrupt cache re-measured); the chosen engine's greedy output is plain
+decoding's; the CLI's default runs auto and says what it chose."""
+
+import json
+import os
+
+import pytest
+
+import jspec
+from jspec import auto
+from jspec.tools import bundled
+from jspec.tools.cli import main
+
+needs_bundle = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
+POOL = auto.candidates(["eagle3", "ngram"])
+
+
+def _labels(*names):
+    return [c.label for c in POOL if c.label.startswith(names)]
+
+
+def test_choice_maximises_expected_tokens_per_second():
+    steps = {c.label: 1e-3 * (1 + 0.2 * i) for i, c in enumerate(POOL)}
+    accepted = {label: 1.0 for label in _labels("eagle3", "ngram")}
+    accepted["eagle3 chain 5"] = 3.0
+    choice = auto.choose(accepted, steps, POOL)
+    by_hand = max(POOL, key=lambda c: (1 + (0 if c.drafter is None else accepted[c.label])) / steps[c.label])
+    assert choice.best.candidate == by_hand and choice.drafter == "eagle3"
+    assert choice.spec == jspec.SpecConfig(tree="chain", num_steps=5)
+    assert [e.tokens_per_second for e in choice.estimates] == sorted(
+        (e.tokens_per_second for e in choice.estimates), reverse=True)
+    assert choice.expected_speedup == pytest.approx(choice.best.tokens_per_second / choice.plain.tokens_per_second)
+    assert "eagle3 chain 5" in choice.describe() and "plain" in choice.describe()
+
+
+def test_choice_is_plain_decoding_when_no_drafter_pays():
+    steps = {c.label: (1e-3 if c.drafter is None else 3e-3) for c in POOL}
+    accepted = {label: 1.5 for label in _labels("eagle3", "ngram")}  # 2.5 tokens per step at 3x the cost
+    choice = auto.choose(accepted, steps, POOL)
+    assert choice.drafter is None and choice.spec is None and choice.expected_speedup == 1.0
+    with pytest.raises(ValueError, match="plain decoding must be"):
+        auto.choose(accepted, {k: v for k, v in steps.items() if k != "plain"}, POOL)
+
+
+class FakeStats:
+    def __init__(self, steps, seconds, acceptance=1.0):
+        self.num_verify_steps, self.run_seconds, self.acceptance_length = steps, seconds, acceptance
+
+
+class FakeEngine:
+    """Steps cost 2 ms (+5 ms fixed per call) with a drafter, 1 ms without; drafts accept 1.5 per step."""
+
+    def __init__(self, candidate, log):
+        self.candidate, self.log = candidate, log
+
+    def generate(self, prompts, max_new_tokens):
+        self.log.append((self.candidate.label, max_new_tokens))
+        cost = 1e-3 if self.candidate.drafter is None else 2e-3
+        return type("Out", (), {"stats": FakeStats(max_new_tokens, 5e-3 + cost * max_new_tokens, 2.5)})()
+
+
+def _fake_maker(log):
+    return lambda candidate, force_accept: FakeEngine(candidate, log)
+
+
+def test_step_costs_are_measured_once_and_cached(tmp_path):
+    log = []
+    first = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+                             cache_dir=str(tmp_path / "home"), max_seq_len=64)
+    assert first.plain.step_seconds == pytest.approx(1e-3) and first.best.step_seconds == pytest.approx(2e-3)
+    assert first.best.accepted_per_step == pytest.approx(1.5) and first.drafter == "ngram"
+    [path] = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "home") for f in fs]
+    assert not path.endswith(".tmp") and set(json.load(open(path))) == {"step_seconds", "accepted"}
+    measured = len(log)
+    second = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+                              cache_dir=str(tmp_path / "home"), max_seq_len=64)
+    assert len(log) == measured and second == first  # nothing measured again
+    with open(path, "w") as f:
+        f.write("{not json")
+    again = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+                             cache_dir=str(tmp_path / "home"), max_seq_len=64)
+    assert len(log) > measured and again.best.candidate == first.best.candidate
+
+
+def test_a_shipped_profile_replaces_acceptance_measurement(tmp_path):
+    log = []
+    profile = {c.label: 0.1 for c in auto.candidates(["ngram"]) if c.drafter}
+    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1], cache_dir=None,
+                              profile=profile)
+    assert choice.drafter is None  # 1.1 tokens per step at 2x the cost: plain wins
+    assert all(n != 64 for _, n in log)  # no acceptance run (those generate 64 tokens)
+
+
+@needs_bundle
+def test_real_step_cost_measurement_is_positive_and_ordered():
+    model = jspec.bundled_model()
+    make = lambda c, fa: jspec.SpecEngine.from_pretrained(model, drafter=c.drafter, spec=c.spec,  # noqa: E731
+                                                          max_batch_size=1, max_seq_len=128, force_accept=fa)
+    plain = auto.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16)
+    chain = auto.measure_step_seconds(make, auto.Candidate("ngram", jspec.SpecConfig(tree="chain", num_steps=8)),
+                                      [1, 5, 9], short=4, long=16)
+    assert 0 < plain < chain < 1.0  # a verify pass of 9 tokens plus its drafting costs more than a plain step
+
+
+@needs_bundle
+def test_auto_engine_on_the_bundled_model_equals_plain_decoding(tmp_path):
+    prompts = ["def fibonacci(n):", "class Stack:"]
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), spec="auto", max_batch_size=2,
+                                              max_seq_len=128, auto_cache_dir=_seeded_home(tmp_path, 2, 128))
+    assert engine.auto_choice.drafter == "eagle3" and engine.setup.drafter is not None
+    plain = engine.plain().generate(prompts, max_new_tokens=32).token_ids
+    assert engine.generate(prompts, max_new_tokens=32).token_ids == plain
+
+
+def _seeded_home(tmp_path, batch_size, max_seq_len) -> str:
+    """A $JSPEC_HOME whose auto cache already holds step costs that make the EAGLE-3 chain of 3 the best (so the
+    test exercises the cached path; measuring is covered above)."""
+    home = str(tmp_path / "home")
+    names = ["eagle3", "draft", "ngram"]
+    key = auto.cache_key(jspec.bundled_model(), names, batch_size, max_seq_len, None)
+    steps = {c.label: (1e-3 if c.label in ("plain", "eagle3 chain 3") else 5e-3) for c in auto.candidates(names)}
+    os.makedirs(os.path.join(home, "auto"))
+    with open(os.path.join(home, "auto", key + ".json"), "w") as f:
+        json.dump({"step_seconds": steps}, f)
+    return home
+
+
+@needs_bundle
+def test_cli_default_runs_auto_and_says_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JSPEC_HOME", _seeded_home(tmp_path, 1, 1024))
+    assert main(["generate", "--verbose", "--no-baseline", "--no-stream", "--max-new-tokens", "8",
+                 "--no-compile-cache", "def f(x):"]) == 0
+    out = capsys.readouterr().out
+    assert "[jspec] auto chose eagle3 chain 3: expected" in out and "accepted/step" in out
+    assert "[jspec] drafter: eagle3 (chain tree, 4 tokens per step)" in out
+    assert main(["generate", "--json", "--no-baseline", "--max-new-tokens", "8", "--no-compile-cache",
+                 "def f(x):"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["drafter"] == "eagle3" and report["auto"]["drafter"] == "eagle3"
