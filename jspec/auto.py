@@ -249,17 +249,21 @@ def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[
         cached = _read_json(path) or {}
     steps = dict(cached.get("step_seconds", {}))
     accepted = dict(profile) if profile is not None else dict(cached.get("accepted", {}))
-    prompts = [tokenize(p) for p in CALIBRATION_PROMPTS]
+    # Calibration must fit max_seq_len: at most half of it generated, the prompt cut to its last tokens.
+    new_tokens = max(2, min(64, max_seq_len // 2))
+    prompts = [tokenize(p)[-(max_seq_len - new_tokens):] for p in CALIBRATION_PROMPTS]
+    long = max(2, min(32, max_seq_len // 2))
     todo = [c for c in pool if c.label not in steps]
     if todo:
         log(f"auto: timing {len(todo)} methods once on this device (cached in "
             f"{os.path.dirname(path) if path else 'nowhere'})")
     for candidate in todo:
-        steps[candidate.label] = measure_step_seconds(make_engine, candidate, prompts[0])
+        steps[candidate.label] = measure_step_seconds(make_engine, candidate, prompts[0], short=max(1, long // 4),
+                                                      long=long)
         log(f"auto:   {candidate.label}: {steps[candidate.label] * 1e3:.2f} ms per step")
     todo = [c for c in pool if c.drafter is not None and c.label not in accepted]
     for candidate in todo:
-        accepted[candidate.label] = measure_acceptance(make_engine, candidate, prompts)
+        accepted[candidate.label] = measure_acceptance(make_engine, candidate, prompts, new_tokens)
         log(f"auto:   {candidate.label}: {accepted[candidate.label]:.2f} accepted drafts per step")
     if path is not None and (cached.get("step_seconds") != steps
                              or (profile is None and cached.get("accepted") != accepted)):

@@ -245,6 +245,12 @@ def test_cli_generate_with_an_entry_point_drafter(user_module, monkeypatch, tmp_
     assert report["drafter"] == "lookup-table" and report["spec"]["tree"] == "chain"
     plain = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=1, max_seq_len=64)
     assert report["token_ids"] == plain.generate(PROMPTS[:1], max_new_tokens=8).token_ids
-    assert main(["generate", "--drafter", "lookup-table", "--max-tokens", "8", "--max-seq-len", "64",
-                 "--no-compile-cache", PROMPTS[0]]) == 2  # the default dynamic tree: refused in one line
+    assert main(["generate", "--drafter", "lookup-table", "--tree", "dynamic", "--max-tokens", "8", "--max-seq-len",
+                 "64", "--no-compile-cache", PROMPTS[0]]) == 2  # a dynamic tree: refused in one line
     assert "drafts chains and static trees; got tree='dynamic'" in capsys.readouterr().err
+    # no tree flag: auto times its candidate chains (calibration fitted into --max-seq-len 64) and picks one
+    assert main(["generate", "--drafter", "lookup-table", "--max-tokens", "8", "--max-seq-len", "64", "--no-baseline",
+                 "--no-compile-cache", "--json", PROMPTS[0]]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["auto"]["drafter"] in ("lookup-table", None)  # its best chain, or plain if none pays
+    assert report["token_ids"] == plain.generate(PROMPTS[:1], max_new_tokens=8).token_ids
