@@ -37,6 +37,7 @@ distributions over the text the target itself generates (--num-generated), with 
 step i's loss weighs --decay ** i); the progress bar shows the loss and the head's top-1 agreement with the
 target per step. Written in the HF EAGLE-3 layout SpecForge writes (config.json + model.safetensors with d2t
 and t2d), which `jspec convert`, SGLang and vLLM read.
+--data-parallel-size N trains on N devices (batch rows split, the head replicated, gradients all-reduced).
 draft_model: a --num-layers Llama distilled from the target, in HF Llama layout with the target's tokenizer.
 Both resume from --work-dir/checkpoints after a kill.
 """
@@ -106,6 +107,9 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--generated-fraction", type=float, default=1.0,
                         help="eagle3: share of the training text that is the target's continuations (1.0: only "
                              "them, as SpecForge recommends; the rest is corpus text)")
+    parser.add_argument("--data-parallel-size", type=int, default=1,
+                        help="eagle3: split each batch's rows over this many devices (a data-parallel mesh; "
+                             "--batch-size must be a multiple of it)")
     _add_train_config_args(parser, DRAFTER_DEFAULTS)
     return parser
 
@@ -119,7 +123,8 @@ def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -
 
         report = train_eagle3(args.out, args.target, args.work_dir, train, args.draft_vocab_size, args.unroll,
                               args.decay, args.corpus_root, progress=not args.no_progress,
-                              num_generated=args.num_generated, generated_fraction=args.generated_fraction)
+                              num_generated=args.num_generated, generated_fraction=args.generated_fraction,
+                              data_parallel_size=args.data_parallel_size)
         print(f"held-out distillation loss {report['heldout_loss']:.3f}; wrote {args.out}")
     else:
         from jspec.train.draft_model import train_draft_model

@@ -6,7 +6,8 @@ layers 2, L//2, L-3) and its next-token distributions over the draft vocabulary 
 frequent target tokens of the training data: d2t/t2d). The head is unrolled ``unroll`` (default 7) steps: step j
 at index p is the draft node at depth j + 1 of a chain rooted after slot p, attending the real context and its
 own earlier steps through a mask, exactly as drafting does (jspec/train/ttt.py); step j's cross-entropy against
-the target's distribution is weighted ``decay ** j`` (0.8).
+the target's distribution is weighted ``decay ** j`` (0.8). Data parallel over a ("data",) mesh with
+``data_parallel_size`` > 1: batch rows split, head and target replicated, gradients all-reduced by XLA.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ def windows_metrics(head_params: Any, windows: jax.Array, *, params_t: Any, targ
 
 def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_vocab_size: int | None = None,
                  unroll: int = 7, decay: float = 0.8, corpus_root: str | None = None, progress: bool = True,
-                 log=print, num_generated: int = 0, generated_fraction: float = 1.0) -> dict:
+                 log=print, num_generated: int = 0, generated_fraction: float = 1.0,
+                 data_parallel_size: int = 1) -> dict:
     """Trains an EAGLE-3 head for the HF target at ``target_dir`` and writes it in the HF EAGLE-3 layout
     SpecForge writes (model.safetensors with d2t and t2d) to ``out_dir``. ``train``: a
     jspec.train.target.TrainConfig. ``num_generated``: when > 0, the target's own greedy continuations of that many
@@ -167,7 +169,9 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     rest is the stdlib corpus's train split); 0 trains on the corpus alone. The draft vocabulary is the
     ``draft_vocab_size`` most frequent tokens of that training text. Resumable (orbax, in
     ``work_dir/checkpoints``). Returns the report (also ``out_dir/train_report.json``), with the held-out loss and
-    per-step top-1 accuracy of the head against the target."""
+    per-step top-1 accuracy of the head against the target. ``data_parallel_size``: batch rows split over that
+    many devices (a ("data",) mesh; the head and the frozen target replicated; ``train.batch_size`` a multiple
+    of it)."""
     if not 0.0 < generated_fraction <= 1.0:
         raise ValueError(f"generated_fraction={generated_fraction}: expected a number in (0, 1]")
     if unroll < 1:
@@ -177,12 +181,13 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     import os
     import time
 
-    from jspec.train.target import (corpus_for, heldout_windows, load_hf_llama, mix_with_generated,
-                                    self_generated_tokens, train_loop)
+    from jspec.train.target import (corpus_for, data_mesh, heldout_windows, load_hf_llama, mix_with_generated,
+                                    replicate, self_generated_tokens, train_loop)
     from models.checkpoint import write_hf_eagle3
     from models.eagle3 import eagle3_config_from_hf
 
     started = time.perf_counter()
+    mesh = data_mesh(data_parallel_size, train.batch_size)
     target, params_t, target_hf = load_hf_llama(target_dir)
     _, splits = corpus_for(target_dir, work_dir, corpus_root)
     tokens = splits["train"]
@@ -195,11 +200,12 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     keep_ids = np.flatnonzero(t2d)
     hf_config = eagle3_hf_config(target_hf, len(d2t))
     config = eagle3_config_from_hf(hf_config)
+    params_t = replicate(params_t, mesh)  # after generation: the engine places its own params
     metrics = functools.partial(windows_metrics, params_t=params_t, target=target, config=config,
                                 keep_ids=keep_ids, unroll=unroll, decay=decay)
     loss = lambda head, windows: metrics(head, windows).loss  # noqa: E731
-    held = jnp.asarray(heldout_windows(splits["heldout"], train.eval_batches * train.batch_size,
-                                       train.seq_len + 1))
+    held = replicate(jnp.asarray(heldout_windows(splits["heldout"], train.eval_batches * train.batch_size,
+                                                 train.seq_len + 1)), mesh)
 
     @jax.jit
     def heldout(head):
@@ -212,11 +218,12 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
 
     head = init_head_from_target(config, params_t, target, d2t, jax.random.key(train.seed))
     head, report = train_loop(head, loss, train, tokens, work_dir, lambda h: float(heldout(h).loss),
-                              progress, log, desc="eagle3", metrics_fn=shown)
+                              progress, log, desc="eagle3", metrics_fn=shown, mesh=mesh)
     final = heldout(head)
     write_hf_eagle3(out_dir, hf_config, jax.tree.map(np.asarray, head), d2t, overwrite=True)
     np.save(os.path.join(out_dir, "t2d.npy"), t2d)
     summary = {"train_config": dataclasses.asdict(train), "unroll": unroll, "decay": decay,
+               "data_parallel_size": data_parallel_size,
                "num_generated": num_generated, "generated_fraction": generated_fraction,
                "heldout_step_loss": np.asarray(final.step_loss).tolist(),
                "heldout_step_accuracy": np.asarray(final.accuracy).tolist(),

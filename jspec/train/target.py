@@ -118,6 +118,26 @@ def evaluate(params: Any, config: ModelConfig, tokens: np.ndarray, seq_len: int,
     return float(np.mean(losses))
 
 
+def data_mesh(data_parallel_size: int, batch_size: int) -> jax.sharding.Mesh | None:
+    """A ("data",) mesh over the first ``data_parallel_size`` devices (None for 1: train on the default device).
+    Batch rows are split over it, so ``batch_size`` must be a multiple of ``data_parallel_size``."""
+    if data_parallel_size < 1 or data_parallel_size > jax.device_count():
+        raise ValueError(f"data_parallel_size={data_parallel_size}: expected 1..{jax.device_count()} (the devices "
+                         f"JAX sees)")
+    if batch_size % data_parallel_size:
+        raise ValueError(f"batch_size={batch_size} is not a multiple of data_parallel_size={data_parallel_size}")
+    if data_parallel_size == 1:
+        return None
+    return jax.sharding.Mesh(np.asarray(jax.devices()[:data_parallel_size]), ("data",))
+
+
+def replicate(tree: Any, mesh: jax.sharding.Mesh | None) -> Any:
+    """``tree`` copied whole onto every device of ``mesh`` (unchanged when mesh is None)."""
+    if mesh is None:
+        return tree
+    return jax.device_put(tree, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
 def _checkpoint_manager(directory: str):
     import orbax.checkpoint as ocp
 
@@ -141,8 +161,14 @@ def train_lm(hf_config: dict, train: TrainConfig, train_tokens: np.ndarray, held
 def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], train: TrainConfig,
                train_tokens: np.ndarray, work_dir: str, evaluate_fn: Callable[[Any], float] | None = None,
                progress: bool = True, log: Callable[[str], None] = print, desc: str = "train",
-               metrics_fn: Callable[[Any, jax.Array], dict[str, jax.Array]] | None = None) -> tuple[Any, dict]:
+               metrics_fn: Callable[[Any, jax.Array], dict[str, jax.Array]] | None = None,
+               mesh: jax.sharding.Mesh | None = None) -> tuple[Any, dict]:
     """AdamW on ``loss_fn(params, windows i32[B, seq_len + 1])`` over random windows of ``train_tokens``.
+
+    ``mesh`` (from :func:`data_mesh`): data parallel. Each batch's rows are split over its "data" axis, params
+    and optimizer state are replicated, and the update is one jitted program with those shardings: XLA
+    partitions the loss (a mean over the whole batch) and all-reduces the gradients. Whatever ``loss_fn``
+    closes over (a frozen target) must be replicated on the mesh too (:func:`replicate`).
 
     ``metrics_fn(params, windows)``, when given, replaces loss_fn: it returns {"loss": scalar, name: f32[K]...}
     and the progress bar shows each extra metric's running mean (e.g. per-step draft accuracy).
@@ -154,7 +180,7 @@ def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], trai
     import orbax.checkpoint as ocp
 
     optimizer = make_optimizer(train)
-    state = {"params": params, "opt_state": optimizer.init(params)}
+    state = replicate({"params": params, "opt_state": optimizer.init(params)}, mesh)
     manager = _checkpoint_manager(os.path.join(work_dir, "checkpoints"))
     start = 0
     if manager.latest_step() is not None:
@@ -169,11 +195,19 @@ def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], trai
         metrics = dict(metrics_fn(params, windows))
         return metrics.pop("loss"), metrics
 
-    @jax.jit
-    def update(state, windows):
+    def step_fn(state, windows):
         (loss, metrics), grads = jax.value_and_grad(with_aux, has_aux=True)(state["params"], windows)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss, metrics
+
+    place = jnp.asarray
+    if mesh is None:
+        update = jax.jit(step_fn)
+    else:
+        whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        update = jax.jit(step_fn, in_shardings=(whole, rows), out_shardings=(whole, whole, whole))
+        place = functools.partial(jax.device_put, device=rows)
 
     report: dict[str, Any] = {"losses": [], "heldout": []}
     num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
@@ -188,7 +222,7 @@ def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], trai
     window_start, ema, ema_metrics = time.perf_counter(), None, {}
     for step in range(start, train.steps):
         rng = np.random.default_rng((train.seed, step))
-        windows = jnp.asarray(sample_windows(train_tokens, train.batch_size, train.seq_len + 1, rng))
+        windows = place(sample_windows(train_tokens, train.batch_size, train.seq_len + 1, rng))
         state, loss, metrics = update(state, windows)
         loss = float(loss)
         report["losses"].append(loss)
