@@ -45,9 +45,10 @@ RANKED_PATHS = ((0,), (0, 0), (1,), (0, 0, 0), (0, 1), (2,), (1, 0), (0, 0, 0, 0
                 (1, 0, 0, 0))
 
 
-def spec_for(tree: str, num_draft_tokens: int, num_steps: int = 6, topk: int = 4) -> SpecConfig:
+def spec_for(tree: str, num_draft_tokens: int, num_steps: int = 6, topk: int = 4,
+             selection: str = "eagle2") -> SpecConfig:
     """A tree of ``num_draft_tokens`` nodes (root included) of the given kind: chain (depth T - 1), static (the
-    first T - 1 of RANKED_PATHS) or dynamic (``num_steps`` x ``topk`` candidates)."""
+    first T - 1 of RANKED_PATHS) or dynamic (``num_steps`` x ``topk`` candidates, chosen by ``selection``)."""
     if tree == "chain":
         if num_draft_tokens < 2:
             raise ValueError(f"num_draft_tokens={num_draft_tokens}: a chain needs at least 2 (the root and a draft)")
@@ -56,7 +57,8 @@ def spec_for(tree: str, num_draft_tokens: int, num_steps: int = 6, topk: int = 4
         if not 2 <= num_draft_tokens <= len(RANKED_PATHS) + 1:
             raise ValueError(f"num_draft_tokens={num_draft_tokens}: static trees here have 2..{len(RANKED_PATHS) + 1}")
         return SpecConfig(tree="static", tree_choices=RANKED_PATHS[:num_draft_tokens - 1])
-    return SpecConfig(tree=tree, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    return SpecConfig(tree=tree, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
+                      selection=selection)
 
 
 def build_bundle(target_hf: str, eagle3_hf: str, draft_hf: str, root: str = BUNDLE_DIR,

@@ -39,11 +39,13 @@ class MethodReport:
 
 
 def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
-                 chain_depth: int | None = None, ngram_depth: int | None = None) -> dict[str, tuple[str, Any]]:
+                 chain_depth: int | None = None, ngram_depth: int | None = None,
+                 selection: str = "eagle2") -> dict[str, tuple[str, Any]]:
     """name -> (drafter: a ``jspec.drafters.DRAFTERS`` name or None for plain, SpecConfig or None). Chains draft
     ``chain_depth`` tokens (default num_draft_tokens - 1: the same T as the trees); the n-gram chain drafts
     ``ngram_depth`` (default: as the other chains). Lookup drafts cost nothing to make, and a step without a match
-    skips verification, so the n-gram chain gains from longer drafts than model drafters do."""
+    skips verification, so the n-gram chain gains from longer drafts than model drafters do. ``selection``: the
+    dynamic trees' ("eagle2" or "top1_chain", see SpecConfig)."""
     from jspec.tools.bundled import spec_for
 
     chain_tokens = num_draft_tokens if chain_depth is None else chain_depth + 1
@@ -51,10 +53,10 @@ def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
         "plain": (None, None),
         "eagle3-chain": ("eagle3", spec_for("chain", chain_tokens)),
         "eagle3-static": ("eagle3", spec_for("static", num_draft_tokens)),
-        "eagle3-dynamic": ("eagle3", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
-        "draft-model-dynamic": ("draft", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
+        "eagle3-dynamic": ("eagle3", spec_for("dynamic", num_draft_tokens, num_steps, topk, selection)),
+        "draft-model-dynamic": ("draft", spec_for("dynamic", num_draft_tokens, num_steps, topk, selection)),
         "draft-model-chain": ("draft", spec_for("chain", min(num_draft_tokens, num_steps + 1))),
-        "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk)),
+        "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk, selection)),
         "ngram-chain": ("ngram", spec_for("chain", chain_tokens if ngram_depth is None else ngram_depth + 1)),
     }
 
@@ -98,7 +100,7 @@ def run_method(engine: jspec.SpecEngine, prompts: Sequence[list[int]], batch_siz
 def evaluate_methods(target_dir: str, drafters: dict[str, str | None], prompts: Sequence[str], *, methods: Sequence[str],
                      num_draft_tokens: int = 16, num_steps: int = 6, topk: int = 4, batch_size: int = 8,
                      max_new_tokens: int = 128, max_seq_len: int = 1024, dtype: str | None = "float32",
-                     log: Callable[[str], None] = print,
+                     selection: str = "eagle2", log: Callable[[str], None] = print,
                      on_method: Callable[[list[MethodReport], dict], None] | None = None,
                      ) -> tuple[list[MethodReport], dict[str, list[list[int]]]]:
     """drafters: drafter name ("eagle3", "draft") -> converted directory, or None for the bundled part. Methods run in the order given; "plain"
@@ -106,7 +108,7 @@ def evaluate_methods(target_dir: str, drafters: dict[str, str | None], prompts: 
     is called after each method (partial results survive an interrupted run). ``dtype``: compute dtype (None:
     the checkpoints'; float32 by default, so that near-tied logits of bf16 weights do not make the batched
     verify pass and the one-token plain decode disagree by rounding)."""
-    specs = method_specs(num_draft_tokens, num_steps, topk)
+    specs = method_specs(num_draft_tokens, num_steps, topk, selection=selection)
     unknown = [m for m in methods if m not in specs]
     if unknown:
         raise ValueError(f"unknown methods {unknown}: expected some of {list(specs)}")
@@ -152,6 +154,19 @@ def format_table(reports: Sequence[MethodReport]) -> str:
 
 # --- command line (scripts/eval_acceptance.py) -------------------------------------------------------------------
 
+def prompt_slice(text: str, count: int) -> slice:
+    """"START:END" (either may be empty) -> a slice of ``count`` prompts; a clear error for anything else."""
+    parts = text.split(":")
+    try:
+        start, end = (int(p) if p else None for p in parts)
+    except ValueError:
+        raise ValueError(f"--prompts {text!r}: expected START:END, e.g. 148:164") from None
+    chosen = range(count)[slice(start, end)]
+    if not chosen:
+        raise ValueError(f"--prompts {text!r} selects no prompt of {count}")
+    return slice(start, end)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jspec.tools.bundled import DEFAULT_SPEC
 
@@ -167,11 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-draft-tokens", type=int, default=DEFAULT_SPEC.num_draft_tokens)
     parser.add_argument("--num-steps", type=int, default=DEFAULT_SPEC.num_steps)
     parser.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk)
+    parser.add_argument("--selection", default=DEFAULT_SPEC.selection, choices=["eagle2", "top1_chain"],
+                        help="dynamic trees: EAGLE-2's (best cumulative scores) or keep the top-1 chain to full depth")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only (smoke runs)")
+    parser.add_argument("--prompts", default=None, metavar="START:END",
+                        help="a slice of the 164 prompts, e.g. 148:164 (applied before --limit)")
     parser.add_argument("--json", default=None, help="write results here")
     parser.add_argument("--samples", type=int, default=2, help="completions to print and store")
     return parser
@@ -184,7 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     target = args.target or jspec.bundled_model()
     drafters = {"eagle3": args.eagle3, "draft": args.draft}
-    problems = human_eval_prompts()[:args.limit]
+    problems = human_eval_prompts()
+    if args.prompts is not None:
+        problems = problems[prompt_slice(args.prompts, len(problems))]
+    problems = problems[:args.limit]
     prompts = [p["prompt"] for p in problems]
     tokenizer = load_tokenizer(target)
 
@@ -195,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    for i in range(min(args.samples, len(prompts)))]
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"target": target, "drafters": drafters, "num_prompts": len(prompts),
+                json.dump({"target": target, "drafters": drafters, "prompts": args.prompts or ":",
+                           "num_prompts": len(prompts),
                            "max_new_tokens": args.max_new_tokens, "greedy": True, "dtype": args.dtype,
                            "methods": [dataclasses.asdict(r) for r in reports], "samples": samples}, f, indent=2)
         return samples
@@ -203,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reports, outputs = evaluate_methods(
         target, drafters, prompts, methods=args.methods.split(","), num_draft_tokens=args.num_draft_tokens,
         num_steps=args.num_steps, topk=args.topk, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-        max_seq_len=args.max_seq_len, dtype=args.dtype, on_method=write)
+        max_seq_len=args.max_seq_len, dtype=args.dtype, selection=args.selection, on_method=write)
     print(format_table(reports))
     for sample in write(reports, outputs):
         print(f"--- {sample['task_id']}\n{sample['prompt']}{sample['completion']}")
