@@ -5,15 +5,19 @@ come from different places, because they depend on different things:
 
 - **Seconds per step** depend on the device, the model, the tree and ``max_seq_len``: measured here, once per
   (backend, device kind, JAX version, model, drafter, batch size, max_seq_len), and cached as JSON in
-  ``cache_dir``. Each candidate runs with ``force_accept=0`` (every step commits exactly one token, so the
-  number of steps is known), and the cost of a step is the difference of two runs of different lengths divided
-  by the difference of their step counts: prefill and dispatch cancel.
+  ``cache_dir``. Each candidate runs with ``force_accept`` = its expected accepted drafts, rounded (every step
+  commits that many + 1 tokens, as a real step at that acceptance does, so the number of steps is known), and the
+  cost of a step is the difference of two runs of different lengths divided by the difference of their step
+  counts: prefill and dispatch cancel. A caller that streams one prompt (the CLI) times through ``stream``,
+  one step per chunk: the host sync each step pays there is part of its cost, and it favours drafters, which
+  pay it once per several tokens.
 - **Accepted drafts per step** depend on the model and drafter, not the device: the bundled model ships them
   (``acceptance_profile.json`` beside its parts, written by scripts/calibrate_auto.py on calibration prompts
   cut from the Python standard library, not from HumanEval); for any other model they are measured on the same
   calibration prompts at first use and cached with the step costs.
 
-Plain decoding is a candidate (0 accepted drafts, its own step cost), so auto picks it when no drafter pays.
+Plain decoding is a candidate (0 accepted drafts, its own step cost), so auto picks it when no drafter pays; a
+drafter must be expected to beat it by MIN_GAIN, since a smaller margin is inside the timings' noise.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import logging
 import os
 import statistics
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -33,6 +38,8 @@ from jspec.config import SpecConfig
 logger = logging.getLogger(__name__)
 
 PROFILE_FILE = "acceptance_profile.json"
+# A drafter must be expected to beat plain decoding by this ratio (the step-cost timings' noise is a few %).
+MIN_GAIN = 1.05
 # Calibration prompts: openings of functions in the Python standard library (the bundled model's training
 # source, held-out files or not: it only sets the acceptance estimate). Not HumanEval, which evaluates.
 CALIBRATION_PROMPTS = (
@@ -149,9 +156,13 @@ class AutoChoice:
 
 
 def choose(accepted: dict[str, float], step_seconds: dict[str, float], pool: Sequence[Candidate],
-           source: str = "") -> AutoChoice:
+           source: str = "", min_gain: float = 1.0) -> AutoChoice:
     """The candidate of ``pool`` with the most expected tokens/s. accepted / step_seconds: by candidate label
-    (plain's acceptance is 0 by definition). A candidate missing from either is skipped; plain must be timed."""
+    (plain's acceptance is 0 by definition). A candidate missing from either is skipped; plain must be timed.
+    A drafter is chosen only when it is expected to beat plain decoding by ``min_gain`` (a ratio >= 1): a
+    smaller margin is inside the error of the estimate."""
+    if min_gain < 1.0:
+        raise ValueError(f"min_gain={min_gain}: expected a ratio >= 1")
     estimates = []
     for candidate in pool:
         label = candidate.label
@@ -164,6 +175,10 @@ def choose(accepted: dict[str, float], step_seconds: dict[str, float], pool: Seq
     if not any(e.candidate.drafter is None for e in estimates):
         raise ValueError("choose: plain decoding must be among the timed candidates")
     estimates.sort(key=lambda e: -e.tokens_per_second)
+    plain = next(e for e in estimates if e.candidate.drafter is None)
+    if estimates[0].tokens_per_second < min_gain * plain.tokens_per_second:
+        estimates.remove(plain)
+        estimates.insert(0, plain)
     best = estimates[0].candidate
     return AutoChoice(best.drafter, best.spec, tuple(estimates), source)
 
@@ -206,17 +221,31 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def measure_step_seconds(make_engine: Callable[[Candidate, int | None], object], candidate: Candidate,
-                         prompt: list[int], short: int = 8, long: int = 32, repeats: int = 2) -> float:
-    """Seconds per step of ``candidate``: ``make_engine(candidate, force_accept)`` runs with force_accept=0, the
-    difference of a ``long`` and a ``short`` run over their difference in verify steps, median of ``repeats``."""
-    engine = make_engine(candidate, None if candidate.drafter is None else 0)
-    engine.generate([prompt], max_new_tokens=short)  # compiles
+                         prompt: list[int], short: int = 4, long: int = 24, repeats: int = 2, accept: int = 0,
+                         streamed: bool = False) -> float:
+    """Seconds per step of ``candidate``: ``make_engine(candidate, force_accept)`` runs with force_accept=``accept``
+    (every step commits accept + 1 tokens, as a step at that acceptance would), the difference of a run of
+    ``long`` steps and one of ``short`` over their difference in steps, median of ``repeats``. ``streamed``:
+    the runs go through ``engine.stream`` one step per chunk, so each step also pays its host sync (what a
+    caller streaming one prompt sees); else through ``generate`` (the whole loop on the device)."""
+    engine = make_engine(candidate, None if candidate.drafter is None else accept)
+    per_step = 1 if candidate.drafter is None else accept + 1
+
+    def run(steps: int) -> tuple[float, int]:
+        new_tokens = steps * per_step + 1
+        if not streamed:
+            stats = engine.generate([prompt], max_new_tokens=new_tokens).stats
+            return stats.run_seconds, stats.num_verify_steps
+        started, chunks = time.perf_counter(), 0
+        for _ in engine.stream([prompt], max_new_tokens=new_tokens):
+            chunks += 1
+        return time.perf_counter() - started, chunks - 1
+
+    run(short)  # compiles
     samples = []
     for _ in range(repeats):
-        a = engine.generate([prompt], max_new_tokens=short).stats
-        b = engine.generate([prompt], max_new_tokens=long).stats
-        steps = b.num_verify_steps - a.num_verify_steps
-        samples.append((b.run_seconds - a.run_seconds) / max(steps, 1))  # force_accept=0: steps = tokens
+        (t_short, n_short), (t_long, n_long) = run(short), run(long)
+        samples.append((t_long - t_short) / max(n_long - n_short, 1))
     return max(statistics.median(samples), 1e-7)
 
 
@@ -232,14 +261,26 @@ def measure_acceptance(make_engine: Callable[[Candidate, int | None], object], c
     return committed / max(steps, 1.0) - 1.0
 
 
+def _timing_key(candidate: Candidate, accept: int, streamed: bool) -> str:
+    return f"{candidate.label} | accept {accept} | {'streamed' if streamed else 'loop'}"
+
+
+def _timed_acceptance(candidate: Candidate, accepted: float) -> int:
+    """The force_accept a candidate's step is timed at: its expected accepted drafts, rounded, within its depth."""
+    return 0 if candidate.drafter is None else max(0, min(round(accepted), candidate.spec.num_steps))
+
+
 def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[[Candidate, int | None], object],
                 tokenize: Callable[[str], list[int]], *, cache_dir: str | None, batch_size: int = 1,
                 max_seq_len: int = 1024, dtype: str | None = None, profile: dict | None = None,
+                streamed: bool = False, min_gain: float = MIN_GAIN,
                 log: Callable[[str], None] = lambda s: None) -> AutoChoice:
     """Chooses among plain decoding and ``drafters`` (names) for ``target_dir``. make_engine(candidate,
     force_accept) builds an engine at this batch size and max_seq_len. profile: {label: accepted drafts per step}
-    (the shipped one), or None to measure on CALIBRATION_PROMPTS. Results are cached in ``cache_dir``/auto (None:
-    nothing is cached)."""
+    (the shipped one), or None to measure on CALIBRATION_PROMPTS. Each step is timed at its candidate's
+    expected acceptance, through ``stream`` when ``streamed`` (one host sync per step, as a caller streaming one
+    prompt pays) or ``generate``. A drafter must beat plain decoding by ``min_gain`` (a ratio) to be chosen.
+    Results are cached in ``cache_dir``/auto (None: nothing is cached)."""
     pool = candidates(drafters)
     path = None
     cached = {}
@@ -247,30 +288,38 @@ def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[
         path = os.path.join(cache_dir, "auto", cache_key(target_dir, drafters, batch_size, max_seq_len, dtype)
                             + ".json")
         cached = _read_json(path) or {}
-    steps = dict(cached.get("step_seconds", {}))
+    timings = dict(cached.get("step_seconds", {}))
     accepted = dict(profile) if profile is not None else dict(cached.get("accepted", {}))
     # Calibration must fit max_seq_len: at most half of it generated, the prompt cut to its last tokens.
     new_tokens = max(2, min(64, max_seq_len // 2))
     prompts = [tokenize(p)[-(max_seq_len - new_tokens):] for p in CALIBRATION_PROMPTS]
-    long = max(2, min(32, max_seq_len // 2))
-    todo = [c for c in pool if c.label not in steps]
+    todo = [c for c in pool if c.drafter is not None and c.label not in accepted]
+    if todo:
+        log(f"auto: measuring the acceptance of {len(todo)} methods on {len(prompts)} calibration prompts")
+    for candidate in todo:
+        accepted[candidate.label] = measure_acceptance(make_engine, candidate, prompts, new_tokens)
+        log(f"auto:   {candidate.label}: {accepted[candidate.label]:.2f} accepted drafts per step")
+    accepts = {c.label: _timed_acceptance(c, accepted.get(c.label, 0.0)) for c in pool}
+    todo = [c for c in pool if _timing_key(c, accepts[c.label], streamed) not in timings]
     if todo:
         log(f"auto: timing {len(todo)} methods once on this device (cached in "
             f"{os.path.dirname(path) if path else 'nowhere'})")
     for candidate in todo:
-        steps[candidate.label] = measure_step_seconds(make_engine, candidate, prompts[0], short=max(1, long // 4),
-                                                      long=long)
-        log(f"auto:   {candidate.label}: {steps[candidate.label] * 1e3:.2f} ms per step")
-    todo = [c for c in pool if c.drafter is not None and c.label not in accepted]
-    for candidate in todo:
-        accepted[candidate.label] = measure_acceptance(make_engine, candidate, prompts, new_tokens)
-        log(f"auto:   {candidate.label}: {accepted[candidate.label]:.2f} accepted drafts per step")
-    if path is not None and (cached.get("step_seconds") != steps
+        accept = accepts[candidate.label]
+        # Fits max_seq_len: the long run generates at most half of it.
+        long = max(2, min(24, (max_seq_len // 2 - 1) // (accept + 1)))
+        key = _timing_key(candidate, accept, streamed)
+        timings[key] = measure_step_seconds(make_engine, candidate, prompts[0], short=max(1, long // 4), long=long,
+                                            accept=accept, streamed=streamed)
+        log(f"auto:   {candidate.label}: {timings[key] * 1e3:.2f} ms per step")
+    if path is not None and (cached.get("step_seconds") != timings
                              or (profile is None and cached.get("accepted") != accepted)):
-        _write_json(path, {"step_seconds": steps, **({} if profile is not None else {"accepted": accepted})})
-    source = ("step costs measured on this device, acceptance from the bundle's calibration profile"
-              if profile is not None else "step costs and acceptance measured on this device")
-    return choose(accepted, steps, pool, source)
+        _write_json(path, {"step_seconds": timings, **({} if profile is not None else {"accepted": accepted})})
+    steps = {c.label: timings[_timing_key(c, accepts[c.label], streamed)] for c in pool}
+    source = ("streamed " if streamed else "") + (
+        "step costs measured on this device at the expected acceptance, acceptance from the bundle's calibration "
+        "profile" if profile is not None else "step costs and acceptance measured on this device")
+    return choose(accepted, steps, pool, source, min_gain=min_gain)
 
 
 def load_profile(model_dir: str) -> dict | None:

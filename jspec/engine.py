@@ -119,7 +119,8 @@ class SpecEngine:
                         dtype: str | None = None, force_accept: int | None = None, tensor_parallel_size: int = 1,
                         data_parallel_size: int = 1, mesh: jax.sharding.Mesh | None = None,
                         auto_cache_dir: str | os.PathLike | None = None,
-                        auto_log: Callable[[str], None] | None = None) -> "SpecEngine":
+                        auto_log: Callable[[str], None] | None = None,
+                        auto_streamed: bool = False) -> "SpecEngine":
         """Loads a converted checkpoint directory (``jspec convert``; ``jspec.bundled_model()`` for the bundled one).
 
         drafter: None (plain decoding), a name from ``jspec.drafters.DRAFTERS`` (``"ngram"``: prompt lookup, no
@@ -129,7 +130,9 @@ class SpecEngine:
         holding an EAGLE-3 head or a Llama-family draft model with the target's vocabulary. spec: the draft tree (default ``SpecConfig()``), or ``"auto"``: the drafter (when
         ``drafter`` is None: any available one, or plain decoding) and tree with the most expected tokens/s on this
         device (jspec/auto.py; step costs timed once and cached in ``auto_cache_dir``, None caches nothing;
-        ``auto_log`` receives progress lines; ``engine.auto_choice`` says what was chosen and why). dtype: compute dtype, "float32" or
+        ``auto_log`` receives progress lines; ``auto_streamed``: choose for ``stream`` one step per chunk, whose
+        host sync per step favours drafters, instead of ``generate``; ``engine.auto_choice`` says what was chosen
+        and why). dtype: compute dtype, "float32" or
         "bfloat16"; None means float32 on a CPU and the checkpoint's stored dtype on a GPU/TPU
         (:func:`default_dtype`). force_accept: benchmarks only (see ``__init__``). tensor_parallel_size,
         data_parallel_size: vLLM's names; the target is split over ``tensor_parallel_size`` devices and the batch
@@ -143,7 +146,7 @@ class SpecEngine:
                                              max_seq_len=max_seq_len, dtype=dtype,
                                              tensor_parallel_size=tensor_parallel_size,
                                              data_parallel_size=data_parallel_size, mesh=mesh,
-                                             cache_dir=auto_cache_dir, log=auto_log)
+                                             cache_dir=auto_cache_dir, log=auto_log, streamed=auto_streamed)
         if spec is not None and not isinstance(spec, SpecConfig):
             raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig, 'auto' or None")
         if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
@@ -175,8 +178,8 @@ class SpecEngine:
 
     @classmethod
     def _from_pretrained_auto(cls, target_dir: str, drafter, *, max_batch_size: int, max_seq_len: int, dtype,
-                              tensor_parallel_size: int, data_parallel_size: int, mesh, cache_dir, log
-                              ) -> "SpecEngine":
+                              tensor_parallel_size: int, data_parallel_size: int, mesh, cache_dir, log,
+                              streamed: bool = False) -> "SpecEngine":
         """spec="auto" (jspec/auto.py): times the candidates once per device (cached in ``cache_dir``/auto; None
         caches nothing), combines them with the acceptance profile, and returns the engine of the best, plain
         decoding included; ``engine.auto_choice`` says what was chosen and why."""
@@ -216,7 +219,7 @@ class SpecEngine:
         choice = auto_choice(target_dir, names, make_engine, lambda text: tokenizer.encode(text).ids,
                              cache_dir=None if cache_dir is None else os.fspath(cache_dir),
                              batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype,
-                             profile=load_profile(target_dir), log=log or (lambda s: None))
+                             profile=load_profile(target_dir), streamed=streamed, log=log or (lambda s: None))
         engine = make_engine(choice.best.candidate, None)
         engine.auto_choice = choice
         return engine

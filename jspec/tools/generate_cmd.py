@@ -179,6 +179,11 @@ def _chat_inputs(args: argparse.Namespace, engine, template) -> None:
     args.stop_token_ids = (args.stop_token_ids or []) + end_of_turn
 
 
+def streams(args: argparse.Namespace) -> bool:
+    """Whether the completion is streamed: one prompt, neither --json nor --no-stream."""
+    return len(args.prompts) == 1 and not args.no_stream and not args.json
+
+
 def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec):
     """-> (the engine with the drafter, the plain-decoding engine on the same params or None). spec "auto": the
     engine auto chose (``engine.auto_choice``), step costs cached under $JSPEC_HOME/auto."""
@@ -192,6 +197,7 @@ def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec
                                                   max_seq_len=args.max_seq_len, dtype=args.dtype,
                                                   auto_cache_dir=jspec_home(),
                                                   auto_log=lambda line: print(f"[jspec] {line}", file=sys.stderr),
+                                                  auto_streamed=streams(args),
                                                   **mesh_kwargs(args))
         if engine.auto_choice.drafter is None or args.no_baseline:
             return engine, None
@@ -372,7 +378,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         print(f"[jspec] drafter: {drafter} ({spec.tree} tree, {spec.tree_size} tokens per step)")
     elif choice is not None:
         print("[jspec] plain decoding: no drafter is expected to pay on this device (`--drafter eagle3` forces one)")
-    if len(args.prompts) == 1 and not args.no_stream:
+    if streams(args):
         _generate_streamed(args, engine, baseline, sampling)
     else:
         _print_batch(_generate_batch(args, engine, baseline, sampling))

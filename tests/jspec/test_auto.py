@@ -48,34 +48,88 @@ class FakeStats:
         self.num_verify_steps, self.run_seconds, self.acceptance_length = steps, seconds, acceptance
 
 
-class FakeEngine:
-    """Steps cost 2 ms (+5 ms fixed per call) with a drafter, 1 ms without; drafts accept 1.5 per step."""
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
 
-    def __init__(self, candidate, log):
-        self.candidate, self.log = candidate, log
+    def __call__(self):
+        return self.now
+
+
+class FakeEngine:
+    """A step costs 1 ms without a drafter, 2 ms + 0.25 ms per forced accepted draft with one, plus 5 ms fixed per
+    call; streamed, every step also pays a 1 ms host sync (on ``clock``). Unforced drafts accept 2.4 per step."""
+
+    def __init__(self, candidate, force_accept, log, clock):
+        self.candidate, self.force_accept, self.log, self.clock = candidate, force_accept, log, clock
+        self.cost = 1e-3 if candidate.drafter is None else 2e-3 + 0.25e-3 * (force_accept or 0)
+
+    def _steps(self, max_new_tokens):
+        per_step = 1 if self.force_accept is None and self.candidate.drafter is None else (
+            3.4 if self.force_accept is None else self.force_accept + 1)
+        return int(-(-(max_new_tokens - 1) // per_step))
 
     def generate(self, prompts, max_new_tokens):
-        self.log.append((self.candidate.label, max_new_tokens))
-        cost = 1e-3 if self.candidate.drafter is None else 2e-3
-        return type("Out", (), {"stats": FakeStats(max_new_tokens, 5e-3 + cost * max_new_tokens, 2.5)})()
+        self.log.append((self.candidate.label, self.force_accept, max_new_tokens))
+        steps = self._steps(max_new_tokens)
+        return type("Out", (), {"stats": FakeStats(steps, 5e-3 + self.cost * steps, 3.4)})()
+
+    def stream(self, prompts, max_new_tokens):
+        self.log.append((self.candidate.label, self.force_accept, max_new_tokens, "stream"))
+        self.clock.now += 5e-3
+        yield [[0]]  # the prefill's token
+        for _ in range(self._steps(max_new_tokens)):
+            self.clock.now += self.cost + 1e-3
+            yield [[0]]
 
 
-def _fake_maker(log):
-    return lambda candidate, force_accept: FakeEngine(candidate, log)
+def _fake_maker(log, clock=None):
+    clock = clock or FakeClock()
+    return lambda candidate, force_accept: FakeEngine(candidate, force_accept, log, clock)
+
+
+def test_a_drafter_must_beat_plain_by_the_margin():
+    pool = auto.candidates(["ngram"])
+    steps = {c.label: 1e-3 if c.drafter is None else 2e-3 for c in pool}
+    accepted = {c.label: 1.06 for c in pool if c.drafter}  # 2.06 tokens per 2 ms: 1.03x plain
+    assert auto.choose(accepted, steps, pool, min_gain=1.05).drafter is None
+    assert auto.choose(accepted, steps, pool, min_gain=1.0).drafter == "ngram"
+    with pytest.raises(ValueError, match="min_gain=0.9: expected a ratio >= 1"):
+        auto.choose(accepted, steps, pool, min_gain=0.9)
+
+
+def test_steps_are_timed_at_the_expected_acceptance_and_streamed_when_asked(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(auto.time, "perf_counter", clock)
+    log = []
+    profile = {c.label: 2.4 for c in auto.candidates(["ngram"]) if c.drafter}
+    loop = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log, clock), lambda text: [1], cache_dir=None,
+                            profile=profile, max_seq_len=512)
+    assert loop.best.step_seconds == pytest.approx(2e-3 + 0.25e-3 * 2)  # timed at force_accept=round(2.4)
+    assert {entry[1] for entry in log if entry[0] != "plain"} == {2}
+    streamed = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log, clock), lambda text: [1],
+                                cache_dir=None, profile=profile, max_seq_len=512, streamed=True)
+    assert streamed.plain.step_seconds == pytest.approx(2e-3)  # 1 ms + the 1 ms host sync
+    assert streamed.best.step_seconds == pytest.approx(3.5e-3)
+    assert streamed.expected_speedup == pytest.approx(3.4 / 3.5e-3 / 500)
+    assert streamed.expected_speedup > loop.expected_speedup
+    assert "streamed" in streamed.summary()
 
 
 def test_step_costs_are_measured_once_and_cached(tmp_path):
     log = []
     first = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                              cache_dir=str(tmp_path / "home"), max_seq_len=64)
-    assert first.plain.step_seconds == pytest.approx(1e-3) and first.best.step_seconds == pytest.approx(2e-3)
-    assert first.best.accepted_per_step == pytest.approx(1.5) and first.drafter == "ngram"
+    assert first.plain.step_seconds == pytest.approx(1e-3)
+    assert first.best.step_seconds == pytest.approx(2.5e-3)  # timed at force_accept=2, the measured 2.4 rounded
+    assert first.best.accepted_per_step == pytest.approx(2.4) and first.drafter == "ngram"
     [path] = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "home") for f in fs]
     assert not path.endswith(".tmp") and set(json.load(open(path))) == {"step_seconds", "accepted"}
     measured = len(log)
     second = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                               cache_dir=str(tmp_path / "home"), max_seq_len=64)
     assert len(log) == measured and second == first  # nothing measured again
+    assert all(len(entry) == 3 for entry in log)  # generate, not stream, by default
     with open(path, "w") as f:
         f.write("{not json")
     again = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
@@ -89,7 +143,7 @@ def test_a_shipped_profile_replaces_acceptance_measurement(tmp_path):
     choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1], cache_dir=None,
                               profile=profile)
     assert choice.drafter is None  # 1.1 tokens per step at 2x the cost: plain wins
-    assert all(n != 64 for _, n in log)  # no acceptance run (those generate 64 tokens)
+    assert all(entry[1] is not None for entry in log if entry[0] != "plain")  # only force_accept timing runs
 
 
 @needs_bundle
@@ -99,8 +153,11 @@ def test_real_step_cost_measurement_is_positive_and_ordered():
                                                           max_batch_size=1, max_seq_len=128, force_accept=fa)
     plain = auto.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16)
     chain = auto.measure_step_seconds(make, auto.Candidate("ngram", jspec.SpecConfig(tree="chain", num_steps=8)),
-                                      [1, 5, 9], short=4, long=16)
+                                      [1, 5, 9], short=4, long=16, accept=2)
     assert 0 < plain < chain < 1.0  # a verify pass of 9 tokens plus its drafting costs more than a plain step
+    streamed = auto.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16,
+                                         streamed=True)
+    assert plain < streamed < 1.0  # a streamed step adds its host sync
 
 
 @needs_bundle
@@ -119,7 +176,9 @@ def _seeded_home(tmp_path, batch_size, max_seq_len) -> str:
     home = str(tmp_path / "home")
     names = ["eagle3", "draft", "ngram"]
     key = auto.cache_key(jspec.bundled_model(), names, batch_size, max_seq_len, None)
-    steps = {c.label: (1e-3 if c.label in ("plain", "eagle3 chain 3") else 5e-3) for c in auto.candidates(names)}
+    profile = auto.load_profile(jspec.bundled_model())
+    steps = {auto._timing_key(c, auto._timed_acceptance(c, profile.get(c.label, 0.0)), False):
+             (1e-3 if c.label in ("plain", "eagle3 chain 3") else 5e-3) for c in auto.candidates(names)}
     os.makedirs(os.path.join(home, "auto"))
     with open(os.path.join(home, "auto", key + ".json"), "w") as f:
         json.dump({"step_seconds": steps}, f)
