@@ -88,7 +88,8 @@ def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[s
     from jspec.tools.eval_acceptance import method_drafter, method_specs, run_method
     from jspec.tools.force_accept import force_accept_from_env
 
-    specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth)
+    specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth,
+                         args.selection)
     order = sorted(methods, key=lambda m: m != "plain")
     force_accept = force_accept_from_env()
     engines = {}
@@ -289,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chain-depth", type=int, default=5, help="drafts per step of the model-drafted chains")
     parser.add_argument("--ngram-depth", type=int, default=9, help="drafts per step of the n-gram chain")
     parser.add_argument("--topk", type=int, default=DEFAULT_SPEC.topk, help="dynamic tree branching")
+    parser.add_argument("--selection", default=DEFAULT_SPEC.selection, choices=["eagle2", "top1_chain"],
+                        help="dynamic trees: EAGLE-2's (best cumulative scores) or keep the top-1 chain to full depth")
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
@@ -314,7 +317,8 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
     methods = [m for m in args.methods.split(",") if m]
-    known = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth)
+    known = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth,
+                         args.selection)
     unknown = [m for m in methods if m not in known]
     if unknown or "plain" not in methods:
         raise ValueError(f"--methods {args.methods!r}: expected 'plain' and some of {list(known)}")
