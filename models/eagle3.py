@@ -159,7 +159,9 @@ class Eagle3Layer(nn.Module):
 class Eagle3Head(nn.Module):
     """Call: embeds [B, T, H] (the target's embedding of the tokens), hidden [B, T, 3 H_target] (target
     features: fc is applied) or [B, T, H] (the head's own pre-norm output), positions i32[B, T], cache (one
-    layer), cache_len i32[B], local_mask bool[B, T, W] | None, write_offset (see models/attention.py)."""
+    layer), cache_len i32[B], local_mask bool[B, T, W] | None, write_offset (see models/attention.py).
+    ``output_at`` i32[B] | None: only row output_at[b] of each sequence gets logits and hidden (both [B, 1, ...]),
+    so a caller that keeps one row (the commit's last accepted token) skips T - 1 rows of norm and lm_head."""
 
     config: Eagle3Config
     dtype: jnp.dtype = jnp.float32
@@ -168,7 +170,7 @@ class Eagle3Head(nn.Module):
     @nn.compact
     def __call__(self, embeds: jax.Array, hidden: jax.Array, positions: jax.Array, cache: KVCache,
                  cache_len: jax.Array, local_mask: jax.Array | None = None,
-                 write_offset: jax.Array | int = 0) -> Eagle3Output:
+                 write_offset: jax.Array | int = 0, output_at: jax.Array | None = None) -> Eagle3Output:
         cfg = self.config.layer
         embeds, hidden = embeds.astype(self.dtype), hidden.astype(self.dtype)
         if hidden.shape[-1] != cfg.hidden_size:
@@ -177,6 +179,8 @@ class Eagle3Head(nn.Module):
         cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
         pre, k, v = Eagle3Layer(cfg, self.attention_fn, self.dtype, name="midlayer")(
             embeds, hidden, cos, sin, cache.k[0], cache.v[0], cache_len, local_mask, write_offset)
+        if output_at is not None:
+            pre = jnp.take_along_axis(pre, output_at[:, None, None], axis=1)
         normed = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(pre)
         logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                           name="lm_head")(normed)

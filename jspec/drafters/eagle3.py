@@ -40,10 +40,9 @@ class Eagle3State(NamedTuple):
     hidden: jax.Array   # [B, H] its pre-norm output there: the feature paired with those children
 
 
-def _last(x: jax.Array, count: jax.Array) -> jax.Array:
-    """x: [B, N, ...] -> x[b, count[b] - 1] (row 0 when count is 0)."""
-    index = jnp.clip(count - 1, 0, x.shape[1] - 1)
-    return jnp.take_along_axis(x, index.reshape((-1, 1) + (1,) * (x.ndim - 2)), axis=1)[:, 0]
+def _last_row(count: jax.Array, width: int) -> jax.Array:
+    """i32[B]: the row of the count[b]-th (last) of ``width`` rows (row 0 when count is 0)."""
+    return jnp.clip(count - 1, 0, width - 1).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +78,9 @@ class Eagle3Drafter(DrafterBase):
         return jnp.concatenate(list(taps), axis=-1)
 
     def _run(self, params_t, params_d, cache, tokens, hidden, positions, cache_len, local_mask=None,
-             write_offset=0):
+             write_offset=0, output_at=None):
         return self._model().apply({"params": params_d["head"]}, self._embed(params_t, tokens), hidden, positions,
-                                   cache, cache_len, local_mask, write_offset)
+                                   cache, cache_len, local_mask, write_offset, output_at)
 
     def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
         """Split like the target (fc by input) when the head's heads, KV heads and MLP divide by tp; see
@@ -102,8 +101,8 @@ class Eagle3Drafter(DrafterBase):
         cache = KVCache.zeros(1, batch, self.model_cache_slots, cfg.num_kv_heads, cfg.head_dim, DTYPES[self.dtype])
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
         out = self._run(params_t, params_d, cache, shifted, self._features(ctx.taps), positions,
-                        jnp.zeros((batch,), jnp.int32))
-        return Eagle3State(out.cache, _last(out.logits, ctx.prompt_lens), _last(out.hidden, ctx.prompt_lens))
+                        jnp.zeros((batch,), jnp.int32), output_at=_last_row(ctx.prompt_lens, width))
+        return Eagle3State(out.cache, out.logits[:, 0], out.hidden[:, 0])
 
     def propose(self, params_t: Any, params_d: Any, state: Eagle3State, root: jax.Array, cache_len: jax.Array,
                 *, sampling: Any = None, key: jax.Array | None = None) -> tuple[Eagle3State, DraftTree]:
@@ -123,8 +122,9 @@ class Eagle3Drafter(DrafterBase):
         path = jnp.maximum(ctx.accept_index, 0)
         features = jnp.take_along_axis(self._features(ctx.taps), path[:, :, None], axis=1)  # [B, D+1, 3H]
         positions = ctx.cache_len[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
-        out = self._run(params_t, params_d, state.cache, ctx.new_tokens, features, positions, ctx.cache_len)
-        return Eagle3State(out.cache, _last(out.logits, ctx.num_committed), _last(out.hidden, ctx.num_committed))
+        out = self._run(params_t, params_d, state.cache, ctx.new_tokens, features, positions, ctx.cache_len,
+                        output_at=_last_row(ctx.num_committed, width))  # only the last committed row is kept
+        return Eagle3State(out.cache, out.logits[:, 0], out.hidden[:, 0])
 
 
 def load(source: "DrafterSource") -> tuple[Eagle3Drafter, Any]:
