@@ -110,6 +110,8 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--data-parallel-size", type=int, default=1,
                         help="eagle3: split each batch's rows over this many devices (a data-parallel mesh; "
                              "--batch-size must be a multiple of it)")
+    parser.add_argument("--init-head", default=None,
+                        help="eagle3: start from this HF head's weights and draft vocabulary (a second stage)")
     _add_train_config_args(parser, DRAFTER_DEFAULTS)
     return parser
 
@@ -124,7 +126,7 @@ def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -
         report = train_eagle3(args.out, args.target, args.work_dir, train, args.draft_vocab_size, args.unroll,
                               args.decay, args.corpus_root, progress=not args.no_progress,
                               num_generated=args.num_generated, generated_fraction=args.generated_fraction,
-                              data_parallel_size=args.data_parallel_size)
+                              data_parallel_size=args.data_parallel_size, init_head=args.init_head)
         print(f"held-out distillation loss {report['heldout_loss']:.3f}; wrote {args.out}")
     else:
         from jspec.train.draft_model import train_draft_model

@@ -140,6 +140,30 @@ def init_head_from_target(config: Eagle3Config, params_t: Any, target: ModelConf
     return head
 
 
+def _read_head(head_dir: str, target_hf: dict, draft_vocab_size: int | None) -> tuple[Any, np.ndarray]:
+    """An HF EAGLE-3 head (any layout our converter reads) -> (float32 params, d2t i32[V_draft]), checked against
+    the head this target would get (same shapes; ``draft_vocab_size`` if given)."""
+    import os
+    import tempfile
+
+    from models.checkpoint import convert_hf_checkpoint, load_eagle3
+    from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config, params, d2t, _ = load_eagle3(convert_hf_checkpoint(head_dir, os.path.join(tmp, "head"),
+                                                                   dtype="float32", progress=False))
+    expected = jax.eval_shape(lambda: init_eagle3_params(
+        eagle3_config_from_hf(eagle3_hf_config(target_hf, config.draft_vocab_size)), jax.random.key(0)))
+    shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)  # noqa: E731
+    if shapes(params) != shapes(expected):
+        raise ValueError(f"init_head={head_dir!r}: its weights {shapes(params)} are not the shapes of the head "
+                         f"this target trains ({shapes(expected)})")
+    if draft_vocab_size is not None and draft_vocab_size != config.draft_vocab_size:
+        raise ValueError(f"draft_vocab_size={draft_vocab_size}, but init_head={head_dir!r} has "
+                         f"{config.draft_vocab_size}: leave it out to keep the head's")
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), np.asarray(d2t, np.int64)
+
+
 def windows_loss(head_params: Any, windows: jax.Array, *, params_t: Any, target: ModelConfig,
                  config: Eagle3Config, keep_ids: np.ndarray, unroll: int, decay: float) -> jax.Array:
     """distill_loss on windows: i32[B, N] of real text, features and labels from the frozen target (traced)."""
@@ -161,7 +185,7 @@ def windows_metrics(head_params: Any, windows: jax.Array, *, params_t: Any, targ
 def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_vocab_size: int | None = None,
                  unroll: int = 7, decay: float = 0.8, corpus_root: str | None = None, progress: bool = True,
                  log=print, num_generated: int = 0, generated_fraction: float = 1.0,
-                 data_parallel_size: int = 1) -> dict:
+                 data_parallel_size: int = 1, init_head: str | None = None) -> dict:
     """Trains an EAGLE-3 head for the HF target at ``target_dir`` and writes it in the HF EAGLE-3 layout
     SpecForge writes (model.safetensors with d2t and t2d) to ``out_dir``. ``train``: a
     jspec.train.target.TrainConfig. ``num_generated``: when > 0, the target's own greedy continuations of that many
@@ -171,7 +195,8 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     ``work_dir/checkpoints``). Returns the report (also ``out_dir/train_report.json``), with the held-out loss and
     per-step top-1 accuracy of the head against the target. ``data_parallel_size``: batch rows split over that
     many devices (a ("data",) mesh; the head and the frozen target replicated; ``train.batch_size`` a multiple
-    of it)."""
+    of it). ``init_head``: an HF EAGLE-3 head for this target to start from (its weights and draft vocabulary,
+    a fresh optimizer): a second stage, e.g. the full unroll after a first stage of ``unroll=1``."""
     if not 0.0 < generated_fraction <= 1.0:
         raise ValueError(f"generated_fraction={generated_fraction}: expected a number in (0, 1]")
     if unroll < 1:
@@ -189,6 +214,9 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     started = time.perf_counter()
     mesh = data_mesh(data_parallel_size, train.batch_size)
     target, params_t, target_hf = load_hf_llama(target_dir)
+    start = d2t = None  # checked before any data is made
+    if init_head is not None:
+        start, d2t = _read_head(init_head, target_hf, draft_vocab_size)
     _, splits = corpus_for(target_dir, work_dir, corpus_root)
     tokens = splits["train"]
     if num_generated:
@@ -196,7 +224,11 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
                                           log=log)
         tokens = (generated if generated_fraction == 1.0
                   else mix_with_generated(tokens, generated, train.seed, generated_fraction))
-    d2t, t2d = draft_vocab_maps(tokens, target.vocab_size, draft_vocab_size or target.vocab_size)
+    if start is not None:
+        t2d = np.zeros(target.vocab_size, bool)
+        t2d[np.arange(len(d2t)) + d2t] = True
+    else:
+        d2t, t2d = draft_vocab_maps(tokens, target.vocab_size, draft_vocab_size or target.vocab_size)
     keep_ids = np.flatnonzero(t2d)
     hf_config = eagle3_hf_config(target_hf, len(d2t))
     config = eagle3_config_from_hf(hf_config)
@@ -216,14 +248,15 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
         out = metrics(head, windows)
         return {"loss": out.loss, "acc": out.accuracy}
 
-    head = init_head_from_target(config, params_t, target, d2t, jax.random.key(train.seed))
+    head = start if start is not None else init_head_from_target(config, params_t, target, d2t,
+                                                                   jax.random.key(train.seed))
     head, report = train_loop(head, loss, train, tokens, work_dir, lambda h: float(heldout(h).loss),
                               progress, log, desc="eagle3", metrics_fn=shown, mesh=mesh)
     final = heldout(head)
     write_hf_eagle3(out_dir, hf_config, jax.tree.map(np.asarray, head), d2t, overwrite=True)
     np.save(os.path.join(out_dir, "t2d.npy"), t2d)
     summary = {"train_config": dataclasses.asdict(train), "unroll": unroll, "decay": decay,
-               "data_parallel_size": data_parallel_size,
+               "data_parallel_size": data_parallel_size, "init_head": init_head,
                "num_generated": num_generated, "generated_fraction": generated_fraction,
                "heldout_step_loss": np.asarray(final.step_loss).tolist(),
                "heldout_step_accuracy": np.asarray(final.accuracy).tolist(),

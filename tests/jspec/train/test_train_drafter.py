@@ -2,6 +2,7 @@
 loss falls, and the written HF directory converts through our converter and fits the target; the converted head
 drives the engine, whose greedy output is plain decoding's."""
 
+import dataclasses
 import os
 
 import jax
@@ -83,6 +84,27 @@ def test_exported_head_drives_the_engine_losslessly(setup, eagle3_hf):
     # The few-step target repeats a token whose draft id is not its target id (d2t offset 100 here): drafts that
     # get accepted went through d2t correctly (measured 3.8 tokens per step of at most 4).
     assert out.stats.acceptance_length > 2.0
+
+
+def test_a_second_stage_starts_from_the_first_stages_head(setup, eagle3_hf):
+    """init_head: the weights and draft vocabulary of a trained head, a fresh optimizer: the second stage's first
+    loss is the first stage's trained level, far below a fresh head's."""
+    from safetensors.numpy import load_file
+
+    tmp, target_hf, corpus = setup
+    first, report = eagle3_hf
+    second = train_eagle3(os.path.join(tmp, "eagle3_stage2"), target_hf, os.path.join(tmp, "eagle3_stage2_work"),
+                          dataclasses.replace(tf.FEW_STEPS, steps=2, warmup_steps=1),
+                          unroll=3, corpus_root=corpus, progress=False, log=lambda line: None, init_head=first)
+    assert second["init_head"] == first
+    assert second["first_losses"][0] < report["first_losses"][0] - 0.3, (second["first_losses"], report)
+    np.testing.assert_array_equal(load_file(os.path.join(tmp, "eagle3_stage2", "model.safetensors"))["d2t"],
+                                  load_file(os.path.join(first, "model.safetensors"))["d2t"])
+    with pytest.raises(ValueError, match=f"draft_vocab_size=100, but init_head=.* has {DRAFT_VOCAB}"):
+        train_eagle3(os.path.join(tmp, "never"), target_hf, os.path.join(tmp, "never_work"), tf.FEW_STEPS,
+                     draft_vocab_size=100, unroll=3, corpus_root=corpus, progress=False, log=lambda line: None,
+                     init_head=first)
+    assert not os.path.exists(os.path.join(tmp, "never")) and not os.path.exists(os.path.join(tmp, "never_work"))
 
 
 def test_draft_model_trains_and_converts(setup):
