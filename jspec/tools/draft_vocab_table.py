@@ -40,11 +40,12 @@ def _engine_factory(target: str, head: str, max_seq_len: int, dtype: str):
 
 def draft_vocab_rows(target: str, head_hf: str, tokens: np.ndarray, sizes: Sequence[int], prompts: Sequence[str],
                      spec: jspec.SpecConfig, *, batch_size: int = 8, max_new_tokens: int = 128,
-                     max_seq_len: int = 1024, dtype: str = "float32",
+                     max_seq_len: int = 1024, dtype: str = "float32", repeats: int = 5,
                      log: Callable[[str], None] = print) -> list[dict]:
     """One row per N in ``sizes``: {draft_vocab_size, coverage, acceptance_length, mismatches,
     step_ms (the tree), chain3_step_ms, accepted_per_position}. ``head_hf``: the HF EAGLE-3 head to cut;
-    ``tokens``: the text its draft vocabulary is counted on (the training data)."""
+    ``tokens``: the text its draft vocabulary is counted on (the training data); ``repeats``: timing runs per
+    step cost (their median)."""
     from jspec.auto import Candidate, measure_step_seconds
     from jspec.tools.eval_acceptance import run_method
     from jspec.train.draft_vocab import shrink_draft_vocab
@@ -70,10 +71,10 @@ def draft_vocab_rows(target: str, head_hf: str, tokens: np.ndarray, sizes: Seque
                                                       max_seq_len=max_seq_len, dtype=dtype)
             outputs, stats = run_method(engine, ids, batch_size, max_new_tokens)
             make_engine = _engine_factory(target, head, max_seq_len, dtype)
-            step = measure_step_seconds(make_engine, Candidate("eagle3", spec), timing_prompt)
+            step = measure_step_seconds(make_engine, Candidate("eagle3", spec), timing_prompt, repeats=repeats)
             chain = measure_step_seconds(make_engine, Candidate("eagle3", jspec.SpecConfig(tree="chain",
                                                                                            num_steps=3)),
-                                         timing_prompt)
+                                         timing_prompt, repeats=repeats)
             row = {"draft_vocab_size": size, "coverage": coverage,
                    "acceptance_length": stats["acceptance_length"],
                    "mismatches": sum(a != b for a, b in zip(outputs, reference)),
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-draft-tokens", type=int, default=24)
     parser.add_argument("--selection", default="top1_chain", choices=["eagle2", "top1_chain"])
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5, help="timing runs per step cost (median)")
     parser.add_argument("--json", default=None, help="write the rows here")
     return parser
 
@@ -124,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokens = np.load(args.tokens)
     print(HEADER + "\n|---|---|---|---|---|---|")
     rows = draft_vocab_rows(args.target or jspec.bundled_model(), args.eagle3, tokens, sizes,
-                            [p["prompt"] for p in problems], spec, max_new_tokens=args.max_new_tokens)
+                            [p["prompt"] for p in problems], spec, max_new_tokens=args.max_new_tokens,
+                            repeats=args.repeats)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"eagle3": args.eagle3, "prompts": args.prompts or ":", "spec": vars(args), "rows": rows}, f,
