@@ -78,13 +78,17 @@ def add_tree_args(parser: argparse.ArgumentParser) -> None:
     """The draft tree's flags (generate and serve)."""
     tree = parser.add_argument_group("draft tree (jspec generate's default: auto, the tree with the most expected "
                                      "tokens/s on this device; otherwise a chain of 10 tokens for ngram, a dynamic "
-                                     "tree of 32 tokens, depth 10, top-4, for model drafters)")
+                                     "tree of 32 tokens, depth 8, top-4, keeping the top-1 chain, for model "
+                                     "drafters)")
     tree.add_argument("--tree", default=None, choices=["chain", "static", "dynamic"],
                       help="shape of the draft tree")
     tree.add_argument("--num-draft-tokens", type=int, default=None,
                       help="tree nodes per step, root included (chain: depth + 1)")
     tree.add_argument("--num-steps", type=int, default=None, help="dynamic tree depth")
     tree.add_argument("--topk", type=int, default=None, help="dynamic tree branching")
+    tree.add_argument("--selection", default=None, choices=["eagle2", "top1_chain"],
+                      help="dynamic tree: keep the drafter's top-1 chain to full depth (top1_chain) or only the "
+                           "best cumulative scores (eagle2)")
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
@@ -323,7 +327,7 @@ def wants_auto(args: argparse.Namespace, drafter: str | None) -> bool:
     the bundled model with no --drafter (auto may pick any drafter, or none) or a named drafter (its best tree)."""
     from jspec.tools.force_accept import force_accept_from_env
 
-    if args.tree is not None or (args.num_draft_tokens, args.num_steps, args.topk) != (None, None, None):
+    if args.tree is not None or (args.num_draft_tokens, args.num_steps, args.topk, args.selection) != (None,) * 4:
         return False
     if force_accept_from_env() is not None or args.drafter == "none":
         return False
@@ -339,11 +343,15 @@ def draft_spec(args: argparse.Namespace, drafter: str | None):
         return None
     base = default_spec(drafter)
     tree = args.tree or base.tree
-    if tree == base.tree and args.num_draft_tokens is args.num_steps is args.topk is None:
+    if tree == base.tree and args.num_draft_tokens is args.num_steps is args.topk is args.selection is None:
         return base
     given = lambda value, default: default if value is None else value
-    return spec_for(tree, given(args.num_draft_tokens, base.tree_size), given(args.num_steps, base.num_steps),
-                    given(args.topk, base.topk))
+    if args.selection is not None and tree != "dynamic":
+        raise ValueError(f"--selection {args.selection} applies to dynamic trees, not --tree {tree}")
+    tokens, steps = given(args.num_draft_tokens, base.tree_size), given(args.num_steps, base.num_steps)
+    # The default tree's selection carries over where it fits (top1_chain needs a node per depth).
+    inherited = base.selection if base.tree == "dynamic" and tokens - 1 >= steps else "eagle2"
+    return spec_for(tree, tokens, steps, given(args.topk, base.topk), given(args.selection, inherited))
 
 
 def _run_generate(args: argparse.Namespace) -> int:

@@ -333,12 +333,15 @@ def test_bench_help():
 
 @pytest.mark.parametrize("flags, drafter, expected", [
     ([], "ngram", dict(tree="chain", num_steps=9)),
-    ([], "eagle3", dict(tree="dynamic", num_steps=10, topk=4, num_draft_tokens=32)),
+    ([], "eagle3", dict(tree="dynamic", num_steps=8, topk=4, num_draft_tokens=32, selection="top1_chain")),
+    (["--selection", "eagle2"], "eagle3", dict(tree="dynamic", num_steps=8, topk=4, num_draft_tokens=32)),
+    (["--num-steps", "12", "--num-draft-tokens", "10"], "eagle3",  # no node per depth: EAGLE-2's selection
+     dict(tree="dynamic", num_steps=12, topk=4, num_draft_tokens=10)),
     (["--num-draft-tokens", "6"], "ngram", dict(tree="chain", num_steps=5)),
     (["--tree", "dynamic"], "ngram", dict(tree="dynamic", num_steps=9, topk=4, num_draft_tokens=10)),
     (["--tree", "chain", "--num-draft-tokens", "4"], "eagle3", dict(tree="chain", num_steps=3)),
     (["--num-steps", "3", "--topk", "2", "--num-draft-tokens", "8"], "draft",
-     dict(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=8)),
+     dict(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=8, selection="top1_chain")),
 ])
 def test_tree_flags_override_the_drafters_default_tree(flags, drafter, expected):
     import jspec
@@ -347,3 +350,10 @@ def test_tree_flags_override_the_drafters_default_tree(flags, drafter, expected)
     args = parse_args(["generate", *flags])
     assert draft_spec(args, drafter) == jspec.SpecConfig(**expected)
     assert draft_spec(args, None) is None
+
+
+def test_selection_on_a_chain_is_refused():
+    from jspec.tools.generate_cmd import draft_spec
+
+    with pytest.raises(ValueError, match="--selection top1_chain applies to dynamic trees, not --tree chain"):
+        draft_spec(parse_args(["generate", "--tree", "chain", "--selection", "top1_chain"]), "eagle3")
