@@ -241,7 +241,7 @@ def measure_step_seconds(make_engine: Callable[[Candidate, int | None], object],
             chunks += 1
         return time.perf_counter() - started, chunks - 1
 
-    run(short)  # compiles
+    run(short), run(long)  # compile both (their token slots may fall in different power-of-two buckets)
     samples = []
     for _ in range(repeats):
         (t_short, n_short), (t_long, n_long) = run(short), run(long)

@@ -58,10 +58,12 @@ class FakeClock:
 
 class FakeEngine:
     """A step costs 1 ms without a drafter, 2 ms + 0.25 ms per forced accepted draft with one, plus 5 ms fixed per
-    call; streamed, every step also pays a 1 ms host sync (on ``clock``). Unforced drafts accept 2.4 per step."""
+    call; streamed, every step also pays a 1 ms host sync (on ``clock``), and the first stream of each power-of-two
+    token bucket pays a 1 s compile, as a real engine's does. Unforced drafts accept 2.4 per step."""
 
     def __init__(self, candidate, force_accept, log, clock):
         self.candidate, self.force_accept, self.log, self.clock = candidate, force_accept, log, clock
+        self.compiled = set()
         self.cost = 1e-3 if candidate.drafter is None else 2e-3 + 0.25e-3 * (force_accept or 0)
 
     def _steps(self, max_new_tokens):
@@ -76,7 +78,9 @@ class FakeEngine:
 
     def stream(self, prompts, max_new_tokens):
         self.log.append((self.candidate.label, self.force_accept, max_new_tokens, "stream"))
-        self.clock.now += 5e-3
+        bucket = 1 << (16 + max_new_tokens - 1).bit_length()
+        self.clock.now += 5e-3 + (0.0 if bucket in self.compiled else 1.0)
+        self.compiled.add(bucket)
         yield [[0]]  # the prefill's token
         for _ in range(self._steps(max_new_tokens)):
             self.clock.now += self.cost + 1e-3
