@@ -32,6 +32,7 @@ import time
 from typing import Callable, Sequence
 
 import jax
+import numpy as np
 
 from jspec.config import SpecConfig
 
@@ -190,11 +191,26 @@ def choose(accepted: dict[str, float], step_seconds: dict[str, float], pool: Seq
 
 # --- measuring ----------------------------------------------------------------------------------------------------
 
-def cache_key(target_dir: str, drafters: Sequence[str], batch_size: int, max_seq_len: int, dtype: str | None) -> str:
-    """What a step cost depends on: device, JAX, the model's files' identity, drafters, batch and cache size."""
+def mesh_layout(tensor_parallel_size: int, data_parallel_size: int, mesh, num_processes: int) -> str:
+    """The device layout a step cost depends on, for :func:`cache_key`: "" for one device in one process."""
+    if mesh is not None:
+        devices = "mesh " + ",".join(f"{name}={size}" for name, size in mesh.shape.items())
+    elif tensor_parallel_size == data_parallel_size == 1:
+        devices = ""
+    else:
+        devices = f"tp{tensor_parallel_size} dp{data_parallel_size}"
+    return devices if num_processes == 1 else f"{devices} processes {num_processes}".strip()
+
+
+def cache_key(target_dir: str, drafters: Sequence[str], batch_size: int, max_seq_len: int, dtype: str | None,
+              layout: str = "") -> str:
+    """What a step cost depends on: device, JAX, the model's files' identity, drafters, batch and cache size, and
+    ``layout`` (the device mesh the engines run on; "" for one device)."""
     device = jax.devices()[0]
     ident = [jax.default_backend(), getattr(device, "device_kind", ""), jax.__version__, str(batch_size),
              str(max_seq_len), str(dtype), *drafters]
+    if layout:  # "" keeps the keys of one-device caches written before layouts were keyed
+        ident.append(f"layout {layout}")
     for name in ("config.json", "jspec.json", os.path.join("params", "_METADATA")):
         path = os.path.join(target_dir, name)
         if os.path.isfile(path):
@@ -215,6 +231,20 @@ def _read_json(path: str) -> dict | None:
     except (OSError, ValueError) as error:
         logger.warning("auto: ignoring the unreadable cache %s (%s); measuring again", path, error)
         return None
+
+
+def same_on_every_process(value: dict) -> dict:
+    """``value`` (JSON-able) as process 0 has it, on every process of a multi-process run (jax.distributed);
+    ``value`` itself with one process. The candidates' runs are collective programs: every process must time the
+    same candidates in the same order and choose the same one, whatever its own cache file or clock says."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value, sort_keys=True).encode(), np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
+    buffer = data if jax.process_index() == 0 else np.zeros(size, np.uint8)
+    return json.loads(np.asarray(multihost_utils.broadcast_one_to_all(buffer)).astype(np.uint8).tobytes())
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -279,21 +309,24 @@ def _timed_acceptance(candidate: Candidate, accepted: float) -> int:
 def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[[Candidate, int | None], object],
                 tokenize: Callable[[str], list[int]], *, cache_dir: str | None, batch_size: int = 1,
                 max_seq_len: int = 1024, dtype: str | None = None, profile: dict | None = None,
-                streamed: bool = False, min_gain: float = MIN_GAIN,
+                streamed: bool = False, min_gain: float = MIN_GAIN, layout: str = "",
                 log: Callable[[str], None] = lambda s: None) -> AutoChoice:
     """Chooses among plain decoding and ``drafters`` (names) for ``target_dir``. make_engine(candidate,
     force_accept) builds an engine at this batch size and max_seq_len. profile: {label: accepted drafts per step}
     (the shipped one), or None to measure on CALIBRATION_PROMPTS. Each step is timed at its candidate's
     expected acceptance, through ``stream`` when ``streamed`` (one host sync per step, as a caller streaming one
     prompt pays) or ``generate``. A drafter must beat plain decoding by ``min_gain`` (a ratio) to be chosen.
-    Results are cached in ``cache_dir``/auto (None: nothing is cached)."""
+    Results are cached in ``cache_dir``/auto (None: nothing is cached), keyed with ``layout`` (the mesh). With
+    several processes, process 0's cache and timings decide for all (:func:`same_on_every_process`); only it
+    writes the cache."""
     pool = candidates(drafters)
     path = None
     cached = {}
     if cache_dir is not None:
-        path = os.path.join(cache_dir, "auto", cache_key(target_dir, drafters, batch_size, max_seq_len, dtype)
-                            + ".json")
+        path = os.path.join(cache_dir, "auto", cache_key(target_dir, drafters, batch_size, max_seq_len, dtype,
+                                                         layout) + ".json")
         cached = _read_json(path) or {}
+    cached = same_on_every_process(cached)
     timings = dict(cached.get("step_seconds", {}))
     accepted = dict(profile) if profile is not None else dict(cached.get("accepted", {}))
     # Calibration must fit max_seq_len: at most half of it generated, the prompt cut to its last tokens.
@@ -318,8 +351,9 @@ def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[
         timings[key] = measure_step_seconds(make_engine, candidate, prompts[0], short=max(1, long // 4), long=long,
                                             accept=accept, streamed=streamed)
         log(f"auto:   {candidate.label}: {timings[key] * 1e3:.2f} ms per step")
-    if path is not None and (cached.get("step_seconds") != timings
-                             or (profile is None and cached.get("accepted") != accepted)):
+    timings, accepted = same_on_every_process(timings), same_on_every_process(accepted)
+    if path is not None and jax.process_index() == 0 and (cached.get("step_seconds") != timings
+                                                          or (profile is None and cached.get("accepted") != accepted)):
         _write_json(path, {"step_seconds": timings, **({} if profile is not None else {"accepted": accepted})})
     steps = {c.label: timings[_timing_key(c, accepts[c.label], streamed)] for c in pool}
     source = ("streamed " if streamed else "") + (

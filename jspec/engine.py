@@ -183,7 +183,7 @@ class SpecEngine:
         """spec="auto" (jspec/auto.py): times the candidates once per device (cached in ``cache_dir``/auto; None
         caches nothing), combines them with the acceptance profile, and returns the engine of the best, plain
         decoding included; ``engine.auto_choice`` says what was chosen and why."""
-        from jspec.auto import auto_choice, load_profile
+        from jspec.auto import auto_choice, load_profile, mesh_layout
         from jspec.drafters import resolve
 
         if drafter is not None:
@@ -219,7 +219,9 @@ class SpecEngine:
         choice = auto_choice(target_dir, names, make_engine, lambda text: tokenizer.encode(text).ids,
                              cache_dir=None if cache_dir is None else os.fspath(cache_dir),
                              batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype,
-                             profile=load_profile(target_dir), streamed=streamed, log=log or (lambda s: None))
+                             profile=load_profile(target_dir), streamed=streamed, log=log or (lambda s: None),
+                             layout=mesh_layout(tensor_parallel_size, data_parallel_size, mesh,
+                                                jax.process_count()))
         engine = make_engine(choice.best.candidate, None)
         engine.auto_choice = choice
         return engine

@@ -23,14 +23,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(command: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+def start(command: list[str], **env) -> subprocess.Popen:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu", **env)
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def run_two(commands: list[list[str]], timeout: float = 400) -> list[tuple[int, str, str]]:
+def run_two(commands: list[list[str]], timeout: float = 400, envs: list[dict] | None = None
+            ) -> list[tuple[int, str, str]]:
     """Starts both processes, waits for both (killing both after ``timeout`` s) -> (rc, stdout, stderr) each."""
-    procs = [start(c) for c in commands]
+    procs = [start(c, **(envs[i] if envs else {})) for i, c in enumerate(commands)]
     try:
         return [(p.wait(timeout=timeout), p.stdout.read(), p.stderr.read()) for p in procs]
     finally:
@@ -59,17 +60,50 @@ def test_two_processes_tp4_equal_one_device(single_device_tokens):
         assert report["token_ids"] == single_device_tokens
 
 
-def test_cli_multihost_only_process_0_prints(single_device_tokens):
+CLI_DRAFTER = "ngram"  # auto times plain decoding and two n-gram chains: the cheapest set that exercises it
+
+
+def _seed_auto_cache(home: str) -> tuple[str, dict]:
+    """Writes, under ``home``, the auto cache the CLI below reads on a 2-process tp4 mesh: step costs of 0.1 ms
+    for the n-gram chain of 9 and 1 s for every other candidate -> (its path, its contents)."""
+    import jspec
+    from jspec import auto
+
+    target = jspec.bundled_model()
+    profile = auto.load_profile(target)
+    pool = auto.candidates([CLI_DRAFTER])
+    timings = {auto._timing_key(c, auto._timed_acceptance(c, profile.get(c.label, 0.0)), False):
+               (1e-4 if c.label == "ngram chain 9" else 1.0) for c in pool}
+    key = auto.cache_key(target, [CLI_DRAFTER], 1, 256, None, auto.mesh_layout(4, 1, None, 2))
+    path = os.path.join(home, "auto", key + ".json")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump({"step_seconds": timings}, f)
+    return path, {"step_seconds": timings}
+
+
+def test_cli_multihost_only_process_0_prints(single_device_tokens, tmp_path):
+    """Greedy output equals one device's (any drafter gives plain decoding's tokens). Also: auto (--drafter with no
+    tree flag) decides on process 0's cache and timings for both processes,
+    though process 1's own cache says otherwise (each process reading its own would run different programs)."""
+    homes = [str(tmp_path / "home0"), str(tmp_path / "home1")]
+    seeded, contents = _seed_auto_cache(homes[1])
     address = f"127.0.0.1:{free_port()}"
-    base = [sys.executable, "-m", "jspec.tools.cli", "generate", PROMPTS[0], "--json", "--drafter", DRAFTER,
+    base = [sys.executable, "-m", "jspec.tools.cli", "generate", PROMPTS[0], "--json", "--drafter", CLI_DRAFTER,
             "--max-new-tokens", str(MAX_NEW_TOKENS), "--max-seq-len", "256", "--no-baseline", "-tp", "4",
             "--coordinator-address", address, "--num-processes", "2", "--no-compile-cache"]
-    results = run_two([base + ["--process-id", str(i)] for i in (0, 1)])
-    for rc, out, err in results:
-        assert rc == 0, err[-3000:]
+    results = run_two([base + ["--process-id", str(i)] for i in (0, 1)],
+                      envs=[{"JSPEC_HOME": home} for home in homes])
+    # Both processes' stderr on failure: one's shutdown error names the other as the one that stopped.
+    assert [rc for rc, _, _ in results] == [0, 0], "\n".join(
+        f"--- process {i} (rc {rc}):\n{err[-3000:]}" for i, (rc, _, err) in enumerate(results))
     report = json.loads(results[0][1].strip().splitlines()[-1])
     assert report["token_ids"] == [single_device_tokens[0]]
     assert results[1][1].strip() == ""
+    measured_ms = [c["step_ms"] for c in report["auto"]["candidates"]]
+    assert not {0.1, 1000.0} & set(measured_ms)  # process 0's own timings, not process 1's seeded ones
+    assert os.listdir(os.path.join(homes[0], "auto")) == [os.path.basename(seeded)]  # the key process 1 read
+    assert json.load(open(seeded)) == contents  # only process 0 writes
 
 
 @pytest.mark.parametrize("flags, message", [
