@@ -120,6 +120,23 @@ def test_steps_are_timed_at_the_expected_acceptance_and_streamed_when_asked(tmp_
     assert "streamed" in streamed.summary()
 
 
+def test_a_disturbed_run_does_not_move_the_step_cost():
+    class Disturbed(FakeEngine):
+        calls = 0
+
+        def generate(self, prompts, max_new_tokens):
+            out = super().generate(prompts, max_new_tokens)
+            Disturbed.calls += 1
+            if Disturbed.calls % 4 == 0:  # every fourth run slowed by 50 ms of interference
+                out.stats.run_seconds += 50e-3
+            return out
+
+    make = lambda candidate, force_accept: Disturbed(candidate, force_accept, [], FakeClock())  # noqa: E731
+    assert auto.measure_step_seconds(make, auto.Candidate(None, None), [1], short=4, long=16) == pytest.approx(1e-3)
+    chain = auto.Candidate("ngram", jspec.SpecConfig(tree="chain", num_steps=4))
+    assert auto.measure_step_seconds(make, chain, [1], short=4, long=16, accept=2) == pytest.approx(2.5e-3)
+
+
 def test_step_costs_are_measured_once_and_cached(tmp_path):
     log = []
     first = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
