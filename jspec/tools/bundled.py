@@ -22,14 +22,16 @@ __all__ = ["BUNDLE_DIR", "DEFAULT_SPEC", "PARTS", "RANKED_PATHS", "build_bundle"
 # 5.69 tokens per step, keeping the head's top-1 chain to depth 8 (EAGLE-2's selection gets 4.74 from this tree).
 DEFAULT_SPEC = SpecConfig(tree="dynamic", num_steps=8, topk=4, num_draft_tokens=32, selection="top1_chain")
 # The fastest method measured on a CPU (docs/benchmarks.md: n-gram chain of 9 drafts, 1.85x plain over 16
-# HumanEval prompts): on XLA:CPU a verify pass of this 7-layer target costs several plain steps, and a model
-# drafter's forwards cost about as much as the target's, so only drafts that cost nothing to make pay there.
+# HumanEval prompts; the retrained EAGLE-3 head's chain of 3 measured 1.31x beside the n-gram chain's 1.68x): on
+# XLA:CPU a verify pass of this 7-layer target costs several plain steps and each head forward about 0.4 of one,
+# so the drafts that cost nothing to make pay most there.
 CPU_DRAFTER, CPU_SPEC = "ngram", SpecConfig(tree="chain", num_steps=9)
 
 
 def default_method(backend: str) -> tuple[str, SpecConfig]:
-    """The bundled model's default (drafter name, tree) on ``backend`` ("cpu", "gpu", "tpu"): prompt lookup on a
-    CPU, where it is the only drafter faster than plain decoding; the EAGLE-3 head elsewhere."""
+    """The bundled model's default (drafter name, tree) on ``backend`` ("cpu", "gpu", "tpu") where auto does not
+    choose (``jspec serve``): prompt lookup on a CPU, the fastest drafter measured there; the EAGLE-3 head
+    elsewhere."""
     return (CPU_DRAFTER, CPU_SPEC) if backend == "cpu" else ("eagle3", DEFAULT_SPEC)
 
 
