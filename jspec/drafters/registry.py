@@ -5,8 +5,9 @@
 - a registered name: ``"ngram"`` (prompt lookup, no weights); ``"eagle3"`` or ``"draft"`` (the bundled code
   model's EAGLE-3 head or draft model: these names carry weights, so they mean the bundled parts and are only
   valid with the bundled target; for any other target pass the converted drafter's directory);
+- ``"ngram+eagle3"``: prompt lookup first, the bundled EAGLE-3 head where lookup finds nothing (hybrid.py);
 - a converted drafter directory (``jspec convert``): its ``jspec.json`` kind picks the entry ("eagle3" -> the
-  EAGLE-3 head, "llama" -> a draft model with the target's vocabulary);
+  EAGLE-3 head, "llama" -> a draft model with the target's vocabulary; the first entry of a kind wins);
 - ``"mtp"`` (MTP-EAGLE: the target's MTP module 0 applied recurrently, the common deployment) or ``"mtp_vanilla"``
   (module d drafts depth d + 1): the weights are the MTP modules inside the target's own converted directory
   (``<target_dir>/mtp/``, written by ``jspec convert`` from a checkpoint with ``num_nextn_predict_layers``), so
@@ -31,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 
 from jspec.bundle import PARTS, bundled_dir, is_bundled
 from jspec.config import SpecConfig
-from jspec.drafters import draft_model, eagle3, mtp, ngram
+from jspec.drafters import draft_model, eagle3, hybrid, mtp, ngram
 from jspec.drafters.base import Drafter
 from models.checkpoint import MTP_DIR, has_mtp, read_jspec_meta
 from models.config import ModelConfig
@@ -66,6 +67,8 @@ DRAFTERS: dict[str, DrafterEntry] = {
     "eagle3": DrafterEntry(eagle3.load, "eagle3", "eagle3", "an EAGLE-3 head on the target's hidden states"),
     "draft": DrafterEntry(draft_model.load, "llama", "draft", "a Llama-family draft model with the target's vocabulary"),
     "ngram": DrafterEntry(ngram.load, None, None, "prompt lookup (n-gram), no weights"),
+    "ngram+eagle3": DrafterEntry(hybrid.load_ngram_eagle3, "eagle3", "eagle3", "prompt lookup where a 2-3 token "
+                                 "suffix was seen before, the bundled EAGLE-3 head elsewhere (chains)"),
     "mtp": DrafterEntry(mtp.load, None, None, "the target's own MTP module 0, applied recurrently (MTP-EAGLE)",
                         weights_from_target=True),
     "mtp_vanilla": DrafterEntry(mtp.load_vanilla, None, None, "the target's own MTP modules, module d drafting "

@@ -19,7 +19,7 @@ SPEC = jspec.SpecConfig(tree="chain", num_steps=3)
 
 
 def test_every_entry_is_complete():
-    assert set(DRAFTERS) == {"eagle3", "draft", "ngram", "mtp", "mtp_vanilla"}
+    assert set(DRAFTERS) == {"eagle3", "draft", "ngram", "ngram+eagle3", "mtp", "mtp_vanilla"}
     for name, entry in DRAFTERS.items():
         assert callable(entry.load) and entry.description
         assert (entry.checkpoint_kind is None) == (entry.bundled_part is None), name
@@ -58,7 +58,7 @@ def test_a_weighted_name_needs_the_bundled_target():
 
 
 def test_unknown_names_and_kinds_are_refused(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"drafter='medusa': expected one of \['draft', 'eagle3', 'mtp', 'mtp_vanilla', 'ngram'\]"):
+    with pytest.raises(FileNotFoundError, match=r"drafter='medusa': expected one of \['draft', 'eagle3', 'mtp', 'mtp_vanilla', 'ngram', 'ngram\+eagle3'\]"):
         resolve("medusa", None)
     (tmp_path / "jspec.json").write_text(json.dumps({"kind": "mtp"}))
     with pytest.raises(ValueError, match=r"holds a 'mtp' checkpoint"):

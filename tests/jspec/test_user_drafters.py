@@ -210,7 +210,7 @@ def test_entry_points_are_found_when_a_name_is_not_registered(user_module, monke
     assert resolve("lookup-table", None) == ("lookup-table", None)
     assert DRAFTERS["lookup-table"].load is user_module.load
     assert resolve("as-entry", None) == ("as-entry", None) and DRAFTERS["as-entry"] is user_module.ENTRY
-    with pytest.raises(FileNotFoundError, match=r"drafter='medusa': expected one of \[.*'as-entry', .*'ngram'\]"):
+    with pytest.raises(FileNotFoundError, match=r"drafter='medusa': expected one of \[.*'as-entry', .*'ngram', 'ngram\+eagle3'\]"):
         resolve("medusa", None)
 
 

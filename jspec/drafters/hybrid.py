@@ -1,0 +1,108 @@
+"""Prompt lookup first, a model drafter where lookup finds nothing: the ``"ngram+eagle3"`` drafter.
+
+Code repeats itself (a name, a call, a line pattern), and where it does, prompt lookup (``ngram.py``) drafts the
+continuation for free and often gets all of it accepted; elsewhere it has nothing, and a step without drafts
+commits one token. A model drafter (the EAGLE-3 head) drafts everywhere, at the price of its forwards. This
+drafter asks lookup first and runs the model's drafting forwards only when some running row found no match of
+at least ``min_ngram`` tokens, as Snowflake's Arctic Inference pairs suffix decoding with an EAGLE/MLP
+speculator. Per row and step::
+
+    lookup matched (suffix of >= min_ngram tokens seen before):   draft = its continuation
+    otherwise:                                                     draft = the model's chain
+
+Both draft the same chain (``tree="chain"``, ``num_steps`` tokens), so verification and commit are unchanged. The
+model's ``commit`` runs every step whoever drafted: it rewrites the model's window from the committed tokens and
+the target's features (the "extend"), so the model never needs the ``propose`` a lookup step skipped (the same
+property ``step.root_step`` relies on). Drafts are a function of the prefix (top-1 of the head, lookup), so
+sampling verifies them as deterministic drafts and greedy output is exactly the target's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jspec.config import SpecConfig
+from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters.common import DrafterBase
+from jspec.drafters.ngram import NgramDrafter
+
+if TYPE_CHECKING:
+    from jspec.drafters.registry import DrafterSource
+
+
+class HybridState(NamedTuple):
+    model: Any   # the model drafter's state
+    lookup: Any  # ngram.NgramState
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupThenModelDrafter(DrafterBase):
+    """lookup: the prompt-lookup drafter (its ``min_ngram`` is the shortest match trusted over the model);
+    model: any drafter of the ``Drafter`` protocol drafting the same chain. params_d = the model's params."""
+
+    model: Any
+    lookup: NgramDrafter
+    spec: SpecConfig
+    max_seq_len: int
+
+    def __post_init__(self):
+        if self.spec.tree != "chain":
+            raise ValueError(f"the lookup-then-model drafter drafts chains: expected SpecConfig(tree='chain'), got "
+                             f"tree={self.spec.tree!r}")
+        for part in (self.model, self.lookup):
+            if part.spec != self.spec or part.max_seq_len != self.max_seq_len:
+                raise ValueError(f"{type(part).__name__} drafts spec={part.spec} with max_seq_len="
+                                 f"{part.max_seq_len}; expected the hybrid's spec={self.spec}, max_seq_len="
+                                 f"{self.max_seq_len}")
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return self.model.tap_layers
+
+    def with_max_seq_len(self, max_seq_len: int) -> "LookupThenModelDrafter":
+        return dataclasses.replace(self, model=self.model.with_max_seq_len(max_seq_len),
+                                   lookup=self.lookup.with_max_seq_len(max_seq_len), max_seq_len=max_seq_len)
+
+    def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
+        return DrafterBase.param_specs(self.model, params_d, tensor_parallel_size) \
+            if not hasattr(self.model, "param_specs") else self.model.param_specs(params_d, tensor_parallel_size)
+
+    # --- the protocol ------------------------------------------------------------------------------------------
+
+    def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> HybridState:
+        return HybridState(self.model.prefill(params_t, params_d, ctx), self.lookup.prefill(params_t, {}, ctx))
+
+    def propose(self, params_t: Any, params_d: Any, state: HybridState, root: jax.Array, cache_len: jax.Array,
+                *, sampling: Any = None, key: jax.Array | None = None) -> tuple[HybridState, DraftTree]:
+        lookup_state, found = self.lookup.propose(params_t, {}, state.lookup, root, cache_len)
+
+        def model_chain(model_state):
+            new_state, tree = self.model.propose(params_t, params_d, model_state, root, cache_len,
+                                                 sampling=sampling, key=key)
+            return new_state, tree.tokens
+
+        def lookup_only(model_state):
+            return model_state, found.tokens
+
+        # Skip the model's forwards when every row has a lookup draft (only the taken branch runs).
+        model_state, model_tokens = jax.lax.cond(jnp.all(found.drafted), lookup_only, model_chain, state.model)
+        tokens = jnp.where(found.drafted[:, None], found.tokens, model_tokens)
+        return HybridState(model_state, lookup_state), found._replace(tokens=tokens, drafted=None)
+
+    def commit(self, params_t: Any, params_d: Any, state: HybridState, ctx: CommitContext) -> HybridState:
+        return HybridState(self.model.commit(params_t, params_d, state.model, ctx),
+                           self.lookup.commit(params_t, {}, state.lookup, ctx))
+
+
+def load_ngram_eagle3(source: "DrafterSource") -> tuple[LookupThenModelDrafter, Any]:
+    """``"ngram+eagle3"``: lookup of a 2- or 3-token suffix first, the EAGLE-3 head at ``source.path`` (the
+    bundled one, by the registry) elsewhere."""
+    from jspec.drafters import eagle3
+
+    model, params = eagle3.load(source)
+    lookup = NgramDrafter(source.spec, source.max_seq_len, max_ngram=3, min_ngram=2)
+    return LookupThenModelDrafter(model, lookup, source.spec, source.max_seq_len), params

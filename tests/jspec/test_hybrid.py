@@ -1,0 +1,154 @@
+"""The lookup-then-model drafter (jspec/drafters/hybrid.py): per row, the lookup's draft where a suffix matched
+and the model's elsewhere; the model's forwards skipped when every row matched; lossless greedy output (ragged
+batch, rows of both kinds, EOS cut) and sampling (chi-square against the enumerated joint); validation; and
+drafter="ngram+eagle3" on the bundled model equal to plain decoding."""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec.drafters import hybrid
+from jspec.drafters.base import PrefillContext
+from jspec.drafters.common import DrafterBase
+from jspec.drafters.draft_model import DraftModelDrafter
+from jspec.drafters.eagle3 import Eagle3Drafter
+from jspec.drafters.hybrid import LookupThenModelDrafter
+from jspec.drafters.ngram import NgramDrafter
+from jspec.drafters.tree_search import static_draft_tree
+from models.llama import init_params
+from tests import spec_fixtures as fx
+from tests.jspec.test_draft_model import TINY, assert_triples_follow, exact_triples, varied
+
+CHAIN = jspec.SpecConfig(tree="chain", num_steps=4)
+RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
+
+
+def hybrid_drafter(spec=CHAIN, max_seq_len=fx.MAX_SEQ_LEN, min_ngram=2):
+    return LookupThenModelDrafter(Eagle3Drafter(fx.HEAD, fx.TARGET, spec, max_seq_len),
+                                  NgramDrafter(spec, max_seq_len, max_ngram=3, min_ngram=min_ngram), spec,
+                                  max_seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantModel(DrafterBase):
+    """A model drafter that always drafts ``token`` and counts its proposals in its state (i32[B])."""
+
+    spec: Any
+    max_seq_len: int
+    token: int = 63
+
+    def prefill(self, params_t, params_d, ctx):
+        return jnp.zeros(ctx.prompt_ids.shape[:1], jnp.int32)
+
+    def propose(self, params_t, params_d, state, root, cache_len, *, sampling=None, key=None):
+        nodes = jnp.full((root.shape[0], self.static_tree.num_nodes - 1), self.token, jnp.int32)
+        tokens = jnp.concatenate([root[:, None], nodes], axis=1)
+        return state + 1, static_draft_tree(self.static_tree, tokens, cache_len)
+
+    def commit(self, params_t, params_d, state, ctx):
+        return state
+
+
+def _propose(prompts):
+    """(model proposals counted, draft tokens) of one propose after prefilling right-padded ``prompts`` (the
+    last prompt token is the root)."""
+    drafter = LookupThenModelDrafter(ConstantModel(CHAIN, 32), NgramDrafter(CHAIN, 32, max_ngram=3, min_ngram=2),
+                                     CHAIN, 32)
+    width = max(len(p) for p in prompts)
+    ids = jnp.asarray([p[:-1] + [0] * (width - len(p) + 1) for p in prompts], jnp.int32)
+    lens = jnp.asarray([len(p) - 1 for p in prompts], jnp.int32)
+    first = jnp.asarray([p[-1] for p in prompts], jnp.int32)
+    state = drafter.prefill({}, {}, PrefillContext(ids, lens, first, None))
+    state, tree = jax.jit(drafter.propose)({}, {}, state, first, lens)
+    return np.asarray(state.model), np.asarray(tree.tokens)
+
+
+def test_each_row_takes_the_lookup_draft_where_a_suffix_matched_else_the_models():
+    counted, tokens = _propose([[1, 2, 3, 4, 5, 1, 2], [9, 8, 7, 6, 5, 4, 3]])
+    assert tokens[0].tolist() == [2, 3, 4, 5, 1]   # "1 2" seen before: its continuation, repeating
+    assert tokens[1].tolist() == [3, 63, 63, 63, 63]  # no 2-token suffix seen before: the model's chain
+    assert counted.tolist() == [1, 1]
+
+
+def test_the_model_is_not_run_when_every_row_matched():
+    counted, tokens = _propose([[1, 2, 3, 4, 5, 1, 2], [7, 8, 9, 7, 8, 9, 7, 8]])
+    assert tokens[1].tolist() == [8, 9, 7, 8, 9]
+    assert counted.tolist() == [0, 0]
+
+
+def test_a_single_token_match_is_not_trusted_over_the_model():
+    counted, tokens = _propose([[4, 9, 1, 2, 3, 4]])  # only "4" recurs: a 1-gram, below min_ngram 2
+    assert tokens[0].tolist() == [4, 63, 63, 63, 63] and counted.tolist() == [1]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return fx.near_bigram_target()
+
+
+@pytest.mark.parametrize("head", ["random", "distilled"])
+def test_greedy_output_equals_plain_decoding(target, head):
+    """A random head's drafts are rejected, a distilled head's mostly accepted; lookup hits as the near-bigram
+    target's greedy output cycles. Every row, whoever drafted it, must be plain decoding's."""
+    params_d = fx.random_head() if head == "random" else fx.distilled_head(target)
+    plain = fx.plain_engine(target)
+    engine = jspec.SpecEngine(fx.TARGET, target, drafter=hybrid_drafter(), drafter_params=params_d,
+                              max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN)
+    for max_new_tokens in (1, 7, 33):
+        expected = plain.generate(RAGGED, max_new_tokens=max_new_tokens).token_ids
+        out = engine.generate(RAGGED, max_new_tokens=max_new_tokens)
+        assert out.token_ids == expected, max_new_tokens
+    assert out.stats.acceptance_length > 1.5, out.stats
+
+
+def test_stops_at_eos_inside_an_accepted_run(target):
+    plain_ids = fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
+    eos = plain_ids[1][9]
+    expected = fx.plain_engine(target, eos_token_ids=(eos,)).generate(RAGGED, max_new_tokens=33).token_ids
+    engine = jspec.SpecEngine(fx.TARGET, target, drafter=hybrid_drafter(), drafter_params=fx.random_head(),
+                              max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, eos_token_ids=(eos,))
+    assert engine.generate(RAGGED, max_new_tokens=33).token_ids == expected
+
+
+def test_sampling_follows_the_exact_target_distribution():
+    """Tiny random target (V = 6: lookups hit often), the target itself as the model drafter (its drafts drawn
+    with the drafter's own keys), temperature 1: counts of (x1, x2, x3) vs the enumerated joint. Both kinds of
+    draft are verified as deterministic proposals."""
+    target = varied(init_params(TINY, jax.random.key(4)))
+    spec, rows, prompt = jspec.SpecConfig(tree="chain", num_steps=2), 12000, [1, 4, 2, 1, 4]
+    drafter = LookupThenModelDrafter(DraftModelDrafter(TINY, TINY, spec, 16),
+                                     NgramDrafter(spec, 16, max_ngram=3, min_ngram=2), spec, 16)
+    engine = jspec.SpecEngine(TINY, target, drafter=drafter, drafter_params=target, max_batch_size=rows,
+                              max_seq_len=16)
+    out = engine.generate([prompt] * rows, max_new_tokens=3, temperature=1.0, seed=5)
+    assert out.stats.acceptance_length > 1.1, out.stats
+    assert_triples_follow(out.token_ids, exact_triples(target, 1.0, prompt))
+
+
+def test_shapes_are_validated():
+    with pytest.raises(ValueError, match="drafts chains"):
+        hybrid_drafter(jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6))
+    with pytest.raises(ValueError, match="expected the hybrid's spec"):
+        LookupThenModelDrafter(Eagle3Drafter(fx.HEAD, fx.TARGET, CHAIN, fx.MAX_SEQ_LEN),
+                               NgramDrafter(jspec.SpecConfig(tree="chain", num_steps=2), fx.MAX_SEQ_LEN), CHAIN,
+                               fx.MAX_SEQ_LEN)
+    drafter = hybrid_drafter().with_max_seq_len(64)
+    assert drafter.max_seq_len == drafter.model.max_seq_len == drafter.lookup.max_seq_len == 64
+
+
+def test_bundled_ngram_eagle3_equals_plain_decoding():
+    """drafter="ngram+eagle3" by name: the bundled head behind lookup, on a prompt that repeats itself."""
+    prompt = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+    path = jspec.bundled_model()
+    plain = jspec.SpecEngine.from_pretrained(path, max_batch_size=1, max_seq_len=256)
+    engine = jspec.SpecEngine.from_pretrained(path, drafter="ngram+eagle3", spec=CHAIN, max_batch_size=1,
+                                              max_seq_len=256)
+    assert isinstance(engine.setup.drafter, hybrid.LookupThenModelDrafter)
+    out = engine.generate([prompt], max_new_tokens=48)
+    assert out.token_ids == plain.generate([prompt], max_new_tokens=48).token_ids
+    assert out.stats.acceptance_length > 2.0, out.stats
