@@ -90,9 +90,12 @@ def _top1(steps: int, topk: int, tokens: int) -> SpecConfig:
 
 
 # What auto considers per drafter: few shapes, because each costs one compile the first time on a device.
+# The EAGLE-3 head's longer chain is left to "ngram+eagle3", which drafts the same chain with lookup in front (at
+# least its acceptance, at most its cost plus a lookup).
 CANDIDATE_SPECS: dict[str, tuple[SpecConfig, ...]] = {
     "ngram": (_chain(4), _chain(9)),
-    "eagle3": (_chain(3), _chain(5), _top1(6, 3, 12), _top1(8, 4, 24)),
+    "eagle3": (_chain(3), _top1(6, 3, 12), _top1(8, 4, 24)),
+    "ngram+eagle3": (_chain(4), _chain(5)),
     "draft": (_chain(3), _chain(5)),
     "mtp": (_chain(1), _chain(3)),
 }

@@ -191,7 +191,7 @@ class SpecEngine:
             resolve(names[0], target_dir)
         else:
             names = []
-            for name in ("eagle3", "draft", "ngram", "mtp"):
+            for name in ("eagle3", "ngram+eagle3", "draft", "ngram", "mtp"):
                 try:
                     resolve(name, target_dir)
                 except (ValueError, FileNotFoundError):

@@ -24,7 +24,7 @@ if __name__ == "__main__":
         return engines[candidate.label]
 
     tokenizer = load_tokenizer(target)
-    profile = calibrate_profile(["eagle3", "draft", "ngram"], make_engine, lambda text: tokenizer.encode(text).ids)
+    profile = calibrate_profile(["eagle3", "ngram+eagle3", "draft", "ngram"], make_engine, lambda text: tokenizer.encode(text).ids)
     path = os.path.join(os.path.dirname(target), PROFILE_FILE)
     with open(path + ".tmp", "w") as f:
         json.dump(profile, f, indent=1)

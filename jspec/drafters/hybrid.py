@@ -99,10 +99,12 @@ class LookupThenModelDrafter(DrafterBase):
 
 
 def load_ngram_eagle3(source: "DrafterSource") -> tuple[LookupThenModelDrafter, Any]:
-    """``"ngram+eagle3"``: lookup of a 2- or 3-token suffix first, the EAGLE-3 head at ``source.path`` (the
-    bundled one, by the registry) elsewhere."""
+    """``"ngram+eagle3"``: lookup of the last 3 tokens first, the EAGLE-3 head at ``source.path`` (the bundled
+    one, by the registry) elsewhere. Trusting 2-token matches too cost acceptance on the calibration prompts
+    (chain of 5: 4.31 tokens per step against 4.48; the head alone 4.52) for the same on HumanEval [100:105]
+    (4.32 against 4.30; the head alone 4.13)."""
     from jspec.drafters import eagle3
 
     model, params = eagle3.load(source)
-    lookup = NgramDrafter(source.spec, source.max_seq_len, max_ngram=3, min_ngram=2)
+    lookup = NgramDrafter(source.spec, source.max_seq_len, max_ngram=3, min_ngram=3)
     return LookupThenModelDrafter(model, lookup, source.spec, source.max_seq_len), params

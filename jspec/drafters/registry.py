@@ -67,8 +67,8 @@ DRAFTERS: dict[str, DrafterEntry] = {
     "eagle3": DrafterEntry(eagle3.load, "eagle3", "eagle3", "an EAGLE-3 head on the target's hidden states"),
     "draft": DrafterEntry(draft_model.load, "llama", "draft", "a Llama-family draft model with the target's vocabulary"),
     "ngram": DrafterEntry(ngram.load, None, None, "prompt lookup (n-gram), no weights"),
-    "ngram+eagle3": DrafterEntry(hybrid.load_ngram_eagle3, "eagle3", "eagle3", "prompt lookup where a 2-3 token "
-                                 "suffix was seen before, the bundled EAGLE-3 head elsewhere (chains)"),
+    "ngram+eagle3": DrafterEntry(hybrid.load_ngram_eagle3, "eagle3", "eagle3", "prompt lookup where the last 3 "
+                                 "tokens were seen before, the bundled EAGLE-3 head elsewhere (chains)"),
     "mtp": DrafterEntry(mtp.load, None, None, "the target's own MTP module 0, applied recurrently (MTP-EAGLE)",
                         weights_from_target=True),
     "mtp_vanilla": DrafterEntry(mtp.load_vanilla, None, None, "the target's own MTP modules, module d drafting "

@@ -58,6 +58,7 @@ def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
         "draft-model-chain": ("draft", spec_for("chain", min(num_draft_tokens, num_steps + 1))),
         "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk, selection)),
         "ngram-chain": ("ngram", spec_for("chain", chain_tokens if ngram_depth is None else ngram_depth + 1)),
+        "ngram+eagle3-chain": ("ngram+eagle3", spec_for("chain", chain_tokens)),
     }
 
 

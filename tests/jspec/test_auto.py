@@ -23,15 +23,16 @@ def _labels(*names):
 def test_choice_maximises_expected_tokens_per_second():
     steps = {c.label: 1e-3 * (1 + 0.2 * i) for i, c in enumerate(POOL)}
     accepted = {label: 1.0 for label in _labels("eagle3", "ngram")}
-    accepted["eagle3 chain 5"] = 3.0
+    accepted["eagle3 dynamic 6x3/12 top1"] = 3.0
     choice = auto.choose(accepted, steps, POOL)
     by_hand = max(POOL, key=lambda c: (1 + (0 if c.drafter is None else accepted[c.label])) / steps[c.label])
     assert choice.best.candidate == by_hand and choice.drafter == "eagle3"
-    assert choice.spec == jspec.SpecConfig(tree="chain", num_steps=5)
+    assert choice.spec == jspec.SpecConfig(tree="dynamic", num_steps=6, topk=3, num_draft_tokens=12,
+                                           selection="top1_chain")
     assert [e.tokens_per_second for e in choice.estimates] == sorted(
         (e.tokens_per_second for e in choice.estimates), reverse=True)
     assert choice.expected_speedup == pytest.approx(choice.best.tokens_per_second / choice.plain.tokens_per_second)
-    assert "eagle3 chain 5" in choice.describe() and "plain" in choice.describe()
+    assert "eagle3 dynamic 6x3/12 top1" in choice.describe() and "plain" in choice.describe()
 
 
 def test_choice_is_plain_decoding_when_no_drafter_pays():
@@ -195,7 +196,7 @@ def _seeded_home(tmp_path, batch_size, max_seq_len) -> str:
     """A $JSPEC_HOME whose auto cache already holds step costs that make the EAGLE-3 chain of 3 the best (so the
     test exercises the cached path; measuring is covered above)."""
     home = str(tmp_path / "home")
-    names = ["eagle3", "draft", "ngram"]
+    names = ["eagle3", "ngram+eagle3", "draft", "ngram"]
     key = auto.cache_key(jspec.bundled_model(), names, batch_size, max_seq_len, None)
     profile = auto.load_profile(jspec.bundled_model())
     steps = {auto._timing_key(c, auto._timed_acceptance(c, profile.get(c.label, 0.0)), False):
