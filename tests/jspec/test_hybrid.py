@@ -91,13 +91,11 @@ def target():
     return fx.near_bigram_target()
 
 
-@pytest.mark.parametrize("head", ["random", "distilled"])
-def test_greedy_output_equals_plain_decoding(target, head):
-    """A random head's drafts are rejected, a distilled head's mostly accepted; lookup hits as the near-bigram
-    target's greedy output cycles. Every row, whoever drafted it, must be plain decoding's."""
-    params_d = fx.random_head() if head == "random" else fx.distilled_head(target)
+def test_greedy_output_equals_plain_decoding(target):
+    """A random head's drafts are rejected; lookup hits as the near-bigram target's greedy output cycles. Every
+    row, whoever drafted it, must be plain decoding's (a trained head's accepted drafts: the bundled test below)."""
     plain = fx.plain_engine(target)
-    engine = jspec.SpecEngine(fx.TARGET, target, drafter=hybrid_drafter(), drafter_params=params_d,
+    engine = jspec.SpecEngine(fx.TARGET, target, drafter=hybrid_drafter(), drafter_params=fx.random_head(),
                               max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN)
     for max_new_tokens in (1, 7, 33):
         expected = plain.generate(RAGGED, max_new_tokens=max_new_tokens).token_ids

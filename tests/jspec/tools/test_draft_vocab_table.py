@@ -26,7 +26,7 @@ def test_rows_for_two_sizes_of_the_bundled_head(tmp_path):
     spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6, selection="top1_chain")
     rows = draft_vocab_rows(jspec.bundled_model(), head_hf, tokens, [256, hf_config["draft_vocab_size"]],
                             ["def fibonacci(n):", "import os\n\ndef walk(path):"], spec, batch_size=2,
-                            max_new_tokens=12, max_seq_len=256, log=lambda line: None)
+                            max_new_tokens=12, max_seq_len=256, repeats=1, log=lambda line: None)
     small, full = rows
     assert [r["mismatches"] for r in rows] == [0, 0]
     members = np.arange(len(d2t)) + np.asarray(d2t, np.int64)
