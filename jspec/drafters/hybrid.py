@@ -3,9 +3,9 @@
 Code repeats itself (a name, a call, a line pattern), and where it does, prompt lookup (``ngram.py``) drafts the
 continuation for free and often gets all of it accepted; elsewhere it has nothing, and a step without drafts
 commits one token. A model drafter (the EAGLE-3 head) drafts everywhere, at the price of its forwards. This
-drafter asks lookup first and runs the model's drafting forwards only when some running row found no match of
-at least ``min_ngram`` tokens, as Snowflake's Arctic Inference pairs suffix decoding with an EAGLE/MLP
-speculator. Per row and step::
+drafter asks lookup first and runs the model's drafting forwards only when some row found no match of at least
+``min_ngram`` tokens (Snowflake's Arctic Speculator likewise combines suffix decoding with a trained MLP/LSTM
+speculator). Per row and step::
 
     lookup matched (suffix of >= min_ngram tokens seen before):   draft = its continuation
     otherwise:                                                     draft = the model's chain
@@ -13,8 +13,10 @@ speculator. Per row and step::
 Both draft the same chain (``tree="chain"``, ``num_steps`` tokens), so verification and commit are unchanged. The
 model's ``commit`` runs every step whoever drafted: it rewrites the model's window from the committed tokens and
 the target's features (the "extend"), so the model never needs the ``propose`` a lookup step skipped (the same
-property ``step.root_step`` relies on). Drafts are a function of the prefix (top-1 of the head, lookup), so
-sampling verifies them as deterministic drafts and greedy output is exactly the target's.
+property ``step.root_step`` relies on). The tree carries no ``draft_probs``: verification treats every draft as
+a deterministic proposal, which is exact for any proposal drawn without the target's random draws (lookup, the
+head's top-1, or a sampling model's own draws, which then forgo rejection sampling's higher acceptance). Greedy
+output is exactly the target's, sampled output distributed as the target's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.ngram import NgramDrafter
+from jspec.sharding import replicated_specs
 
 if TYPE_CHECKING:
     from jspec.drafters.registry import DrafterSource
@@ -68,8 +71,9 @@ class LookupThenModelDrafter(DrafterBase):
                                    lookup=self.lookup.with_max_seq_len(max_seq_len), max_seq_len=max_seq_len)
 
     def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
-        return DrafterBase.param_specs(self.model, params_d, tensor_parallel_size) \
-            if not hasattr(self.model, "param_specs") else self.model.param_specs(params_d, tensor_parallel_size)
+        """The model's placement of its params (params_d is the model's); replicated if it names none."""
+        own = getattr(self.model, "param_specs", None)
+        return own(params_d, tensor_parallel_size) if own is not None else replicated_specs(params_d)
 
     # --- the protocol ------------------------------------------------------------------------------------------
 

@@ -169,17 +169,21 @@ def test_a_shipped_profile_replaces_acceptance_measurement(tmp_path):
 
 
 @needs_bundle
-def test_real_step_cost_measurement_is_positive_and_ordered():
+def test_real_step_cost_measurement_runs_in_the_loop_and_streamed():
+    """The real measurement on the bundled model gives a finite positive cost per step, through ``generate`` and
+    streamed. Their order is not asserted: the arithmetic is tested with a fake clock above, and real timings on
+    a shared machine are not reliably ordered (a full-suite run once timed plain decoding at 2.5 ms a step in the
+    loop against 0.97 ms streamed)."""
     model = jspec.bundled_model()
     make = lambda c, fa: jspec.SpecEngine.from_pretrained(model, drafter=c.drafter, spec=c.spec,  # noqa: E731
                                                           max_batch_size=1, max_seq_len=128, force_accept=fa)
     plain = auto.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16)
     chain = auto.measure_step_seconds(make, auto.Candidate("ngram", jspec.SpecConfig(tree="chain", num_steps=8)),
                                       [1, 5, 9], short=4, long=16, accept=2)
-    assert 0 < plain < chain < 1.0  # a verify pass of 9 tokens plus its drafting costs more than a plain step
     streamed = auto.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16,
                                          streamed=True)
-    assert plain < streamed < 1.0  # a streamed step adds its host sync
+    for seconds in (plain, chain, streamed):
+        assert 1e-6 < seconds < 1.0
 
 
 @needs_bundle
