@@ -28,9 +28,10 @@ def pytest_xdist_auto_num_workers(config):
 # The longest modules (seconds on the 2-core CI machine, from --durations): run first, so that with
 # --dist loadscope the other worker takes the many short modules meanwhile instead of idling at the end while one
 # worker finishes a 5-minute module it was handed last.
-SLOW_MODULES = ("tests/jspec/test_sharded_engine.py", "tests/jspec/test_mtp.py", "tests/jspec/serve/test_app.py",
-                "tests/jspec/test_capture_hidden_states.py", "tests/models/test_streaming_convert.py",
-                "tests/jspec/tools/test_bench_serve.py")
+SLOW_MODULES = ("tests/jspec/test_sharded_engine.py", "tests/jspec/serve/test_slots.py",
+                "tests/jspec/test_draft_model.py", "tests/jspec/test_mtp.py", "tests/jspec/serve/test_app.py",
+                "tests/jspec/test_capture_hidden_states.py", "tests/jspec/tools/test_draft_vocab_table.py",
+                "tests/models/test_streaming_convert.py", "tests/jspec/tools/test_bench_serve.py")
 
 
 def _slow_rank(item) -> int:
