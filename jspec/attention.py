@@ -1,11 +1,11 @@
-"""The target's attention inside generate: the tree-attention kernel for verify passes, cuDNN/XLA otherwise.
+"""The target's attention inside generate: the tree-attention kernel for verify passes, dense attention otherwise.
 
 A verify pass is T tree tokens written at ``cache_len`` itself (``write_offset`` the Python int 0) under a mask
 over exactly those T (W = T). Only there is window slot j new token j, so only there may attention read the window
 from ``k_new``/``v_new``, as ``pallas_kernels.tree_attention``'s Pallas kernel does; on GPU it goes to that kernel.
 Everything else (prefill, plain decode, drafter windows wider than T, a window written at another offset, an
 offset given as an array, and verify passes off the GPU) goes to ``models.attention.dense_attention``
-(cuDNN/XLA's ``dot_product_attention``), which reads the window from the cache wherever it was written: the
+(grouped-query attention in jnp, compiled by XLA), which reads the window from the cache wherever it was written: the
 kernel's jnp reference is its specification, and slower than that on a CPU.
 
 The route is chosen at trace time, from shapes and the offset's Python type: a traced offset may be anything,

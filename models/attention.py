@@ -80,16 +80,47 @@ def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new:
 def dense_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
                     cache_len: jax.Array, local_mask: jax.Array | None, write_offset: jax.Array | int, *,
                     scale: float) -> jax.Array:
-    """Attention over the whole cache through ``jax.nn.dot_product_attention`` (GQA native; cuDNN on GPU).
-
-    Reads the window from the cache, so any write_offset is right."""
+    """Attention over the whole cache (``grouped_attention``). Reads the window from the cache, so any
+    write_offset is right."""
     del k_new, v_new, write_offset  # already in the cache, wherever the model wrote them
     mask = visibility_mask(cache_len, local_mask, q.shape[1], k_cache.shape[1])
-    # A masked score's weight is exactly 0, but 0 * NaN is NaN: zero the values of slots no query reads, so
-    # garbage in unused slots can never reach the output.
+    return masked_attention(q, k_cache, v_cache, mask, scale=scale)
+
+
+def masked_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, mask: jax.Array, *,
+                     scale: float) -> jax.Array:
+    """``grouped_attention`` over a cache whose slots no query reads (mask bool[B, T, S] all False there) may hold
+    anything, NaN included: a masked score's weight is exactly 0, but 0 * NaN is NaN, so their values are zeroed
+    first."""
     read = jnp.any(mask, axis=1)[:, :, None, None]  # [B, S, 1, 1]
     v_cache = jnp.where(read, v_cache, jnp.zeros((), v_cache.dtype))
-    return jax.nn.dot_product_attention(q, k_cache, v_cache, mask=mask[:, None], scale=scale)
+    return grouped_attention(q, k_cache, v_cache, mask, scale=scale)
+
+
+# What a masked score becomes: finite (as jax.nn.dot_product_attention's), so a row that sees nothing averages
+# instead of turning into NaN.
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float) -> jax.Array:
+    """Softmax attention, query heads grouped over KV heads (GQA without repeating K/V), the softmax's division
+    deferred to the output: ``exp(s - max) @ V / sum`` divides [T, D] values where softmax-then-matmul divides
+    [T, S] scores, a pass over the scores fewer. On XLA:CPU (2 cores), the bundled model's plain decoding at 512 cache
+    slots took 1.65-1.71 ms per token with it against 1.96 ms with ``jax.nn.dot_product_attention`` (same math,
+    softmax first). Logits and the softmax in float32, as jax's; the weights meet V in V's dtype.
+
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; mask: bool[B, T, S] (True: may read) -> [B, T, Hq, D] in q's dtype.
+    """
+    batch, num_new, num_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    grouped = q.reshape(batch, num_new, kv_heads, num_heads // kv_heads, head_dim)
+    logits = jnp.einsum("btkgd,bskd->bkgts", grouped, k, preferred_element_type=jnp.float32) * scale
+    logits = jnp.where(mask[:, None, None], logits, _MASKED)
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, Hkv, G, T, S]
+    total = jnp.sum(weights, axis=-1)                                     # [B, Hkv, G, T]
+    out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
+    return out.reshape(batch, num_new, num_heads, head_dim).astype(q.dtype)
 
 
 def write_new_tokens(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:

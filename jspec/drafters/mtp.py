@@ -46,7 +46,7 @@ from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
-from models.attention import AttentionFn, KVCache, dense_attention, visibility_mask
+from models.attention import AttentionFn, KVCache, dense_attention, masked_attention, visibility_mask
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
 from models.mtp import MtpConfig, MtpModule
@@ -84,9 +84,7 @@ def _attention_from(first_slot: int) -> AttentionFn:
         del k_new, v_new, write_offset  # read from the cache, wherever the model wrote them
         mask = visibility_mask(cache_len, local_mask, q.shape[1], k_cache.shape[1])
         mask = mask & (jnp.arange(k_cache.shape[1]) >= first_slot)[None, None]
-        read = jnp.any(mask, axis=1)[:, :, None, None]  # zero unread values: 0 * NaN garbage would be NaN
-        v_cache = jnp.where(read, v_cache, jnp.zeros((), v_cache.dtype))
-        return jax.nn.dot_product_attention(q, k_cache, v_cache, mask=mask[:, None], scale=scale)
+        return masked_attention(q, k_cache, v_cache, mask, scale=scale)
 
     return attention
 
