@@ -64,16 +64,21 @@ class AttentionFn(Protocol):
                  write_offset: jax.Array | int, *, scale: float) -> jax.Array: ...
 
 
-def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new: int,
-                    cache_size: int) -> jax.Array:
-    """bool[B, T, S]: whether query i may read cache slot s (committed, or a window slot its mask allows)."""
-    rel = jnp.arange(cache_size)[None, None, :] - cache_len[:, None, None]  # [B, 1, S]
+def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new: int, cache_size: int,
+                    slots: jax.Array | None = None) -> jax.Array:
+    """bool[B, T, S]: whether query i may read cache slot s (committed, or a window slot its mask allows).
+
+    slots: i32[B, L], the cache slots the mask's L columns stand for (an attention that reads only some); None:
+    all S = cache_size slots in order."""
+    if slots is None:
+        slots = jnp.arange(cache_size)[None]
+    rel = slots[:, None, :] - cache_len[:, None, None]  # [B, 1, L]
     committed = rel < 0
     if local_mask is None:
         query = jnp.arange(num_new)[None, :, None]  # [1, T, 1]
         return committed | ((rel >= 0) & (rel <= query))
     window = local_mask.shape[2]
-    column = jnp.broadcast_to(jnp.clip(rel, 0, window - 1), (cache_len.shape[0], num_new, cache_size))
+    column = jnp.broadcast_to(jnp.clip(rel, 0, window - 1), (cache_len.shape[0], num_new, rel.shape[2]))
     return committed | ((rel >= 0) & (rel < window) & jnp.take_along_axis(local_mask, column, axis=2))
 
 
@@ -95,6 +100,32 @@ def masked_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, mask:
     read = jnp.any(mask, axis=1)[:, :, None, None]  # [B, S, 1, 1]
     v_cache = jnp.where(read, v_cache, jnp.zeros((), v_cache.dtype))
     return grouped_attention(q, k_cache, v_cache, mask, scale=scale)
+
+
+def recent_attention(recent: int) -> AttentionFn:
+    """An ``AttentionFn`` that reads only the ``recent`` committed slots before cache_len[b] and the window (all
+    of a prefill's prompt, which is its window): it slices those ``recent + W`` slots from the cache, so its cost
+    does not grow with S. For a drafter, whose drafts verification checks: the bundled EAGLE-3 head reading its last
+    128 slots accepted as much as reading all of them (models/eagle3.py's caller says where it is used)."""
+    if recent < 1:
+        raise ValueError(f"recent={recent}: expected at least 1 committed slot to read")
+
+    def attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, *, scale):
+        del k_new, v_new, write_offset  # already in the cache, wherever the model wrote them
+        num_new, cache_size = q.shape[1], k_cache.shape[1]
+        span = recent + (num_new if local_mask is None else local_mask.shape[2])
+        if span >= cache_size:
+            slots = jnp.arange(cache_size)[None]
+        else:
+            start = jnp.clip(cache_len - recent, 0, cache_size - span)  # the window ends by cache_size
+            slots = start[:, None] + jnp.arange(span)[None]               # [B, span]
+            take = jax.vmap(lambda buffer, first: jax.lax.dynamic_slice_in_dim(buffer, first, span, axis=0))
+            k_cache, v_cache = take(k_cache, start), take(v_cache, start)
+        mask = visibility_mask(cache_len, local_mask, num_new, cache_size, slots)
+        mask = mask & (slots >= (cache_len - recent)[:, None])[:, None]
+        return masked_attention(q, k_cache, v_cache, mask, scale=scale)
+
+    return attention
 
 
 # What a masked score becomes: finite (as jax.nn.dot_product_attention's), so a row that sees nothing averages

@@ -25,7 +25,7 @@ from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
 from jspec.sharding import param_specs, replicated_specs, splits_evenly
-from models.attention import KVCache
+from models.attention import KVCache, recent_attention
 from models.checkpoint import DTYPES, load_eagle3
 from models.config import ModelConfig
 from models.eagle3 import Eagle3Config, Eagle3Head
@@ -49,7 +49,9 @@ def _last_row(count: jax.Array, width: int) -> jax.Array:
 class Eagle3Drafter(DrafterBase):
     """Static description of the drafter (hashable: part of the generate setup).
 
-    params_d = {"head": head params, "d2t": i32[V_draft]} (target id = d + d2t[d]).
+    params_d = {"head": head params, "d2t": i32[V_draft]} (target id = d + d2t[d]). attention_span: the head reads
+    only its last ``attention_span`` committed slots (and its window), at a cost that does not grow with the
+    sequence (``models.attention.recent_attention``); None: all of them, as trained.
     """
 
     head: Eagle3Config
@@ -57,16 +59,21 @@ class Eagle3Drafter(DrafterBase):
     spec: SpecConfig
     max_seq_len: int
     dtype: str = "float32"
+    attention_span: int | None = None
 
     def __post_init__(self):
         self.head.check_target(self.target)
+        if self.attention_span is not None and self.attention_span < 1:
+            raise ValueError(f"attention_span={self.attention_span}: expected a positive number of slots, or None")
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
         return self.head.target_taps(self.target)
 
     def _model(self) -> Eagle3Head:
-        return Eagle3Head(self.head, DTYPES[self.dtype])
+        if self.attention_span is None:
+            return Eagle3Head(self.head, DTYPES[self.dtype])
+        return Eagle3Head(self.head, DTYPES[self.dtype], recent_attention(self.attention_span))
 
     @staticmethod
     def _embed(params_t: Any, tokens: jax.Array) -> jax.Array:

@@ -13,10 +13,11 @@ speculator). Per row and step::
 Both draft the same chain (``tree="chain"``, ``num_steps`` tokens), so verification and commit are unchanged. The
 model's ``commit`` runs every step whoever drafted: it rewrites the model's window from the committed tokens and
 the target's features (the "extend"), so the model never needs the ``propose`` a lookup step skipped (the same
-property ``step.root_step`` relies on). The tree carries no ``draft_probs``: verification treats every draft as
-a deterministic proposal, which is exact for any proposal drawn without the target's random draws (lookup, the
-head's top-1, or a sampling model's own draws, which then forgo rejection sampling's higher acceptance). Greedy
-output is exactly the target's, sampled output distributed as the target's.
+property ``step.root_step`` relies on), nor the state its own ``propose`` left (its window: scratch), which is
+dropped. The tree carries no ``draft_probs``: verification treats every draft as a deterministic proposal, which is
+exact for any proposal drawn without the target's random draws (lookup, the head's top-1, or a sampling model's own
+draws, which then forgo rejection sampling's higher acceptance). Greedy output is exactly the target's, sampled
+output distributed as the target's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class HybridState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class LookupThenModelDrafter(DrafterBase):
     """lookup: the prompt-lookup drafter (its ``min_ngram`` is the shortest match trusted over the model);
-    model: any drafter of the ``Drafter`` protocol drafting the same chain. params_d = the model's params."""
+    model: any drafter of the ``Drafter`` protocol drafting the same chain whose ``commit`` needs nothing its
+    ``propose`` wrote (true of every model drafter here). params_d = the model's params."""
 
     model: Any
     lookup: NgramDrafter
@@ -85,21 +87,29 @@ class LookupThenModelDrafter(DrafterBase):
         lookup_state, found = self.lookup.propose(params_t, {}, state.lookup, root, cache_len)
 
         def model_chain(model_state):
-            new_state, tree = self.model.propose(params_t, params_d, model_state, root, cache_len,
-                                                 sampling=sampling, key=key)
-            return new_state, tree.tokens
+            # What the model's drafting wrote to its state (its window) is scratch that its commit rewrites, so
+            # it is dropped: only tokens leave the branch, and no cache passes through the cond (XLA would copy it).
+            _, tree = self.model.propose(params_t, params_d, model_state, root, cache_len, sampling=sampling,
+                                         key=key)
+            return tree.tokens
 
         def lookup_only(model_state):
-            return model_state, found.tokens
+            del model_state
+            return found.tokens
 
         # Skip the model's forwards when every row has a lookup draft (only the taken branch runs).
-        model_state, model_tokens = jax.lax.cond(jnp.all(found.drafted), lookup_only, model_chain, state.model)
+        model_tokens = jax.lax.cond(jnp.all(found.drafted), lookup_only, model_chain, state.model)
         tokens = jnp.where(found.drafted[:, None], found.tokens, model_tokens)
-        return HybridState(model_state, lookup_state), found._replace(tokens=tokens, drafted=None)
+        return HybridState(state.model, lookup_state), found._replace(tokens=tokens, drafted=None)
 
     def commit(self, params_t: Any, params_d: Any, state: HybridState, ctx: CommitContext) -> HybridState:
         return HybridState(self.model.commit(params_t, params_d, state.model, ctx),
                            self.lookup.commit(params_t, {}, state.lookup, ctx))
+
+
+# The head reads its last 128 committed slots only. Acceptance over HumanEval [100:116], chain of 7: the head alone
+# 4.02 (all slots: 3.97; 64 slots: 3.81), the hybrid 4.59 at 64 slots (all: 4.55).
+HEAD_ATTENTION_SPAN = 128
 
 
 def load_ngram_eagle3(source: "DrafterSource") -> tuple[LookupThenModelDrafter, Any]:
@@ -110,5 +120,6 @@ def load_ngram_eagle3(source: "DrafterSource") -> tuple[LookupThenModelDrafter, 
     from jspec.drafters import eagle3
 
     model, params = eagle3.load(source)
+    model = dataclasses.replace(model, attention_span=HEAD_ATTENTION_SPAN)
     lookup = NgramDrafter(source.spec, source.max_seq_len, max_ngram=3, min_ngram=3)
     return LookupThenModelDrafter(model, lookup, source.spec, source.max_seq_len), params
