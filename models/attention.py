@@ -106,7 +106,7 @@ def recent_attention(recent: int) -> AttentionFn:
     """An ``AttentionFn`` that reads only the ``recent`` committed slots before cache_len[b] and the window (all
     of a prefill's prompt, which is its window): it slices those ``recent + W`` slots from the cache, so its cost
     does not grow with S. For a drafter, whose drafts verification checks: the bundled EAGLE-3 head reading its last
-    128 slots accepted as much as reading all of them (models/eagle3.py's caller says where it is used)."""
+    128 slots accepted as much as reading all of them (``jspec.drafters.eagle3.Eagle3Drafter.attention_span``)."""
     if recent < 1:
         raise ValueError(f"recent={recent}: expected at least 1 committed slot to read")
 
