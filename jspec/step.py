@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jspec.accept import accept_tree
 from jspec.commit import commit_tokens
-from jspec.drafters.base import CommitContext
+from jspec.drafters.base import CommitContext, DraftTree
 from jspec.kv_cache import commit_path
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
@@ -103,6 +103,12 @@ def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
     draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len,
                                         sampling=inputs.sampling, key=fold_rows(step_keys, 1))
     verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
+    short = getattr(drafter, "short_chain_nodes", None)
+    if tree.full is not None and short is not None and setup.force_accept is None:
+        def verify_short(state, draft_state, tree):
+            return verify(state, draft_state, truncated_chain(tree, short), max_depth=short - 1)
+
+        return jax.lax.cond(jnp.all(tree.full | state.done), verify, verify_short, state, draft_state, tree)
     if tree.drafted is None or setup.force_accept is not None:
         return verify(state, draft_state, tree)
     root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
@@ -110,14 +116,27 @@ def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
     return jax.lax.cond(speculate, verify, root_only, state, draft_state, tree)
 
 
+def truncated_chain(tree: DraftTree, nodes: int) -> DraftTree:
+    """A chain's first ``nodes`` nodes (root included) as a chain of its own: the last one has no child."""
+    def cut(x):
+        return None if x is None else x[:, :nodes]
+
+    next_token = tree.next_token[:, :nodes].at[:, nodes - 1].set(-1)
+    return tree._replace(tokens=cut(tree.tokens), mask=tree.mask[:, :nodes, :nodes], positions=cut(tree.positions),
+                         next_token=next_token, next_sibling=cut(tree.next_sibling),
+                         draft_probs=cut(tree.draft_probs), full=None)
+
+
 def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, inputs: StepInputs,
-                 setup: GenerateSetup, keys: jax.Array) -> DecodeState:
-    """The target over all T tree nodes, acceptance, then commit of tokens, the drafter's state and the K/V."""
+                 setup: GenerateSetup, keys: jax.Array, max_depth: int | None = None) -> DecodeState:
+    """The target over all T tree nodes, acceptance, then commit of tokens, the drafter's state and the K/V.
+    max_depth: the tree's deepest node (default the spec's)."""
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, tree.tokens, tree.positions, state.cache, cache_len,
                                      local_mask=tree.mask, tap_layers=setup.tap_layers)
     verified = accept_tree(tree, out.logits, inputs.sampling, keys,
-                           max_depth=setup.spec.max_depth, force_accept=setup.force_accept)
+                           max_depth=setup.spec.max_depth if max_depth is None else max_depth,
+                           force_accept=setup.force_accept)
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,

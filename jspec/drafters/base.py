@@ -51,6 +51,9 @@ class DraftTree(NamedTuple):
     drafted: jax.Array | None = None      # bool[B]: False where the drafter has nothing to propose (its nodes
                                           # past the root are placeholders); None: always drafted. A step in
                                           # which no running sequence drafted runs the target on the root alone.
+    full: jax.Array | None = None         # bool[B]: False where the row drafted only the drafter's
+                                          # ``short_chain_nodes`` first nodes of a chain; None: every row uses all
+                                          # T. A step in which a running row is short verifies only those nodes.
 
 
 class PrefillContext(NamedTuple):

@@ -58,18 +58,36 @@ class LookupThenModelDrafter(DrafterBase):
         if self.spec.tree != "chain":
             raise ValueError(f"the lookup-then-model drafter drafts chains: expected SpecConfig(tree='chain'), got "
                              f"tree={self.spec.tree!r}")
-        for part in (self.model, self.lookup):
-            if part.spec != self.spec or part.max_seq_len != self.max_seq_len:
-                raise ValueError(f"{type(part).__name__} drafts spec={part.spec} with max_seq_len="
-                                 f"{part.max_seq_len}; expected the hybrid's spec={self.spec}, max_seq_len="
-                                 f"{self.max_seq_len}")
+        if self.lookup.spec != self.spec or self.lookup.max_seq_len != self.max_seq_len:
+            raise ValueError(f"the lookup drafts spec={self.lookup.spec} with max_seq_len={self.lookup.max_seq_len}"
+                             f"; expected the hybrid's spec={self.spec}, max_seq_len={self.max_seq_len}")
+        model = self.model.spec
+        if model.tree != "chain" or model.num_steps > self.spec.num_steps:
+            raise ValueError(f"the model drafts spec={model}; expected a chain of at most the hybrid's "
+                             f"{self.spec.num_steps} tokens")
+        if self.model.max_seq_len != self._model_seq_len(self.max_seq_len):
+            raise ValueError(f"the model's max_seq_len={self.model.max_seq_len}; expected "
+                             f"{self._model_seq_len(self.max_seq_len)} (the hybrid's {self.max_seq_len} plus room "
+                             f"for a commit of {self.spec.num_steps + 1} tokens after drafting "
+                             f"{model.num_steps})")
+
+    def _model_seq_len(self, max_seq_len: int) -> int:
+        """The model's buffers: its window is sized for its own chain, and a step's commit writes up to the
+        hybrid's num_steps + 1 tokens there."""
+        return max_seq_len + self.spec.num_steps - self.model.spec.num_steps
+
+    @property
+    def short_chain_nodes(self) -> int | None:
+        """Nodes (root included) of the model's chain when it is shorter than lookup's; None when equal."""
+        depth = self.model.spec.num_steps
+        return None if depth == self.spec.num_steps else depth + 1
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
         return self.model.tap_layers
 
     def with_max_seq_len(self, max_seq_len: int) -> "LookupThenModelDrafter":
-        return dataclasses.replace(self, model=self.model.with_max_seq_len(max_seq_len),
+        return dataclasses.replace(self, model=self.model.with_max_seq_len(self._model_seq_len(max_seq_len)),
                                    lookup=self.lookup.with_max_seq_len(max_seq_len), max_seq_len=max_seq_len)
 
     def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
@@ -93,14 +111,21 @@ class LookupThenModelDrafter(DrafterBase):
                                          key=key)
             return tree.tokens
 
+        nodes = self.model.spec.num_steps + 1
+
         def lookup_only(model_state):
             del model_state
-            return found.tokens
+            return found.tokens[:, :nodes]
 
         # Skip the model's forwards when every row has a lookup draft (only the taken branch runs).
         model_tokens = jax.lax.cond(jnp.all(found.drafted), lookup_only, model_chain, state.model)
+        width = found.tokens.shape[1]
+        if nodes < width:  # a shorter model chain: the root holds the nodes it leaves (the step does not verify them)
+            model_tokens = jnp.concatenate([model_tokens, jnp.broadcast_to(root[:, None], (root.shape[0],
+                                                                                          width - nodes))], axis=1)
         tokens = jnp.where(found.drafted[:, None], found.tokens, model_tokens)
-        return HybridState(state.model, lookup_state), found._replace(tokens=tokens, drafted=None)
+        full = found.drafted if nodes < width else None
+        return HybridState(state.model, lookup_state), found._replace(tokens=tokens, drafted=None, full=full)
 
     def commit(self, params_t: Any, params_d: Any, state: HybridState, ctx: CommitContext) -> HybridState:
         return HybridState(self.model.commit(params_t, params_d, state.model, ctx),
@@ -110,6 +135,7 @@ class LookupThenModelDrafter(DrafterBase):
 # The head reads its last 128 committed slots only. Acceptance over HumanEval [100:116], chain of 7: the head alone
 # 4.02 (all slots: 3.97; 64 slots: 3.81), the hybrid 4.59 at 64 slots (all: 4.55).
 HEAD_ATTENTION_SPAN = 128
+HEAD_MAX_DEPTH = 7
 
 
 def load_ngram_eagle3(source: "DrafterSource") -> tuple[LookupThenModelDrafter, Any]:
@@ -119,7 +145,10 @@ def load_ngram_eagle3(source: "DrafterSource") -> tuple[LookupThenModelDrafter, 
     (4.32 against 4.30; the head alone 4.13)."""
     from jspec.drafters import eagle3
 
-    model, params = eagle3.load(source)
+    depth = min(source.spec.num_steps, HEAD_MAX_DEPTH)
+    model_spec = dataclasses.replace(source.spec, num_steps=depth)
+    model, params = eagle3.load(source._replace(spec=model_spec,
+                                                max_seq_len=source.max_seq_len + source.spec.num_steps - depth))
     model = dataclasses.replace(model, attention_span=HEAD_ATTENTION_SPAN)
     lookup = NgramDrafter(source.spec, source.max_seq_len, max_ngram=3, min_ngram=3)
     return LookupThenModelDrafter(model, lookup, source.spec, source.max_seq_len), params

@@ -28,9 +28,12 @@ CHAIN = jspec.SpecConfig(tree="chain", num_steps=4)
 RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
 
 
-def hybrid_drafter(spec=CHAIN, max_seq_len=fx.MAX_SEQ_LEN, min_ngram=2, attention_span=None):
-    return LookupThenModelDrafter(Eagle3Drafter(fx.HEAD, fx.TARGET, spec, max_seq_len, attention_span=attention_span),
-                                  NgramDrafter(spec, max_seq_len, max_ngram=3, min_ngram=min_ngram), spec,
+def hybrid_drafter(spec=CHAIN, max_seq_len=fx.MAX_SEQ_LEN, min_ngram=2, attention_span=None, model_steps=None):
+    """model_steps: the head's chain when shorter than lookup's (its buffers then hold the longer commit)."""
+    steps = spec.num_steps if model_steps is None else model_steps
+    head = Eagle3Drafter(fx.HEAD, fx.TARGET, dataclasses.replace(spec, num_steps=steps),
+                         max_seq_len + spec.num_steps - steps, attention_span=attention_span)
+    return LookupThenModelDrafter(head, NgramDrafter(spec, max_seq_len, max_ngram=3, min_ngram=min_ngram), spec,
                                   max_seq_len)
 
 
@@ -59,11 +62,16 @@ class ConstantModel(DrafterBase):
 PROPOSALS: list[int] = []
 
 
-def _propose(prompts):
+def _propose(prompts, model_steps=CHAIN.num_steps):
     """(model proposals that ran, draft tokens) of one propose after prefilling right-padded ``prompts`` (the
-    last prompt token is the root)."""
-    drafter = LookupThenModelDrafter(ConstantModel(CHAIN, 32), NgramDrafter(CHAIN, 32, max_ngram=3, min_ngram=2),
-                                     CHAIN, 32)
+    last prompt token is the root); the model drafts a chain of ``model_steps``."""
+    return _propose_tree(prompts, model_steps)[:2]
+
+
+def _propose_tree(prompts, model_steps):
+    """-> (model proposals that ran, draft tokens, the DraftTree)."""
+    model = ConstantModel(dataclasses.replace(CHAIN, num_steps=model_steps), 32 + CHAIN.num_steps - model_steps)
+    drafter = LookupThenModelDrafter(model, NgramDrafter(CHAIN, 32, max_ngram=3, min_ngram=2), CHAIN, 32)
     width = max(len(p) for p in prompts)
     ids = jnp.asarray([p[:-1] + [0] * (width - len(p) + 1) for p in prompts], jnp.int32)
     lens = jnp.asarray([len(p) - 1 for p in prompts], jnp.int32)
@@ -73,7 +81,7 @@ def _propose(prompts):
     _, tree = jax.jit(drafter.propose)({}, {}, state, first, lens)
     tokens = np.asarray(tree.tokens)
     jax.effects_barrier()
-    return len(PROPOSALS), tokens
+    return len(PROPOSALS), tokens, tree
 
 
 def test_each_row_takes_the_lookup_draft_where_a_suffix_matched_else_the_models():
@@ -92,6 +100,16 @@ def test_the_model_is_not_run_when_every_row_matched():
 def test_a_single_token_match_is_not_trusted_over_the_model():
     counted, tokens = _propose([[4, 9, 1, 2, 3, 4]])  # only "4" recurs: a 1-gram, below min_ngram 2
     assert tokens[0].tolist() == [4, 63, 63, 63, 63] and counted == 1
+
+
+def test_a_shorter_model_chain_leaves_the_root_in_its_rows_and_marks_them_short():
+    """Lookup drafts the chain of 4, the model 2: the step verifies only 3 nodes unless every row is full."""
+    counted, tokens, tree = _propose_tree([[1, 2, 3, 4, 5, 1, 2], [9, 8, 7, 6, 5, 4, 3]], model_steps=2)
+    assert tokens[0].tolist() == [2, 3, 4, 5, 1]
+    assert tokens[1].tolist() == [3, 63, 63, 3, 3]
+    assert np.asarray(tree.full).tolist() == [True, False] and tree.drafted is None and counted == 1
+    _, _, same = _propose_tree([[1, 2, 3, 4, 5, 1, 2]], model_steps=CHAIN.num_steps)
+    assert same.full is None  # chains of equal length: one verify width
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +131,21 @@ def test_greedy_output_equals_plain_decoding(target):
         out = engine.generate(RAGGED, max_new_tokens=max_new_tokens)
         assert out.token_ids == expected, max_new_tokens
     assert out.stats.acceptance_length > 1.5, out.stats
+
+
+def test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain(target):
+    """Lookup drafts 6 tokens, the head 2: a step where every running row found a lookup draft verifies all 7
+    nodes (committing up to 7 tokens), any other step the first 3. Both must give plain decoding's tokens."""
+    plain = fx.plain_engine(target)
+    spec = jspec.SpecConfig(tree="chain", num_steps=6)
+    drafter = hybrid_drafter(spec, model_steps=2, attention_span=3)
+    assert drafter.short_chain_nodes == 3
+    engine = jspec.SpecEngine(fx.TARGET, target, drafter=drafter, drafter_params=fx.random_head(),
+                              max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN)
+    for prompts in (RAGGED, RAGGED[3:]):  # mixed rows (mostly short steps); one cycling row (long steps)
+        out = engine.generate(prompts, max_new_tokens=33)
+        assert out.token_ids == plain.generate(prompts, max_new_tokens=33).token_ids
+    assert out.stats.accepted_per_position[3] > 0, out.stats  # a long step accepted more than the head drafts
 
 
 def test_stops_at_eos_inside_an_accepted_run(target):
@@ -148,19 +181,31 @@ def test_shapes_are_validated():
                                fx.MAX_SEQ_LEN)
     with pytest.raises(ValueError, match="attention_span=0"):
         hybrid_drafter(attention_span=0)
+    with pytest.raises(ValueError, match="a chain of at most the hybrid's 4"):
+        LookupThenModelDrafter(Eagle3Drafter(fx.HEAD, fx.TARGET, dataclasses.replace(CHAIN, num_steps=5), 32),
+                               NgramDrafter(CHAIN, 32), CHAIN, 32)
+    with pytest.raises(ValueError, match="max_seq_len=32; expected 34"):
+        LookupThenModelDrafter(Eagle3Drafter(fx.HEAD, fx.TARGET, dataclasses.replace(CHAIN, num_steps=2), 32),
+                               NgramDrafter(CHAIN, 32), CHAIN, 32)
     drafter = hybrid_drafter().with_max_seq_len(64)
     assert drafter.max_seq_len == drafter.model.max_seq_len == drafter.lookup.max_seq_len == 64
+    drafter = hybrid_drafter(model_steps=2).with_max_seq_len(64)
+    assert (drafter.lookup.max_seq_len, drafter.model.max_seq_len) == (64, 66)
 
 
 def test_bundled_ngram_eagle3_equals_plain_decoding():
-    """drafter="ngram+eagle3" by name: the bundled head behind lookup, on a prompt that repeats itself."""
+    """drafter="ngram+eagle3" by name: the bundled head behind lookup, on a prompt that repeats itself; lookup's
+    chain of 11 over the head's 7 (auto's longer candidate), and a chain of 4 that both draft."""
     prompt = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
     path = jspec.bundled_model()
     plain = jspec.SpecEngine.from_pretrained(path, max_batch_size=1, max_seq_len=256)
-    engine = jspec.SpecEngine.from_pretrained(path, drafter="ngram+eagle3", spec=CHAIN, max_batch_size=1,
-                                              max_seq_len=256)
-    assert isinstance(engine.setup.drafter, hybrid.LookupThenModelDrafter)
-    assert engine.setup.drafter.model.attention_span == hybrid.HEAD_ATTENTION_SPAN < engine.setup.max_seq_len
-    out = engine.generate([prompt], max_new_tokens=48)
-    assert out.token_ids == plain.generate([prompt], max_new_tokens=48).token_ids
-    assert out.stats.acceptance_length > 2.0, out.stats
+    expected = plain.generate([prompt], max_new_tokens=48).token_ids
+    for spec, head_steps in ((jspec.SpecConfig(tree="chain", num_steps=11), hybrid.HEAD_MAX_DEPTH), (CHAIN, 4)):
+        engine = jspec.SpecEngine.from_pretrained(path, drafter="ngram+eagle3", spec=spec, max_batch_size=1,
+                                                  max_seq_len=256)
+        drafter = engine.setup.drafter
+        assert isinstance(drafter, hybrid.LookupThenModelDrafter) and drafter.model.spec.num_steps == head_steps
+        assert drafter.model.attention_span == hybrid.HEAD_ATTENTION_SPAN < engine.setup.max_seq_len
+        out = engine.generate([prompt], max_new_tokens=48)
+        assert out.token_ids == expected, spec
+        assert out.stats.acceptance_length > 2.0, out.stats
