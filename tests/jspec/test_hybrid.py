@@ -195,12 +195,12 @@ def test_shapes_are_validated():
 
 def test_bundled_ngram_eagle3_equals_plain_decoding():
     """drafter="ngram+eagle3" by name: the bundled head behind lookup, on a prompt that repeats itself; lookup's
-    chain of 11 over the head's 7 (auto's longer candidate), and a chain of 4 that both draft."""
+    chain of 11 over the head's 7 (auto's longer candidate; the random-head tests above cover equal chains)."""
     prompt = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
     path = jspec.bundled_model()
     plain = jspec.SpecEngine.from_pretrained(path, max_batch_size=1, max_seq_len=256)
     expected = plain.generate([prompt], max_new_tokens=48).token_ids
-    for spec, head_steps in ((jspec.SpecConfig(tree="chain", num_steps=11), hybrid.HEAD_MAX_DEPTH), (CHAIN, 4)):
+    for spec, head_steps in ((jspec.SpecConfig(tree="chain", num_steps=11), hybrid.HEAD_MAX_DEPTH),):
         engine = jspec.SpecEngine.from_pretrained(path, drafter="ngram+eagle3", spec=spec, max_batch_size=1,
                                                   max_seq_len=256)
         drafter = engine.setup.drafter
