@@ -29,6 +29,8 @@ class GenerateSetup:
 (``jspec.sharding``), None on one device. The drafter's ``max_seq_len`` is kept equal to the setup's (:meth:`with_max_seq_len`).
     capture_layers: target layers whose residual-stream states ``generate`` keeps for every token (prompt and
     generated) in ``DecodeState.hidden_states`` (:func:`check_capture_layers`); () keeps none.
+    compiler_options: XLA options as ((name, value), ...) that every program of this setup compiles with; None
+    (the default): chosen per backend and step kind by ``jspec.compile_options.program_options``.
     """
 
     target: ModelConfig
@@ -39,6 +41,7 @@ class GenerateSetup:
     force_accept: int | None = None
     mesh: Mesh | None = None
     capture_layers: tuple[int, ...] = ()
+    compiler_options: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self):
         if not isinstance(self.max_seq_len, int) or self.max_seq_len < 2:
@@ -51,6 +54,11 @@ class GenerateSetup:
         if not isinstance(self.capture_layers, tuple):
             raise ValueError(f"capture_layers={self.capture_layers!r}: expected a tuple of layer indices")
         check_capture_layers(self.capture_layers, self.target.num_layers, name="capture_layers")
+        options = self.compiler_options
+        if options is not None and not (isinstance(options, tuple) and all(
+                isinstance(o, tuple) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in options)):
+            raise ValueError(f"compiler_options={options!r}: expected None or a tuple of (name, value) string "
+                             f"pairs")
 
     def with_max_seq_len(self, max_seq_len: int) -> "GenerateSetup":
         """The same setup with shorter buffers (the engine sizes them per request bucket)."""

@@ -58,6 +58,20 @@ class KVCache(NamedTuple):
         return isinstance(self.k, (tuple, list))
 
 
+def pad_slots(cache: KVCache, slots: int) -> KVCache:
+    """The cache with its slot axis (axis -3, either layout) zero-padded to ``slots``: a prefill run on a cache of
+    the prompt's width, handed on to a loop that needs more."""
+    def pad(buffer: jax.Array) -> jax.Array:
+        extra = slots - buffer.shape[-3]
+        if extra < 0:
+            raise ValueError(f"pad_slots: the cache has {buffer.shape[-3]} slots, more than slots={slots}")
+        widths = [(0, 0)] * buffer.ndim
+        widths[-3] = (0, extra)
+        return jnp.pad(buffer, widths) if extra else buffer
+
+    return jax.tree.map(pad, cache)
+
+
 class AttentionFn(Protocol):
     def __call__(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array,
                  v_new: jax.Array, cache_len: jax.Array, local_mask: jax.Array | None,

@@ -25,7 +25,7 @@ from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
 from jspec.sharding import param_specs, replicated_specs, splits_evenly
-from models.attention import KVCache, recent_attention
+from models.attention import KVCache, pad_slots, recent_attention
 from models.checkpoint import DTYPES, load_eagle3
 from models.config import ModelConfig
 from models.eagle3 import Eagle3Config, Eagle3Head
@@ -105,11 +105,12 @@ class Eagle3Drafter(DrafterBase):
         shifted = jnp.concatenate([ctx.prompt_ids[:, 1:], jnp.zeros((batch, 1), jnp.int32)], axis=1)
         shifted = shifted.at[rows, ctx.prompt_lens - 1].set(ctx.first_token)
         cfg = self.head.layer
-        cache = KVCache.zeros(1, batch, self.model_cache_slots, cfg.num_kv_heads, cfg.head_dim, DTYPES[self.dtype])
+        # On a cache of the prompt's width, padded after (as the target's prefill: jspec.generate.prefill).
+        cache = KVCache.zeros(1, batch, width, cfg.num_kv_heads, cfg.head_dim, DTYPES[self.dtype])
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
         out = self._run(params_t, params_d, cache, shifted, self._features(ctx.taps), positions,
                         jnp.zeros((batch,), jnp.int32), output_at=_last_row(ctx.prompt_lens, width))
-        return Eagle3State(out.cache, out.logits[:, 0], out.hidden[:, 0])
+        return Eagle3State(pad_slots(out.cache, self.model_cache_slots), out.logits[:, 0], out.hidden[:, 0])
 
     def propose(self, params_t: Any, params_d: Any, state: Eagle3State, root: jax.Array, cache_len: jax.Array,
                 *, sampling: Any = None, key: jax.Array | None = None) -> tuple[Eagle3State, DraftTree]:

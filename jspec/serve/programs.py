@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.compile_options import setup_jit
 from jspec.generate import prefill, run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
@@ -32,7 +33,7 @@ def _start_state(params_t, params_d, prompt_ids, prompt_lens, keys, max_new_toke
     return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup), inputs
 
 
-@functools.partial(jax.jit, static_argnames=("setup", "num_slots", "num_stop_ids"))
+@functools.partial(setup_jit, static_argnames=("setup", "num_slots", "num_stop_ids"))
 def idle_slots(params_t, params_d, *, setup: GenerateSetup, num_slots: int,
                num_stop_ids: int) -> tuple[DecodeState, StepInputs]:
     """-> (state, inputs) of ``num_slots`` finished slots: each prefilled with token 0 and a budget of one token,
@@ -60,7 +61,7 @@ def _batch_axes(setup: GenerateSetup, params_t, params_d, num_stop_ids: int) -> 
     return jax.tree.map(axis, one, two)
 
 
-@functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state", "inputs"))
+@functools.partial(setup_jit, static_argnames=("setup",), donate_argnames=("state", "inputs"))
 def admit(params_t, params_d, state: DecodeState, inputs: StepInputs, prompt_ids: jax.Array, prompt_len: jax.Array,
           key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
           slot: jax.Array, *, setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
@@ -88,7 +89,8 @@ def admit(params_t, params_d, state: DecodeState, inputs: StepInputs, prompt_ids
         return shard_state(state), inputs
 
 
-@functools.partial(jax.jit, static_argnames=("setup", "speculate", "rows", "seq_len"), donate_argnames=("state",))
+@functools.partial(setup_jit, static_argnames=("setup", "speculate", "rows", "seq_len"),
+                   donate_argnames=("state",))
 def run_chunk(params_t, params_d, state: DecodeState, inputs: StepInputs, cancel: jax.Array, max_steps: jax.Array,
               *, setup: GenerateSetup, speculate: bool = True, rows: int | None = None,
               seq_len: int | None = None) -> DecodeState:

@@ -15,6 +15,13 @@ def bucket(n: int, minimum: int = 1) -> int:
     return size
 
 
+def width_bucket(n: int, minimum: int = 16) -> int:
+    """The smallest of 16, 24, 32, 48, 64, 96, ... (powers of two and 1.5 times them) >= max(n, minimum), by
+    counting up."""
+    sizes = sorted({2 ** k for k in range(1, 16)} | {3 * 2 ** k for k in range(1, 15)})
+    return next(size for size in sizes if size >= max(n, minimum))
+
+
 def prompts_of(lengths, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(1, 100, length).tolist() for length in lengths]
@@ -29,7 +36,9 @@ def prompts_of(lengths, seed=0):
     ([127, 3], 128, [5, 6, 7], 2, 2048),
     ([513], 100, [1, 2], 8, 2048),
     ([513, 127, 17], 50, [3], 3, 600),      # prompt and sequence buckets capped at max_seq_len (not a power of 2)
-    ([17], 10, [], 1, 27),                  # prompt bucket 32 capped at 27 = 17 + 10
+    ([17], 10, [], 1, 27),                  # prompt bucket 24 (a half-step), sequence bucket 64 capped at 27
+    ([25], 2, [], 1, 27),                   # prompt bucket 32 capped at 27 = 25 + 2
+    ([129, 186, 100], 128, [2], 4, 2048),   # 192: HumanEval prompts of the bundled model
 ])
 def test_pad_batch_buckets_and_padding(lengths, max_new_tokens, stop_ids, max_batch_size, max_seq_len):
     prompts = prompts_of(lengths)
@@ -38,7 +47,7 @@ def test_pad_batch_buckets_and_padding(lengths, max_new_tokens, stop_ids, max_ba
     padded = pad_batch(prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids, max_batch_size=max_batch_size,
                        max_seq_len=max_seq_len)
     rows = min(bucket(len(prompts)), max_batch_size)
-    width = min(bucket(max(lengths), 16), max_seq_len)
+    width = min(width_bucket(max(lengths)), max_seq_len)
     unique_stops = sorted(set(stop_ids))
     assert padded.batch_size == len(prompts)
     assert padded.prompt_ids.shape == (rows, width) and padded.prompt_ids.dtype == np.int32
