@@ -1,4 +1,5 @@
-"""Host-side batching: validate prompts, pad them into power-of-two buckets, and cut the outputs back out.
+"""Host-side batching: validate prompts, pad them into buckets (powers of two, and for prompt widths 1.5 times one
+too), and cut the outputs back out.
 
 Buckets keep the number of compilations small: batch is padded to the next power of two (at most
 max_batch_size), prompt width to the next power of two or 1.5 times one (at least 16, at most max_seq_len: the
