@@ -3,8 +3,20 @@
 import os
 import shutil
 
-import jax
-import pytest
+# One persistent compilation cache for the whole test session, its xdist workers and the processes its tests start
+# (they inherit the environment), kept between sessions: a program compiled once (a shared fixture's engine, a
+# CLI subprocess's) is loaded, not compiled, by every later module, worker and tier. Set before JAX is imported,
+# which reads these from the environment. Tests of the CLI's own cache switch it off (`no_session_compile_cache`).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SESSION_COMPILE_CACHE = os.path.join(REPO, ".pytest_cache", "jax-compile-cache")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", SESSION_COMPILE_CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from tests.compile_cache import session_compile_cache_off  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -76,3 +88,9 @@ def _release_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def no_session_compile_cache():
+    with session_compile_cache_off():
+        yield

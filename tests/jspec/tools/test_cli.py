@@ -16,6 +16,7 @@ from jspec.detokenize import TextStream
 from jspec.tools.cli import build_parser, main, parse_args
 from jspec.tools.generate_cmd import as_flags
 from jspec.tools.demo_model import write_random_hf_checkpoint
+from tests.compile_cache import session_compile_cache_off
 
 SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "hidden_size": 32,
          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -41,8 +42,9 @@ def completion(stdout: str, prompt: str = PROMPT) -> str:
 
 @pytest.fixture(autouse=True, scope="module")
 def _jspec_home(tmp_path_factory):
-    """main() keeps compiled programs under $JSPEC_HOME/compile-cache: a fresh one, not the user's."""
-    with pytest.MonkeyPatch.context() as patch:
+    """main() keeps compiled programs under $JSPEC_HOME/compile-cache: a fresh one, not the user's (nor the test
+    session's, which main() would leave in charge)."""
+    with pytest.MonkeyPatch.context() as patch, session_compile_cache_off():
         patch.setenv("JSPEC_HOME", str(tmp_path_factory.mktemp("jspec-home")))
         yield
 

@@ -133,7 +133,7 @@ def cache_files(jspec_home) -> list[str]:
 
 
 @needs_bundle
-def test_a_second_identical_call_compiles_nothing(tmp_path):
+def test_a_second_identical_call_compiles_nothing(tmp_path, no_session_compile_cache):
     argv = ["generate", *FIXED_METHOD, "--no-baseline", "--max-new-tokens", "16", "def f(x):"]
     outputs, entries = [], []
     for _ in range(2):
