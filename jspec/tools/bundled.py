@@ -18,13 +18,11 @@ from jspec.config import SpecConfig
 
 __all__ = ["BUNDLE_DIR", "DEFAULT_SPEC", "PARTS", "RANKED_PATHS", "build_bundle", "bundled_dir", "spec_for"]
 
-# The best acceptance of the bundled head on the 164 HumanEval prompts (greedy, 128 tokens; see the README):
+# The best acceptance of the bundled head on the 164 HumanEval prompts (greedy, 128 tokens; docs/bundled-model.md):
 # 5.69 tokens per step, keeping the head's top-1 chain to depth 8 (EAGLE-2's selection gets 4.74 from this tree).
 DEFAULT_SPEC = SpecConfig(tree="dynamic", num_steps=8, topk=4, num_draft_tokens=32, selection="top1_chain")
-# The fastest method measured on a CPU (docs/benchmarks.md: n-gram chain of 9 drafts, 1.85x plain over 16
-# HumanEval prompts; the retrained EAGLE-3 head's chain of 3 measured 1.31x beside the n-gram chain's 1.68x): on
-# XLA:CPU a verify pass of this 7-layer target costs several plain steps and each head forward about 0.4 of one,
-# so the drafts that cost nothing to make pay most there.
+# On a CPU, drafts that cost nothing to make pay most: a verify pass of this small target costs several plain
+# steps there and each head forward a good part of one (measured in docs/benchmarks.md).
 CPU_DRAFTER, CPU_SPEC = "ngram", SpecConfig(tree="chain", num_steps=9)
 
 
