@@ -312,14 +312,14 @@ def train_target(out_dir: str, work_dir: str, hf_config: dict, train: TrainConfi
 
 def load_hf_llama(src: str, dtype: str = "float32") -> tuple[ModelConfig, Any, dict]:
     """(config, params, hf_config) of a HF Llama-family directory, read straight from its safetensors."""
-    from models.checkpoint import (DTYPES, _ignore_tied_lm_head, hf_to_params, iter_safetensors, llama_param_path,
+    from models.checkpoint import (DTYPES, hf_to_params, ignore_tied_lm_head, iter_safetensors, llama_param_path,
                                    read_hf_config, safetensors_files)
 
     hf_config = read_hf_config(src)
     config = from_hf_config(hf_config)
     abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
     params = hf_to_params(iter_safetensors(safetensors_files(src)), abstract, DTYPES[dtype], llama_param_path,
-                          _ignore_tied_lm_head(config))
+                          ignore_tied_lm_head(config))
     return config, params, hf_config
 
 

@@ -17,9 +17,10 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from models.checkpoint.hf_import import _check_eagle3_layers, _eagle3_d2t, _expected_shapes
+from models.checkpoint.hf_eagle3 import check_eagle3_layers, eagle3_d2t
+from models.checkpoint.hf_params import expected_shapes
 from models.checkpoint.mtp_layouts import abstract_module, module_hf_names, module_prefix
-from models.checkpoint.store import DTYPES, _abstract_eagle3_head, atomic_directory
+from models.checkpoint.store import DTYPES, abstract_eagle3_head, atomic_directory
 from models.config import QKV_BIAS_MODEL_TYPES, from_hf_config
 from models.mtp import MTP_LAYOUTS
 
@@ -31,7 +32,7 @@ def _checked_params(params: Any, abstract_for_dtype: Callable[[str], Any], what:
     dtypes = sorted({str(np.asarray(leaf).dtype) for leaf in flat.values()})
     if len(dtypes) != 1 or dtypes[0] not in DTYPES:
         raise ValueError(f"{what} have dtypes {dtypes}: expected one of {sorted(DTYPES)}")
-    expected = {path: shape for path, (shape, _) in _expected_shapes(abstract_for_dtype(dtypes[0])).items()}
+    expected = {path: shape for path, (shape, _) in expected_shapes(abstract_for_dtype(dtypes[0])).items()}
     got = {path: tuple(np.shape(leaf)) for path, leaf in flat.items()}
     if got != expected:
         wrong = sorted("/".join(p) + f": got {got.get(p)}, expected {expected.get(p)}"
@@ -60,15 +61,15 @@ def write_hf_eagle3(directory: str, hf_config: dict, params: Any, d2t: Any, over
 
     from models.eagle3 import eagle3_config_from_hf
 
-    _check_eagle3_layers(hf_config)
+    check_eagle3_layers(hf_config)
     config = eagle3_config_from_hf(hf_config)
-    flat, dtype = _checked_params(params, lambda dtype: _abstract_eagle3_head(config, dtype), "EAGLE-3 params")
+    flat, dtype = _checked_params(params, lambda dtype: abstract_eagle3_head(config, dtype), "EAGLE-3 params")
     tensors = {}
     for path, leaf in flat.items():
         name, transpose = _eagle3_hf_name(path)
         array = np.asarray(leaf)
         tensors[name] = np.ascontiguousarray(array.T if transpose else array)
-    d2t = _eagle3_d2t(np.asarray(d2t), config.draft_vocab_size, config.target_vocab_size)
+    d2t = eagle3_d2t(np.asarray(d2t), config.draft_vocab_size, config.target_vocab_size)
     tensors["d2t"] = d2t.astype(np.int64)
     t2d = np.zeros(config.target_vocab_size, bool)  # SpecForge writes the inverse map too: a membership mask
     t2d[np.arange(config.draft_vocab_size) + d2t] = True

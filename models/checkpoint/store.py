@@ -263,7 +263,8 @@ def _read_kind(model_dir: str, kind: str) -> dict:
     return meta
 
 
-def _abstract_eagle3_head(config, dtype: str) -> Any:
+def abstract_eagle3_head(config, dtype: str) -> Any:
+    """The Eagle3Head param tree of ``config`` as jax.ShapeDtypeStruct leaves in dtype ``dtype`` (no memory)."""
     from models.eagle3 import init_eagle3_params
 
     return jax.eval_shape(lambda: init_eagle3_params(config, jax.random.key(0), DTYPES[dtype]))
@@ -279,7 +280,7 @@ def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax
     meta = _read_kind(model_dir, "eagle3")
     config = eagle3_config_from_hf(read_hf_config(model_dir))
     stored = meta["dtype"]
-    abstract = {"head": _abstract_eagle3_head(config, stored),
+    abstract = {"head": abstract_eagle3_head(config, stored),
                 "d2t": jax.ShapeDtypeStruct((config.draft_vocab_size,), jnp.int32)}
     restored = load_params(os.path.join(model_dir, "params"), abstract)
     head, dtype_name = _cast_params(restored["head"], stored, dtype)

@@ -13,7 +13,7 @@ import pytest
 from jspec.tools.cli import main
 from jspec.tools.demo_model import write_random_hf_checkpoint
 from models.checkpoint import convert_hf_checkpoint, convert_hf_llama
-from models.checkpoint.hf_import import _naming_config
+from models.checkpoint.hf_params import naming_config
 
 SMALL = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 40, "hidden_size": 16,
@@ -106,7 +106,7 @@ def test_missing_eagle3_config_field_named_with_the_file(hf_dir, tmp_path):
 
 def test_a_key_error_reading_config_becomes_a_value_error(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'config.json'}: no 'rope_theta' field")):
-        with _naming_config(str(tmp_path)):
+        with naming_config(str(tmp_path)):
             raise KeyError("rope_theta")
 
 

@@ -17,8 +17,8 @@ from safetensors.numpy import load_file, save_file
 from jspec.tools.cli import main
 from models.checkpoint import (convert_hf_checkpoint, convert_hf_llama, has_mtp, load_llama, load_mtp,
                                write_hf_llama)
-from models.checkpoint import hf_import
-from models.checkpoint.hf_import import llama_param_path
+from models.checkpoint import hf_mtp
+from models.checkpoint.hf_llama import llama_param_path
 from models.checkpoint.mtp_layouts import abstract_module
 from models.config import from_hf_config
 from models.llama import init_params
@@ -318,14 +318,14 @@ def test_num_nextn_predict_layers_must_match_the_tensors(written, tmp_path, valu
 
 def test_a_failure_while_writing_the_modules_leaves_nothing(written, tmp_path, monkeypatch):
     """The modules are written in the target's atomic write: the target is complete by then, and still removed."""
-    read = hf_import._read_tensor
+    read = hf_mtp.read_tensor
 
     def failing_read(file, name, out=None):
         if name.startswith("model.mtp_layers.1."):
             raise OSError(f"disk gone while reading {name}")
         return read(file, name, out)
 
-    monkeypatch.setattr(hf_import, "_read_tensor", failing_read)
+    monkeypatch.setattr(hf_mtp, "read_tensor", failing_read)
     with pytest.raises(OSError, match="disk gone"):
         convert_hf_llama(written["mimo", "qwen2"][0], str(tmp_path / "out"), progress=False)
     assert_nothing_written(tmp_path)

@@ -1,0 +1,130 @@
+"""A Hugging Face Llama-family target in: its tensor names -> param paths, and ``convert_hf_llama``, which streams
+the checkpoint into a jspec directory one stacked parameter at a time (with the MTP modules it ships, see
+``hf_mtp``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from models.checkpoint.hf_mtp import plan_mtp, stream_mtp_leaves
+from models.checkpoint.hf_params import UNUSED_TENSOR, TensorCheck, expected_shapes, naming_config, resolve_dtype
+from models.checkpoint.mtp_layouts import MTP_DIR, split_mtp_name
+from models.checkpoint.safetensors_io import open_safetensors, read_tensor, safetensors_files, tensor_headers
+from models.checkpoint.store import DTYPES, atomic_directory, check_destination, read_hf_config, write_jspec_dir
+from models.config import ModelConfig, from_hf_config
+
+_LLAMA_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | None, bool] | None:
+    """HF tensor name -> (param path, layer index or None, transpose?); None if the name is not ours."""
+    if hf_name == "model.embed_tokens.weight":
+        return ("embed_tokens", "embedding"), None, False
+    if hf_name == "model.norm.weight":
+        return ("norm", "weight"), None, False
+    if hf_name == "lm_head.weight":
+        return ("lm_head", "kernel"), None, True
+    match = _LLAMA_LAYER.match(hf_name)
+    if not match:
+        return None
+    layer, module, kind = int(match.group(1)), match.group(2), match.group(3)
+    parts = tuple(module.split("."))
+    if parts[-1].endswith("_proj"):  # Linear: weight [out, in] -> kernel [in, out]
+        return ("layers",) + parts + ("kernel" if kind == "weight" else "bias",), layer, kind == "weight"
+    return ("layers",) + parts + (kind,), layer, False
+
+
+# --- streaming a Llama checkpoint: one stacked parameter in memory at a time ---------------------------------
+#
+# The tensors are checked from the safetensors headers alone (names, shapes); then every parameter is built in
+# turn (a stacked [L, ...] buffer filled layer by layer, each source tensor read on its own and cast into place),
+# handed to the writer and dropped. Peak host memory: the largest parameter plus one source tensor.
+
+_Source = tuple[int | None, str, str, bool]  # (layer or None, file, tensor name, transpose?)
+
+
+def _plan_llama(files: list[str], abstract_params: Any,
+                ignore: Callable[[str], bool]) -> dict[tuple[str, ...], list[_Source]]:
+    """param path -> the source tensors that fill it, checked from the headers (no tensor data read)."""
+    check = TensorCheck(abstract_params, llama_param_path, ignore)
+    plan: dict[tuple[str, ...], list[_Source]] = {}
+    for file in files:
+        with open_safetensors(file) as f:
+            for name in f.keys():
+                placed = check.place(name, tuple(f.get_slice(name).get_shape()))
+                if placed is not None:
+                    path, layer, transpose = placed
+                    plan.setdefault(path, []).append((layer, file, name, transpose))
+    check.raise_problems()
+    return plan
+
+
+def _stream_llama_leaves(plan: dict[tuple[str, ...], list[_Source]], abstract_params: Any, dtype,
+                         on_tensor: Callable[[], None] = lambda: None) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+    """Yields (param path, array) one parameter at a time; each array is built when drawn (see above)."""
+    np_dtype = np.dtype(dtype)
+    for path, (shape, _) in expected_shapes(abstract_params).items():
+        buffer = np.empty(shape, np_dtype)
+        for layer, file, name, transpose in plan[path]:
+            target = buffer if layer is None else buffer[layer]
+            if transpose:
+                target[...] = read_tensor(file, name).T
+            else:
+                read_tensor(file, name, out=target)
+            del target
+            on_tensor()
+        yield path, buffer
+        del buffer  # before the next parameter is allocated
+
+
+def ignore_tied_lm_head(config: ModelConfig) -> Callable[[str], bool]:
+    """The ``ignore`` of a target whose lm_head is its embedding: a lm_head.weight the checkpoint carries anyway."""
+    return lambda name: config.tie_word_embeddings and name == "lm_head.weight"
+
+
+def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = False,
+                     progress: bool = True) -> str:
+    """Converts a HF Llama-family checkpoint directory at ``src`` into a jspec directory at ``dst``.
+
+    MTP modules in the checkpoint (config.json ``num_nextn_predict_layers``; models/checkpoint/mtp_layouts.py) are
+    written into ``dst/mtp/``, a jspec directory of kind "mtp", in the same atomic write as the target."""
+    from models.llama import init_params
+
+    check_destination(dst, overwrite)
+    hf_config = read_hf_config(src)
+    with naming_config(src):
+        config = from_hf_config(hf_config)
+    dtype = resolve_dtype(dtype, hf_config)
+    files = safetensors_files(src)
+    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
+    headers = tensor_headers(files)
+    mtp_names = {name for name in headers
+                 if not UNUSED_TENSOR.match(name) and split_mtp_name(name, config.num_layers) is not None}
+    ignore_tied = ignore_tied_lm_head(config)
+    plan = _plan_llama(files, abstract, lambda name: ignore_tied(name) or name in mtp_names)
+    with naming_config(src):
+        mtp = plan_mtp(headers, mtp_names, hf_config, config, DTYPES[dtype])
+    with contextlib.ExitStack() as stack:
+        on_tensor = lambda: None
+        if progress:
+            from tqdm import tqdm
+            total = sum(map(len, plan.values())) + (len(mtp.sources) if mtp else 0)
+            bar = stack.enter_context(tqdm(total=total, desc="converting", unit="tensor"))
+            on_tensor = bar.update
+        with atomic_directory(dst, overwrite) as out:
+            write_jspec_dir(out, hf_config, _stream_llama_leaves(plan, abstract, DTYPES[dtype], on_tensor), "llama",
+                            dtype, src)
+            if mtp is not None:
+                mtp_dir = os.path.join(out, MTP_DIR)
+                os.makedirs(mtp_dir)
+                write_jspec_dir(mtp_dir, mtp.hf_config, stream_mtp_leaves(mtp, DTYPES[dtype], on_tensor), "mtp",
+                                dtype, None)
+    return os.path.abspath(dst)
