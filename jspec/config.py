@@ -2,17 +2,21 @@
 
 Both are frozen and validated in ``__post_init__``, before anything is traced: a bad value raises ValueError
 naming it. SpecConfig is static under jit (it fixes every buffer's shape); SamplingParams become per-sequence
-arrays, so changing them never recompiles.
+arrays, so changing them never recompiles. :func:`check_seed` and :func:`check_token_ids` are the one check of a
+seed and of token ids against the vocabulary, for the engine, the batcher and the server alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
+
+import numpy as np
 
 TreeKind = Literal["chain", "static", "dynamic"]
 TREE_KINDS = ("chain", "static", "dynamic")
 SELECTIONS = ("eagle2", "top1_chain")
+SEED_RANGE = 2 ** 32  # a seed of its own key is an integer in [0, SEED_RANGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,15 +124,38 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p!r}: expected a number in (0, 1] (1 = disabled)")
         if isinstance(self.seed, (list, tuple)):
-            if not self.seed or any(not isinstance(s, int) or not 0 <= s < 2 ** 32 for s in self.seed):
+            try:
+                seeds = tuple(check_seed(seed) for seed in self.seed)
+            except ValueError:
+                seeds = ()
+            if not seeds:
                 raise ValueError(f"seed={self.seed!r}: expected an integer, or one integer in [0, 2**32) per prompt")
-            object.__setattr__(self, "seed", tuple(self.seed))
+            object.__setattr__(self, "seed", seeds)
         elif not isinstance(self.seed, int):
             raise ValueError(f"seed={self.seed!r}: expected an integer, or one integer per prompt")
         stop = tuple(self.stop_token_ids or ())
         if any(not isinstance(t, int) or t < 0 for t in stop):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: expected non-negative integers")
         object.__setattr__(self, "stop_token_ids", stop)
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` when it is an integer in [0, 2**32) (the seed of one prompt's or one request's own key); else
+    ValueError naming it."""
+    if not isinstance(seed, int) or not 0 <= seed < SEED_RANGE:
+        raise ValueError(f"seed={seed!r}: expected an integer in [0, 2**32)")
+    return seed
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
+    """Raises ValueError unless every one of ``ids`` is an integer token id in [0, vocab_size); the message says
+    ``what`` holds them (e.g. "prompt 0") and names the first bad id."""
+    array = np.asarray(ids)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{what} holds {array.dtype} values: expected integer token ids")
+    bad = array[(array < 0) | (array >= vocab_size)]
+    if bad.size:
+        raise ValueError(f"{what} has token id {int(bad[0])}, outside the vocabulary [0, {vocab_size})")
 
 
 def static_choices(spec: SpecConfig) -> tuple[tuple[int, ...], ...] | None:

@@ -1,7 +1,8 @@
 """OpenAI request bodies -> validated generation parameters, or an :class:`APIError` that names the bad field.
 
-Only the HTTP shapes live here; the slot engine checks the rest (lengths against the context, ids against the
-vocabulary) and its ValueError is answered the same way (HTTP 400). Fields follow OpenAI's API reference, plus
+Only the HTTP shapes live here, and what jspec checks the same way everywhere (a seed, prompt ids against the
+vocabulary) is checked by ``jspec.config``'s own functions; the slot engine checks the rest (lengths against the
+context, stop ids) and its ValueError is answered the same way (HTTP 400). Fields follow OpenAI's API reference, plus
 vLLM's extensions ``top_k`` (-1 or 0 = off), ``stop_token_ids`` and ``return_token_ids`` (the generated token
 ids in each choice). Features this server does not have (n > 1, best_of, logprobs, echo, penalties, tools, ...)
 are refused by name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
@@ -20,7 +21,8 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-MAX_SEED = 2 ** 32
+from jspec.config import check_seed, check_token_ids
+
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -153,7 +155,7 @@ def _params(body: dict[str, Any], prompt_ids: list[int], max_tokens: int, vocab_
         raise APIError(f"stop_token_ids={_show(stop_ids)}: expected a list of token ids", param="stop_token_ids")
     return GenerationParams(
         prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
-        top_k=top_k, top_p=top_p, seed=_int(body, "seed", None, low=0, high=MAX_SEED - 1),
+        top_k=top_k, top_p=top_p, seed=_checked("seed", check_seed, _int(body, "seed", None)),
         stop=tuple(s for s in stop or () if s), stop_token_ids=tuple(dict.fromkeys(stop_ids or ())), stream=stream,
         include_usage=include_usage and stream, return_token_ids=_bool(body, "return_token_ids", False))
 
@@ -178,9 +180,7 @@ def _prompt_ids(prompt: Any, model: ModelInfo) -> list[int]:
         raise APIError(f"prompt={_show(prompt)}: expected a string or a non-empty list of token ids", param="prompt")
     if not ids:
         raise APIError("the prompt is empty: expected at least one token", param="prompt")
-    bad = [t for t in ids if not 0 <= t < model.vocab_size]
-    if bad:
-        raise APIError(f"prompt token id {bad[0]} is outside the vocabulary [0, {model.vocab_size})", param="prompt")
+    _checked("prompt", check_token_ids, ids, model.vocab_size, "the prompt")
     return ids
 
 
@@ -215,16 +215,26 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int(body: dict[str, Any], name: str, default: int | None, low: int | None = None,
-         high: int | None = None) -> int | None:
+def _checked(param: str, check: Callable[..., Any], value: Any, *args: Any) -> Any:
+    """``check(value, *args)`` (a ``jspec.config`` check) unless ``value`` is None; its ValueError is answered as a
+    400 naming ``param``."""
+    if value is None:
+        return None
+    try:
+        return check(value, *args)
+    except ValueError as error:
+        raise APIError(str(error), param=param) from None
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, low: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    expected = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    if not _is_int(value) or (low is not None and value < low) or (high is not None and value > high):
-        raise APIError(f"{name}={_show(value)}: expected {expected}", param=name)
+    if not _is_int(value) or (low is not None and value < low):
+        raise APIError(f"{name}={_show(value)}: expected an integer{'' if low is None else f' >= {low}'}",
+                       param=name)
     return value
 
 
