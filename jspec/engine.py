@@ -24,7 +24,7 @@ from jspec.detokenize import TextStream
 from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup, check_capture_layers
-from jspec.sampling import SamplingArrays
+from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
                             param_specs, put, replicated_specs, to_host)
 from jspec.tokenizer import generation_eos, load_tokenizer
@@ -366,17 +366,16 @@ class SpecEngine:
 
     def _arguments(self, batch: PaddedBatch, params: SamplingParams) -> tuple:
         rows = batch.prompt_ids.shape[0]
-        sampling = SamplingArrays(np.full((rows,), params.temperature, np.float32),
-                                  np.full((rows,), params.top_k, np.int32),
-                                  np.full((rows,), params.top_p, np.float32))
+        sampling = SamplingArrays.full(rows, params)
         per_row = (batch.prompt_ids, batch.prompt_lens, batch.max_new_tokens, batch.stop_ids, sampling)
+        rows_sharding = None
         if self.mesh is None:
             prompt_ids, prompt_lens, max_new, stop_ids, sampling = jax.tree.map(jnp.asarray, per_row)
         else:  # rows over "data" (every process passes the same full batch and keeps its own rows)
             rows_sharding = jax.sharding.NamedSharding(self.mesh, ROWS)
             prompt_ids, prompt_lens, max_new, stop_ids, sampling = jax.tree.map(
                 lambda a: put(a, rows_sharding), per_row)
-        key = _keys(params.seed, rows, self.mesh)
+        key = seed_keys(params.seed, rows, rows_sharding)
         return (self.params, self.drafter_params, prompt_ids, prompt_lens, key, max_new, stop_ids, sampling)
 
     def _run(self, batch: PaddedBatch, params: SamplingParams,
@@ -431,21 +430,3 @@ def _shard_target(params: Any, config: ModelConfig, mesh: jax.sharding.Mesh,
     shardings = named(mesh, param_specs(abstract, expanded_config, tensor_parallel_size))
     return jax.jit(prepare, out_shardings=shardings)(params), expanded_config
 
-
-def _keys(seed: int | tuple[int, ...], rows: int, mesh: jax.sharding.Mesh | None) -> jax.Array:
-    """The per-row keys ``generate`` takes, key[rows]: for one seed, row b gets fold_in(key(seed), b); for one seed
-    per prompt, fold_in(key(seed[b]), 0) (padding rows: seed 0), so row b draws as a one-prompt call with seed[b]
-    (or seed=seed[b]) would. On a mesh they are split by rows (also across processes)."""
-    seeds = [seed] * rows if isinstance(seed, int) else list(seed) + [0] * (rows - len(seed))
-    data = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
-    salts = np.arange(rows, dtype=np.uint32) if isinstance(seed, int) else np.zeros((rows,), np.uint32)
-    if mesh is not None:
-        rows_sharding = jax.sharding.NamedSharding(mesh, ROWS)
-        data, salts = put(data, rows_sharding), put(salts, rows_sharding)
-    return _fold_keys(data, salts)
-
-
-@jax.jit
-def _fold_keys(key_data: jax.Array, salts: jax.Array) -> jax.Array:
-    """u32[B, ...] raw keys, u32[B] -> key[B]: fold_in(key_b, salt_b) (rows stay where their data is)."""
-    return jax.vmap(lambda data, salt: jax.random.fold_in(jax.random.wrap_key_data(data), salt))(key_data, salts)

@@ -5,15 +5,21 @@ verification must reproduce it. Parameters are per-sequence arrays (changing the
 temperature f32[B] (0 = greedy: all mass on the argmax), top_k i32[B] (0 = off), top_p f32[B] (1 = off).
 Ties at the top-k threshold are kept, as in HF's TopKLogitsWarper; top-p keeps the smallest prefix of the
 sorted distribution whose mass reaches top_p (at least one token).
+
+Keys: a call's per-row keys come from its seed alone (:func:`seed_keys`, for the engine and the server alike), and
+each step folds in a row's own position (:func:`keys_at`).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jspec.config import SamplingParams
+from jspec.sharding import put
 from pallas_kernels.tree_verify import sample_each_node
 
 
@@ -28,6 +34,13 @@ class SamplingArrays(NamedTuple):
     def is_greedy(self) -> jax.Array:
         """bool[]: every sequence is greedy (lets a step skip the sort)."""
         return jnp.all(self.temperature <= 0.0)
+
+    @classmethod
+    def full(cls, rows: int, params: SamplingParams = SamplingParams()) -> "SamplingArrays":
+        """Host arrays for ``rows`` rows that all sample with ``params``' temperature, top_k and top_p (the
+        default: greedy)."""
+        return cls(np.full((rows,), params.temperature, np.float32), np.full((rows,), params.top_k, np.int32),
+                   np.full((rows,), params.top_p, np.float32))
 
 
 def _per_row(value: jax.Array, logits: jax.Array) -> jax.Array:
@@ -63,6 +76,26 @@ def filtered_logits(logits: jax.Array, params: SamplingArrays) -> jax.Array:
 def sampling_probs(logits: jax.Array, params: SamplingArrays) -> jax.Array:
     """logits: f32[B, ..., V] -> probabilities f32[B, ..., V] of the target's sampling distribution."""
     return jax.nn.softmax(filtered_logits(logits, params), axis=-1)
+
+
+def seed_keys(seed: int | Sequence[int], rows: int, sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+    """The per-row keys key[rows] of a call with ``seed`` (``SamplingParams.seed``): for one integer, row b gets
+    fold_in(key(seed), b); for one seed per prompt, fold_in(key(seed[b]), 0) (padding rows: seed 0), so row b draws
+    as a one-prompt call with seed[b] (or seed=seed[b]) would, and a server's request with seed s as
+    ``seed_keys([s], 1)``. ``sharding``: where the rows go (split by rows on a mesh, also across processes)."""
+    per_prompt = not isinstance(seed, int)
+    seeds = list(seed) + [0] * (rows - len(seed)) if per_prompt else [seed] * rows
+    data = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
+    salts = np.zeros((rows,), np.uint32) if per_prompt else np.arange(rows, dtype=np.uint32)
+    if sharding is not None:
+        data, salts = put(data, sharding), put(salts, sharding)
+    return _fold_keys(data, salts)
+
+
+@jax.jit
+def _fold_keys(key_data: jax.Array, salts: jax.Array) -> jax.Array:
+    """u32[B, ...] raw keys, u32[B] -> key[B]: fold_in(key_b, salt_b) (rows stay where their data is)."""
+    return jax.vmap(lambda data, salt: jax.random.fold_in(jax.random.wrap_key_data(data), salt))(key_data, salts)
 
 
 def row_keys(key: jax.Array, batch: int) -> jax.Array:
