@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from jspec.config import SpecConfig
+from jspec.step_cost import step_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -270,11 +271,10 @@ def measure_step_seconds(make_engine: Callable[[Candidate, int | None], object],
                          streamed: bool = False) -> float:
     """Seconds per step of ``candidate``: ``make_engine(candidate, force_accept)`` runs with force_accept=``accept``
     (every step commits accept + 1 tokens, as a step at that acceptance would); the fastest of ``repeats`` runs of
-    ``long`` steps minus the fastest of ``repeats`` of ``short``, over their difference in steps. The fastest,
-    because interference on a shared machine only ever slows a run down (the median of 2 let one disturbed run
-    move a first-run choice). ``streamed``: the runs go through ``engine.stream`` one step per chunk, so each step
-    also pays its host sync (what a caller streaming one prompt sees); else through ``generate`` (the whole loop
-    on the device)."""
+    ``long`` steps minus the fastest of ``repeats`` of ``short``, over their difference in steps
+    (``jspec.step_cost.step_seconds``). ``streamed``: the runs go through ``engine.stream`` one step per chunk, so
+    each step also pays its host sync (what a caller streaming one prompt sees); else through ``generate`` (the
+    whole loop on the device)."""
     engine = make_engine(candidate, None if candidate.drafter is None else accept)
     per_step = 1 if candidate.drafter is None else accept + 1
 
@@ -288,13 +288,8 @@ def measure_step_seconds(make_engine: Callable[[Candidate, int | None], object],
             chunks += 1
         return time.perf_counter() - started, chunks - 1
 
-    run(short), run(long)  # compile both (their token slots may fall in different power-of-two buckets)
-    shorts, longs = [], []
-    for _ in range(repeats):
-        shorts.append(run(short))
-        longs.append(run(long))
-    (t_short, n_short), (t_long, n_long) = min(shorts), min(longs)
-    return max((t_long - t_short) / max(n_long - n_short, 1), 1e-7)
+    # its first runs compile both (their token slots may fall in different power-of-two buckets)
+    return step_seconds(run, short=short, long=long, repeats=repeats)
 
 
 def measure_acceptance(make_engine: Callable[[Candidate, int | None], object], candidate: Candidate,
