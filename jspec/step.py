@@ -96,14 +96,15 @@ def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
 
     When the drafter reports ``tree.drafted`` and no running sequence drafted anything, the T-token verify pass is
     skipped (``lax.cond``: only the taken branch runs) and the target decodes the root alone, as plain decoding
-    would; this step then commits one token per sequence.
+    would; this step then commits one token per sequence. When the drafter has ``short_chain_nodes`` and no running
+    row drafted its whole chain (``tree.full``), only those first nodes are verified.
     """
     drafter, cache_len = setup.drafter, state.cache_len
     step_keys = keys_at(inputs.keys, state.seq_len)
     draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len,
                                         sampling=inputs.sampling, key=fold_rows(step_keys, 1))
     verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
-    short = getattr(drafter, "short_chain_nodes", None)
+    short = drafter.short_chain_nodes
     if tree.full is not None and short is not None and setup.force_accept is None:
         def verify_short(state, draft_state, tree):
             return verify(state, draft_state, truncated_chain(tree, short), max_depth=short - 1)

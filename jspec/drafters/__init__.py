@@ -12,10 +12,9 @@ What a drafter written outside this package needs (docs/drafters.md): the protoc
 ``StaticTree`` and ``register`` (or an entry point in the group ``"jspec.drafters"``).
 """
 
-from jspec.drafters.base import CommitContext, DraftTree, Drafter, PrefillContext
+from jspec.drafters.base import CommitContext, DraftTree, Drafter, DrafterSource, PrefillContext, check_drafter
 from jspec.drafters.common import DrafterBase
-from jspec.drafters.registry import (DRAFTERS, ENTRY_POINT_GROUP, DrafterEntry, DrafterSource, check_drafter, load,
-                                     register, resolve)
+from jspec.drafters.registry import DRAFTERS, ENTRY_POINT_GROUP, DrafterEntry, load, register, resolve
 from jspec.drafters.tree_search import static_draft_tree
 from jspec.trees import StaticTree
 

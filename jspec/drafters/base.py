@@ -18,15 +18,20 @@ Inside the jitted loop a drafter is a frozen (hashable, static) object plus an e
 
 ``tap_layers`` names the target layers whose residual-stream inputs the drafter needs (EAGLE-3), or ().
 ``max_seq_len`` is the token slots per sequence its buffers are sized for; the engine sizes them per request
-bucket with :meth:`Drafter.with_max_seq_len`. A drafter is a frozen dataclass (hashable: it is part of the
-static ``GenerateSetup``); ``common.DrafterBase`` supplies ``with_max_seq_len`` and the tree helpers.
+bucket with :meth:`Drafter.with_max_seq_len`. ``short_chain_nodes`` is None, or N for a chain drafter whose rows
+may draft only the chain's first N nodes (root included; ``DraftTree.full`` False there): a step in which no
+running row drafted the whole chain verifies those N nodes only (the ``"ngram+eagle3"`` hybrid, whose model chain
+is shorter than lookup's). A drafter is a frozen dataclass (hashable: it is part of the static ``GenerateSetup``);
+``common.DrafterBase`` supplies ``tap_layers`` = (), ``short_chain_nodes`` = None, ``with_max_seq_len`` and the
+tree helpers. ``check_drafter`` says what an object lacks of the protocol.
 
 On a device mesh (``jspec.sharding``) the engine places ``params_d`` by the drafter's optional
 ``param_specs(params_d, tensor_parallel_size) -> PartitionSpecs``; without one (``DrafterBase``'s default too) the
 weights are replicated on every device. Either way the output is the same; only bytes and collectives differ.
 
-A new drafter is one file here implementing the protocol, plus one entry in ``registry.py``; one written outside
-the package is registered at run time (``registry.register`` or an entry point; docs/drafters.md).
+A new drafter is one file here implementing the protocol with a ``load(source: DrafterSource) -> (drafter,
+params)``, plus one entry in ``registry.py``; one written outside the package is registered at run time
+(``registry.register`` or an entry point; docs/drafters.md).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 
 from jspec.config import SpecConfig
+from models.config import ModelConfig
 
 
 class DraftTree(NamedTuple):
@@ -53,7 +59,7 @@ class DraftTree(NamedTuple):
                                           # which no running sequence drafted runs the target on the root alone.
     full: jax.Array | None = None         # bool[B]: False where the row drafted only the drafter's
                                           # ``short_chain_nodes`` first nodes of a chain; None: every row uses all
-                                          # T. A step in which a running row is short verifies only those nodes.
+                                          # T. A step in which no running row is full verifies only those nodes.
 
 
 class PrefillContext(NamedTuple):
@@ -71,6 +77,18 @@ class CommitContext(NamedTuple):
     cache_len: jax.Array     # i32[B] the step's root position (committed K/V before the step)
 
 
+class DrafterSource(NamedTuple):
+    """Everything a drafter's ``load`` may need: where its weights are (None for weightless drafters), the
+    target it drafts for, the tree it drafts, its buffers' size and the compute dtype."""
+
+    path: str | None
+    target: ModelConfig
+    target_dir: str | None
+    spec: SpecConfig
+    max_seq_len: int
+    dtype: str
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """What the engine and the fused step rely on, and nothing else."""
@@ -81,6 +99,9 @@ class Drafter(Protocol):
     @property
     def tap_layers(self) -> tuple[int, ...]: ...
 
+    @property
+    def short_chain_nodes(self) -> int | None: ...
+
     def with_max_seq_len(self, max_seq_len: int) -> "Drafter": ...
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Any: ...
@@ -89,3 +110,25 @@ class Drafter(Protocol):
                 sampling: Any = None, key: jax.Array | None = None) -> tuple[Any, DraftTree]: ...
 
     def commit(self, params_t: Any, params_d: Any, state: Any, ctx: CommitContext) -> Any: ...
+
+
+PROTOCOL_ATTRIBUTES = ("spec", "max_seq_len", "tap_layers", "short_chain_nodes")
+PROTOCOL_METHODS = ("with_max_seq_len", "prefill", "propose", "commit")
+
+
+def check_drafter(drafter: Any, what: str = "drafter") -> None:
+    """TypeError naming what ``drafter`` lacks of the ``Drafter`` protocol, or nothing. It must also be hashable: it
+    is a static argument of the jitted program (a frozen dataclass is)."""
+    missing = [attr for attr in PROTOCOL_ATTRIBUTES if not hasattr(drafter, attr)]
+    missing += [f"{method}()" for method in PROTOCOL_METHODS if not callable(getattr(drafter, method, None))]
+    if missing:
+        raise TypeError(f"{what} is a {type(drafter).__name__}, which does not implement the jspec.drafters.Drafter "
+                        f"protocol: missing {', '.join(missing)} (subclass jspec.drafters.DrafterBase for "
+                        f"tap_layers, short_chain_nodes and with_max_seq_len)")
+    if not isinstance(drafter.spec, SpecConfig):
+        raise TypeError(f"{what}: spec={drafter.spec!r}: expected a jspec.SpecConfig")
+    try:
+        hash(drafter)
+    except TypeError as error:
+        raise TypeError(f"{what} is a {type(drafter).__name__}, which is not hashable ({error}): make it a frozen "
+                        f"dataclass (it is a static argument of the jitted program)") from None

@@ -23,6 +23,11 @@ class DrafterBase:
     def tap_layers(self) -> tuple[int, ...]:
         return ()
 
+    @property
+    def short_chain_nodes(self) -> int | None:
+        """None: every row drafts the whole tree (``base.Drafter`` says what a number means)."""
+        return None
+
     def with_max_seq_len(self, max_seq_len: int) -> "DrafterBase":
         """The same drafter with buffers for ``max_seq_len`` token slots per sequence."""
         return dataclasses.replace(self, max_seq_len=max_seq_len)

@@ -29,14 +29,14 @@ and report a uniform q, under which the rejection walk accepts exactly the targe
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.config import SpecConfig
-from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.tokenizer import load_tokenizer
 from jspec.drafters.tree_search import expand_top_k, search_tree
@@ -45,9 +45,6 @@ from models.attention import KVCache
 from models.checkpoint import DTYPES, load_llama
 from models.config import ModelConfig
 from models.llama import LlamaModel, unstack_layers, unstack_layers_jit
-
-if TYPE_CHECKING:
-    from jspec.drafters.registry import DrafterSource
 
 
 class DraftModelState(NamedTuple):
@@ -165,7 +162,7 @@ def _sampled_expand(sampling: SamplingArrays):
     return expand
 
 
-def load(source: "DrafterSource") -> tuple[DraftModelDrafter, Any]:
+def load(source: DrafterSource) -> tuple[DraftModelDrafter, Any]:
     """A converted Llama-family directory with the target's vocabulary -> (drafter, per-layer params)."""
     draft_config, draft_params, _ = load_llama(source.path, source.dtype)
     check_same_vocab(draft_config, source.target)

@@ -15,13 +15,13 @@ path (the "extend"): pairs (accepted token i, feature of path node i - 1), overw
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jspec.config import SpecConfig
-from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
 from jspec.sharding import param_specs, replicated_specs, splits_evenly
@@ -29,9 +29,6 @@ from models.attention import KVCache, pad_slots, recent_attention
 from models.checkpoint import DTYPES, load_eagle3
 from models.config import ModelConfig
 from models.eagle3 import Eagle3Config, Eagle3Head
-
-if TYPE_CHECKING:
-    from jspec.drafters.registry import DrafterSource
 
 
 class Eagle3State(NamedTuple):
@@ -135,7 +132,7 @@ class Eagle3Drafter(DrafterBase):
         return Eagle3State(out.cache, out.logits[:, 0], out.hidden[:, 0])
 
 
-def load(source: "DrafterSource") -> tuple[Eagle3Drafter, Any]:
+def load(source: DrafterSource) -> tuple[Eagle3Drafter, Any]:
     """A converted EAGLE-3 head directory -> (drafter, {"head": params, "d2t": i32[V_draft]})."""
     head_config, head_params, d2t, _ = load_eagle3(source.path, source.dtype)
     drafter = Eagle3Drafter(head_config, source.target, source.spec, source.max_seq_len, source.dtype)

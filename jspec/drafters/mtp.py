@@ -37,22 +37,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jspec.config import SpecConfig
-from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
 from models.attention import AttentionFn, KVCache, dense_attention, masked_attention, visibility_mask
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
 from models.mtp import MtpConfig, MtpModule
-
-if TYPE_CHECKING:
-    from jspec.drafters.registry import DrafterSource
 
 MTP_MODES = ("mtp_eagle", "vanilla")
 
@@ -193,7 +190,7 @@ class MtpDrafter(DrafterBase):
         return MtpState(tuple(caches), logits, jnp.stack(lasts).astype(state.hidden.dtype))
 
 
-def load(source: "DrafterSource", mode: str = "mtp_eagle") -> tuple[MtpDrafter, Any]:
+def load(source: DrafterSource, mode: str = "mtp_eagle") -> tuple[MtpDrafter, Any]:
     """The MTP modules inside the converted target directory (``source.target_dir``/mtp/) -> (drafter,
     {"modules": (module params, ...)}); the registry's names "mtp" and "mtp_vanilla" resolve to that directory."""
     from models.checkpoint import load_mtp  # the target's mtp/ directory
@@ -206,6 +203,6 @@ def load(source: "DrafterSource", mode: str = "mtp_eagle") -> tuple[MtpDrafter, 
     return drafter, params_d
 
 
-def load_vanilla(source: "DrafterSource") -> tuple[MtpDrafter, Any]:
+def load_vanilla(source: DrafterSource) -> tuple[MtpDrafter, Any]:
     """As :func:`load`, module d drafting depth d + 1."""
     return load(source, mode="vanilla")

@@ -28,20 +28,17 @@ The drafter keeps its own copy of the token buffer (the protocol hands a drafter
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.config import SpecConfig, static_choices
-from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import static_draft_tree
 from jspec.trees import StaticTree, build_static_tree
-
-if TYPE_CHECKING:
-    from jspec.drafters.registry import DrafterSource
 
 
 class NgramState(NamedTuple):
@@ -162,6 +159,6 @@ class NgramDrafter(DrafterBase):
         return NgramState(tokens, state.length + ctx.num_committed)
 
 
-def load(source: "DrafterSource") -> tuple[NgramDrafter, Any]:
+def load(source: DrafterSource) -> tuple[NgramDrafter, Any]:
     """Prompt lookup has no weights: (drafter, {})."""
     return NgramDrafter(source.spec, source.max_seq_len), {}

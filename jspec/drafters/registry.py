@@ -13,8 +13,8 @@
   (``<target_dir>/mtp/``, written by ``jspec convert`` from a checkpoint with ``num_nextn_predict_layers``), so
   these names resolve to the target directory.
 
-A new drafter: one file in this package with a ``load(source: DrafterSource) -> (drafter, params)`` function and
-a class implementing ``base.Drafter``, plus one entry in ``DRAFTERS`` below.
+A new drafter: one file in this package with a ``load(source: base.DrafterSource) -> (drafter, params)`` function
+and a class implementing ``base.Drafter``, plus one entry in ``DRAFTERS`` below.
 
 A drafter written outside this package (TensorRT-LLM's USER_PROVIDED mode) joins the same table at run time:
 ``register(name, load, description=...)``, or, for ``jspec generate --drafter NAME`` too, an entry point in the
@@ -28,26 +28,14 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from jspec.bundle import PARTS, bundled_dir, is_bundled
 from jspec.config import SpecConfig
 from jspec.drafters import draft_model, eagle3, hybrid, mtp, ngram
-from jspec.drafters.base import Drafter
+from jspec.drafters.base import Drafter, DrafterSource, check_drafter
 from models.checkpoint import MTP_DIR, has_mtp, read_jspec_meta
 from models.config import ModelConfig
-
-
-class DrafterSource(NamedTuple):
-    """Everything a drafter's ``load`` may need: where its weights are (None for weightless drafters), the
-    target it drafts for, the tree it drafts, its buffers' size and the compute dtype."""
-
-    path: str | None
-    target: ModelConfig
-    target_dir: str | None
-    spec: SpecConfig
-    max_seq_len: int
-    dtype: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +131,6 @@ def load(drafter: str | os.PathLike, *, target: ModelConfig, target_dir: str | N
 # --- drafters from outside the package --------------------------------------------------------------------------
 
 ENTRY_POINT_GROUP = "jspec.drafters"
-_PROTOCOL_METHODS = ("with_max_seq_len", "prefill", "propose", "commit")
 _RESERVED_NAMES = ("none",)  # the CLI's --drafter none: plain decoding
 
 
@@ -191,24 +178,6 @@ def _add(name: str, entry: DrafterEntry, *, overwrite: bool) -> None:
         raise ValueError(f"drafter {name!r}: bundled_part={entry.bundled_part!r}: expected one of {PARTS} with a "
                          f"checkpoint_kind, or None")
     DRAFTERS[name] = entry
-
-
-def check_drafter(drafter: Any, what: str = "drafter") -> None:
-    """TypeError naming what ``drafter`` lacks of the ``Drafter`` protocol (base.py), or nothing. It must also be
-    hashable: it is a static argument of the jitted program (a frozen dataclass is)."""
-    missing = [attr for attr in ("spec", "max_seq_len", "tap_layers") if not hasattr(drafter, attr)]
-    missing += [f"{method}()" for method in _PROTOCOL_METHODS if not callable(getattr(drafter, method, None))]
-    if missing:
-        raise TypeError(f"{what} is a {type(drafter).__name__}, which does not implement the jspec.drafters.Drafter "
-                        f"protocol: missing {', '.join(missing)} (subclass jspec.drafters.DrafterBase for spec, "
-                        f"max_seq_len, tap_layers and with_max_seq_len)")
-    if not isinstance(drafter.spec, SpecConfig):
-        raise TypeError(f"{what}: spec={drafter.spec!r}: expected a jspec.SpecConfig")
-    try:
-        hash(drafter)
-    except TypeError as error:
-        raise TypeError(f"{what} is a {type(drafter).__name__}, which is not hashable ({error}): make it a frozen "
-                        f"dataclass (it is a static argument of the jitted program)") from None
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
