@@ -23,19 +23,17 @@ output distributed as the target's.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jspec.config import SpecConfig
-from jspec.drafters.base import CommitContext, DraftTree, PrefillContext
+from jspec.drafters import eagle3
+from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.ngram import NgramDrafter
 from jspec.sharding import replicated_specs
-
-if TYPE_CHECKING:
-    from jspec.drafters.registry import DrafterSource
 
 
 class HybridState(NamedTuple):
@@ -132,19 +130,16 @@ class LookupThenModelDrafter(DrafterBase):
                            self.lookup.commit(params_t, {}, state.lookup, ctx))
 
 
-# The head reads its last 128 committed slots only. Acceptance over HumanEval [100:116], chain of 7: the head alone
-# 4.02 (all slots: 3.97; 64 slots: 3.81), the hybrid 4.59 at 64 slots (all: 4.55).
+# The head reads its last 128 committed slots only, so a head forward costs the same at any sequence length; its
+# acceptance did not drop (docs/benchmarks.md, "Notes moved from code comments").
 HEAD_ATTENTION_SPAN = 128
 HEAD_MAX_DEPTH = 7
 
 
-def load_ngram_eagle3(source: "DrafterSource") -> tuple[LookupThenModelDrafter, Any]:
+def load_ngram_eagle3(source: DrafterSource) -> tuple[LookupThenModelDrafter, Any]:
     """``"ngram+eagle3"``: lookup of the last 3 tokens first, the EAGLE-3 head at ``source.path`` (the bundled
-    one, by the registry) elsewhere. Trusting 2-token matches too cost acceptance on the calibration prompts
-    (chain of 5: 4.31 tokens per step against 4.48; the head alone 4.52) for the same on HumanEval [100:105]
-    (4.32 against 4.30; the head alone 4.13)."""
-    from jspec.drafters import eagle3
-
+    one, by the registry) elsewhere. 3 tokens, not 2: trusting 2-token matches too cost acceptance on the
+    calibration prompts for about the same on HumanEval (docs/benchmarks.md)."""
     depth = min(source.spec.num_steps, HEAD_MAX_DEPTH)
     model_spec = dataclasses.replace(source.spec, num_steps=depth)
     model, params = eagle3.load(source._replace(spec=model_spec,
