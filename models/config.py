@@ -138,7 +138,9 @@ def _llama3_inv_freq(inv_freq: np.ndarray, scaling: RopeScaling) -> np.ndarray:
     return np.where(is_medium, smoothed, scaled)
 
 
-def _rope_scaling_from_hf(hf: dict[str, Any]) -> RopeScaling:
+def rope_scaling_from_hf(hf: dict[str, Any]) -> RopeScaling:
+    """The RoPE scaling of a Hugging Face ``config.json`` (``rope_scaling``, or transformers >= 5's
+    ``rope_parameters``); ValueError naming an unsupported ``rope_type``."""
     raw = hf.get("rope_scaling") or hf.get("rope_parameters")
     if not raw:
         return RopeScaling()
@@ -157,8 +159,8 @@ def _rope_scaling_from_hf(hf: dict[str, Any]) -> RopeScaling:
     )
 
 
-def _rope_theta_from_hf(hf: dict[str, Any]) -> float:
-    # transformers >= 5 may nest rope_theta inside rope_parameters.
+def rope_theta_from_hf(hf: dict[str, Any]) -> float:
+    """The RoPE base of a Hugging Face ``config.json`` (transformers >= 5 may nest it inside ``rope_parameters``)."""
     params = hf.get("rope_parameters") or {}
     return float(hf.get("rope_theta", params.get("rope_theta", 10000.0)))
 
@@ -200,8 +202,8 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
         head_dim=int(head_dim),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta_from_hf(hf),
-        rope_scaling=_rope_scaling_from_hf(hf),
+        rope_theta=rope_theta_from_hf(hf),
+        rope_scaling=rope_scaling_from_hf(hf),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=model_type in QKV_BIAS_MODEL_TYPES or attention_bias,

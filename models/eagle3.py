@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from models.attention import AttentionFn, KVCache, dense_attention
-from models.config import ModelConfig, RopeScaling, _rope_scaling_from_hf
+from models.config import ModelConfig, rope_scaling_from_hf, rope_theta_from_hf
 from models.llama import MLP, Attention, RMSNorm, rope_cos_sin
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle",
@@ -109,9 +109,8 @@ def eagle3_config_from_hf(hf: dict[str, Any]) -> Eagle3Config:
         num_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-        rope_scaling=_rope_scaling_from_hf(hf) if (hf.get("rope_scaling") or hf.get("rope_parameters"))
-        else RopeScaling(),
+        rope_theta=rope_theta_from_hf(hf),
+        rope_scaling=rope_scaling_from_hf(hf),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
         model_type="llama",
     )
