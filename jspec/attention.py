@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jspec.sharding import KV_CACHE, per_shard
 from models.attention import dense_attention
-from pallas_kernels._impl import Impl, ImplName, resolve_impl
+from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.tree_attention import tree_attention
 
 

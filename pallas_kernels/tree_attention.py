@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels._impl import Impl, ImplName, resolve_impl
+from pallas_kernels.impl import Impl, ImplName, resolve_impl
 
 # A finite "minus infinity": exp(MASK_VALUE - m) underflows to 0 and MASK_VALUE - MASK_VALUE = 0,
 # so a row that has seen no valid key yet never produces inf - inf = NaN.
@@ -351,7 +351,7 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
       k_new, v_new: [B, T, Hkv, D] keys and values of the tree tokens.
       mask: bool[B, T, T]; mask[b, t, j] iff tree query t may see tree key j.
       scale: score scale, default D ** -0.5.
-      impl: "auto" | "pallas" | "interpret" | "reference" (see pallas_kernels._impl).
+      impl: "auto" | "pallas" | "interpret" | "reference" (see pallas_kernels.impl).
       block_k: cache keys per inner-loop step (power of two >= 16).
       block_rows: stacked (token, head) rows per program (power of two >= 16).
       num_splits: cache splits per (b, KV head); None picks one from the shapes.

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels._impl import Impl, ImplName, resolve_impl
+from pallas_kernels.impl import Impl, ImplName, resolve_impl
 
 
 class Verified(NamedTuple):

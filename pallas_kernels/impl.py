@@ -1,6 +1,7 @@
 """Choosing between a kernel's Pallas lowering and its pure-jnp reference.
 
-Every op in this package takes ``impl: Literal["auto", "pallas", "interpret", "reference"]``:
+Every op in this package, and any caller that passes the choice on, takes ``impl: Literal["auto", "pallas", "interpret",
+"reference"]``:
 
 - ``"reference"``: the pure-jnp specification (what runs fast on CPU, and what tests compare against).
 - ``"pallas"``: the Pallas GPU kernel, compiled for the device.
