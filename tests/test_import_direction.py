@@ -277,14 +277,6 @@ PRIVATE_IMPORTS_ALLOWED = {
     # owned by a parallel change (jspec/tools/generate_cmd.py defines them)
     ("jspec/tools/serve_cmd.py", "jspec.tools.generate_cmd._max_seq_len"),
     ("jspec/tools/serve_cmd.py", "jspec.tools.generate_cmd._resolve_models"),
-    # owned by a parallel change (the split of models/checkpoint/hf_import.py makes these public)
-    ("models/checkpoint/__init__.py", "models.checkpoint.hf_import._ignore_tied_lm_head"),
-    ("jspec/train/target.py", "models.checkpoint._ignore_tied_lm_head"),
-    ("models/checkpoint/hf_export.py", "models.checkpoint.hf_import._check_eagle3_layers"),
-    ("models/checkpoint/hf_export.py", "models.checkpoint.hf_import._eagle3_d2t"),
-    ("models/checkpoint/hf_export.py", "models.checkpoint.hf_import._expected_shapes"),
-    ("models/checkpoint/hf_export.py", "models.checkpoint.store._abstract_eagle3_head"),
-    ("models/checkpoint/hf_import.py", "models.checkpoint.store._abstract_eagle3_head"),
 }
 
 
