@@ -3,14 +3,18 @@
 Expected tokens per second of a method = (1 + mean accepted drafts per step) / seconds per step. The two factors
 come from different places, because they depend on different things:
 
-- **Seconds per step** depend on the device, the model, the tree and ``max_seq_len``: measured here, once per
-  (backend, device kind, JAX version, model, drafter, batch size, max_seq_len), and cached as JSON in
-  ``cache_dir``. Each candidate runs with ``force_accept`` = its expected accepted drafts, rounded (every step
-  commits that many + 1 tokens, as a real step at that acceptance does, so the number of steps is known), and the
-  cost of a step is the difference of two runs of different lengths divided by the difference of their step
-  counts: prefill and dispatch cancel. A caller that streams one prompt (the CLI) times through ``stream``,
-  one step per chunk: the host sync each step pays there is part of its cost, and it favours drafters, which
-  pay it once per several tokens.
+- **Seconds per step** depend on the device, the model, the tree and ``max_seq_len``. Each candidate runs with
+  ``force_accept`` = its expected accepted drafts, rounded (every step commits that many + 1 tokens, as a real
+  step at that acceptance does, so the number of steps is known), and the cost of a step is the difference of two
+  runs of different lengths divided by the difference of their step counts: prefill and dispatch cancel. A caller
+  that streams one prompt (the CLI) times through ``stream``, one step per chunk: the host sync each step pays
+  there is part of its cost, and it favours drafters, which pay it once per several tokens. Where they come from:
+  this device's own timings, cached as JSON in ``cache_dir`` per (backend, device kind, JAX version, model,
+  drafters, batch size, max_seq_len, mesh); else the model's shipped **prior** (``step_costs.json`` beside its
+  parts, timed per backend by scripts/calibrate_auto.py --step-costs) when it was measured at these shapes, so
+  that a first run chooses at once; else every candidate is timed now (a minute or more on a CPU: one compile
+  each). A prior whose choice then loses to plain decoding on this device is rejected (:func:`reject_prior`) and
+  the next run times every candidate; ``jspec tune`` times them whenever asked.
 - **Accepted drafts per step** depend on the model and drafter, not the device: the bundled model ships them
   (``acceptance_profile.json`` beside its parts, written by scripts/calibrate_auto.py on calibration prompts
   cut from the Python standard library, not from HumanEval); for any other model they are measured on the same
@@ -22,7 +26,7 @@ drafter must be expected to beat it by MIN_GAIN, since a smaller margin is insid
 One approximation: ``ngram+eagle3`` skips the head's drafting forwards on a step where lookup found a draft, and
 under forced acceptance the committed drafts make the text repeat, so lookup keeps finding one. Its timed step is
 therefore close to the lookup step (plus the head's commit), a lower bound on what a step costs on text where
-lookup misses. On HumanEval [100:105] it still delivered a median 1.70x against an expected 1.53x.
+lookup misses (docs/benchmarks.md compares the expected and the delivered speedup).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from jspec.step_cost import step_seconds
 logger = logging.getLogger(__name__)
 
 PROFILE_FILE = "acceptance_profile.json"
+STEP_COST_FILE = "step_costs.json"
 # A drafter must be expected to beat plain decoding by this ratio (the step-cost timings' noise is a few %).
 MIN_GAIN = 1.05
 # Calibration prompts: openings of functions in the Python standard library (the bundled model's training
@@ -95,12 +100,11 @@ def _top1(steps: int, topk: int, tokens: int) -> SpecConfig:
     return SpecConfig(tree="dynamic", num_steps=steps, topk=topk, num_draft_tokens=tokens, selection="top1_chain")
 
 
-# What auto considers per drafter: few shapes, because each costs one compile the first time on a device.
+# What auto considers per drafter: few shapes, because each costs one compile when it is timed on a device.
 # The EAGLE-3 head's longer chain is left to "ngram+eagle3", which drafts the same chain with lookup in front (at
 # least its acceptance, at most its cost plus a lookup). Its chain of 11 (the head drafts 7 of them) and not 7: a
 # step where lookup misses verifies the head's 8 nodes either way, and only lookup's steps pay for the longer
-# chain, which the timing here charges to every step; on this repo's CPU the two then tie (1.80x against 1.83x
-# expected) while measured on HumanEval [100:105] the chain of 11 was faster (docs/benchmarks.md).
+# chain, which the timing here charges to every step (docs/benchmarks.md has the comparison).
 CANDIDATE_SPECS: dict[str, tuple[SpecConfig, ...]] = {
     "ngram": (_chain(4), _chain(9)),
     "eagle3": (_chain(3), _top1(6, 3, 12), _top1(8, 4, 24)),
@@ -137,6 +141,8 @@ class AutoChoice:
     spec: SpecConfig | None
     estimates: tuple[Estimate, ...]
     source: str  # where the numbers came from, for the user
+    from_prior: bool = False  # the step costs are the model's shipped ones, not this device's (reject_prior)
+    cache_path: str | None = None  # the JSON file this device's timings are cached in, None when not cached
 
     @property
     def best(self) -> Estimate:
@@ -166,7 +172,7 @@ class AutoChoice:
 
     def to_json(self) -> dict:
         return {"drafter": self.drafter, "spec": dataclasses.asdict(self.spec) if self.spec else None,
-                "expected_speedup": self.expected_speedup, "source": self.source,
+                "expected_speedup": self.expected_speedup, "source": self.source, "from_prior": self.from_prior,
                 "candidates": [{"method": e.candidate.label, "accepted_per_step": e.accepted_per_step,
                                 "step_ms": e.step_seconds * 1e3, "expected_tokens_per_second": e.tokens_per_second}
                                for e in self.estimates]}
@@ -305,28 +311,104 @@ def measure_acceptance(make_engine: Callable[[Candidate, int | None], object], c
     return committed / max(steps, 1.0) - 1.0
 
 
-def _timing_key(candidate: Candidate, accept: int, streamed: bool) -> str:
+def timing_key(candidate: Candidate, accept: int, streamed: bool) -> str:
     return f"{candidate.label} | accept {accept} | {'streamed' if streamed else 'loop'}"
 
 
-def _timed_acceptance(candidate: Candidate, accepted: float) -> int:
+def timed_acceptance(candidate: Candidate, accepted: float) -> int:
     """The force_accept a candidate's step is timed at: its expected accepted drafts, rounded, within its depth."""
     return 0 if candidate.drafter is None else max(0, min(round(accepted), candidate.spec.num_steps))
+
+
+def calibration_prompts(tokenize: Callable[[str], list[int]], max_seq_len: int) -> tuple[list[list[int]], int]:
+    """(CALIBRATION_PROMPTS as token ids, new tokens per prompt), fitted to ``max_seq_len``: at most half of it
+    generated, each prompt cut to its last tokens."""
+    new_tokens = max(2, min(CALIBRATION_NEW_TOKENS, max_seq_len // 2))
+    return [tokenize(p)[-(max_seq_len - new_tokens):] for p in CALIBRATION_PROMPTS], new_tokens
+
+
+def time_candidates(make_engine: Callable[[Candidate, int | None], object], pool: Sequence[Candidate],
+                    accepted: dict[str, float], prompt: list[int], *, max_seq_len: int, streamed: bool,
+                    log: Callable[[str], None] = lambda s: None) -> dict[str, float]:
+    """{timing key: seconds per step} of every candidate of ``pool``, each timed at its expected acceptance
+    (``accepted``: {label: accepted drafts per step}) on ``prompt`` (:func:`measure_step_seconds`)."""
+    timings = {}
+    for candidate in pool:
+        accept = timed_acceptance(candidate, accepted.get(candidate.label, 0.0))
+        # Fits max_seq_len: the long run generates at most half of it.
+        long = max(2, min(24, (max_seq_len // 2 - 1) // (accept + 1)))
+        key = timing_key(candidate, accept, streamed)
+        timings[key] = measure_step_seconds(make_engine, candidate, prompt, short=max(1, long // 4), long=long,
+                                            accept=accept, streamed=streamed)
+        log(f"auto:   {candidate.label}: {timings[key] * 1e3:.2f} ms per step")
+    return timings
+
+
+# --- the step-cost prior a model ships -------------------------------------------------------------------------
+
+def load_step_cost_prior(model_dir: str) -> list[dict]:
+    """The step-cost tables shipped beside a model (STEP_COST_FILE in its directory or its parent, as the bundle
+    keeps it; written by scripts/calibrate_auto.py --step-costs), or [] when it ships none. Each entry:
+    {"backend", "batch_size", "max_seq_len", "dtype", "layout", "streamed", "host", "date",
+    "step_seconds": {timing key: seconds}}."""
+    for directory in (model_dir, os.path.dirname(os.path.abspath(model_dir))):
+        path = os.path.join(directory, STEP_COST_FILE)
+        if os.path.isfile(path):
+            with open(path) as f:
+                return list(json.load(f)["entries"])
+    return []
+
+
+def prior_entry(prior: Sequence[dict], *, batch_size: int, max_seq_len: int, dtype: str | None, layout: str,
+                streamed: bool) -> dict | None:
+    """The entry of ``prior`` measured on this backend at exactly this batch size, cache size, dtype, device
+    layout and timing mode, or None: step costs measured at other shapes do not transfer."""
+    want = {"backend": jax.default_backend(), "batch_size": batch_size, "max_seq_len": max_seq_len,
+            "dtype": dtype, "layout": layout, "streamed": streamed}
+    return next((e for e in prior if all(e.get(k) == v for k, v in want.items())), None)
+
+
+def prior_entry_of(choice: "AutoChoice", *, batch_size: int, max_seq_len: int, dtype: str | None, layout: str,
+                   streamed: bool, host: str, date: str) -> dict:
+    """One entry of a model's step-cost prior (:func:`load_step_cost_prior`): the step costs ``choice`` was made
+    with, timed on this device (scripts/calibrate_auto.py --step-costs writes them)."""
+    if choice.from_prior:
+        raise ValueError("prior_entry_of: this choice's step costs are the shipped ones, not timed here")
+    step_seconds = {timing_key(e.candidate, timed_acceptance(e.candidate, e.accepted_per_step), streamed):
+                    e.step_seconds for e in choice.estimates}
+    return {"backend": jax.default_backend(), "batch_size": batch_size, "max_seq_len": max_seq_len, "dtype": dtype,
+            "layout": layout, "streamed": streamed, "host": host, "date": date, "step_seconds": step_seconds}
+
+
+def reject_prior(choice: "AutoChoice", measured_speedup: float) -> None:
+    """Records in ``choice``'s cache that the shipped step costs it chose by did not hold on this device (the
+    chosen method ran at ``measured_speedup`` x plain decoding), so that the next choice times every candidate
+    here. Nothing happens for a choice made from this device's own timings or with no cache."""
+    if not choice.from_prior or choice.cache_path is None or jax.process_index() != 0:
+        return
+    cached = _read_json(choice.cache_path) or {}
+    cached["prior_rejected"] = {"method": choice.best.candidate.label, "measured_speedup": measured_speedup,
+                                "expected_speedup": choice.expected_speedup}
+    _write_json(choice.cache_path, cached)
 
 
 def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[[Candidate, int | None], object],
                 tokenize: Callable[[str], list[int]], *, cache_dir: str | None, batch_size: int = 1,
                 max_seq_len: int = 1024, dtype: str | None = None, profile: dict | None = None,
-                streamed: bool = False, min_gain: float = MIN_GAIN, layout: str = "",
-                log: Callable[[str], None] = lambda s: None) -> AutoChoice:
+                prior: Sequence[dict] = (), streamed: bool = False, min_gain: float = MIN_GAIN, layout: str = "",
+                retime: bool = False, log: Callable[[str], None] = lambda s: None) -> AutoChoice:
     """Chooses among plain decoding and ``drafters`` (names) for ``target_dir``. make_engine(candidate,
     force_accept) builds an engine at this batch size and max_seq_len. profile: {label: accepted drafts per step}
     (the shipped one), or None to measure on CALIBRATION_PROMPTS. Each step is timed at its candidate's
     expected acceptance, through ``stream`` when ``streamed`` (one host sync per step, as a caller streaming one
     prompt pays) or ``generate``. A drafter must beat plain decoding by ``min_gain`` (a ratio) to be chosen.
-    Results are cached in ``cache_dir``/auto (None: nothing is cached), keyed with ``layout`` (the mesh). With
-    several processes, process 0's cache and timings decide for all (:func:`same_on_every_process`); only it
-    writes the cache."""
+
+    Step costs come from, in order: this device's own timings cached in ``cache_dir``/auto (None: nothing is
+    cached), keyed with ``layout`` (the mesh); the model's shipped ``prior`` (:func:`load_step_cost_prior`) when
+    one entry was measured on this backend at these shapes and covers every candidate, and no earlier run here
+    rejected it (:func:`reject_prior`); else every candidate is timed now and cached (``retime``: every one, whatever
+    is cached). With several processes,
+    process 0's cache and timings decide for all (:func:`same_on_every_process`); only it writes the cache."""
     pool = candidates(drafters)
     path = None
     cached = {}
@@ -335,39 +417,46 @@ def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[
                                                          layout) + ".json")
         cached = _read_json(path) or {}
     cached = same_on_every_process(cached)
-    timings = dict(cached.get("step_seconds", {}))
+    timings = {} if retime else dict(cached.get("step_seconds", {}))
     accepted = dict(profile) if profile is not None else dict(cached.get("accepted", {}))
-    # Calibration must fit max_seq_len: at most half of it generated, the prompt cut to its last tokens.
-    new_tokens = max(2, min(CALIBRATION_NEW_TOKENS, max_seq_len // 2))
-    prompts = [tokenize(p)[-(max_seq_len - new_tokens):] for p in CALIBRATION_PROMPTS]
+    prompts, new_tokens = calibration_prompts(tokenize, max_seq_len)
     todo = [c for c in pool if c.drafter is not None and c.label not in accepted]
     if todo:
         log(f"auto: measuring the acceptance of {len(todo)} methods on {len(prompts)} calibration prompts")
     for candidate in todo:
         accepted[candidate.label] = measure_acceptance(make_engine, candidate, prompts, new_tokens)
         log(f"auto:   {candidate.label}: {accepted[candidate.label]:.2f} accepted drafts per step")
-    accepts = {c.label: _timed_acceptance(c, accepted.get(c.label, 0.0)) for c in pool}
-    todo = [c for c in pool if _timing_key(c, accepts[c.label], streamed) not in timings]
-    if todo:
-        log(f"auto: timing {len(todo)} methods once on this device (cached in "
-            f"{os.path.dirname(path) if path else 'nowhere'})")
-    for candidate in todo:
-        accept = accepts[candidate.label]
-        # Fits max_seq_len: the long run generates at most half of it.
-        long = max(2, min(24, (max_seq_len // 2 - 1) // (accept + 1)))
-        key = _timing_key(candidate, accept, streamed)
-        timings[key] = measure_step_seconds(make_engine, candidate, prompts[0], short=max(1, long // 4), long=long,
-                                            accept=accept, streamed=streamed)
-        log(f"auto:   {candidate.label}: {timings[key] * 1e3:.2f} ms per step")
-    timings, accepted = same_on_every_process(timings), same_on_every_process(accepted)
-    if path is not None and jax.process_index() == 0 and (cached.get("step_seconds") != timings
-                                                          or (profile is None and cached.get("accepted") != accepted)):
-        _write_json(path, {"step_seconds": timings, **({} if profile is not None else {"accepted": accepted})})
-    steps = {c.label: timings[_timing_key(c, accepts[c.label], streamed)] for c in pool}
-    source = ("streamed " if streamed else "") + (
-        "step costs measured on this device at the expected acceptance, acceptance from the bundle's calibration "
-        "profile" if profile is not None else "step costs and acceptance measured on this device")
-    return choose(accepted, steps, pool, source, min_gain=min_gain)
+    keys = {c.label: timing_key(c, timed_acceptance(c, accepted.get(c.label, 0.0)), streamed) for c in pool}
+    entry = prior_entry(prior, batch_size=batch_size, max_seq_len=max_seq_len, dtype=dtype, layout=layout,
+                        streamed=streamed)
+    from_prior = (not retime and entry is not None and "prior_rejected" not in cached
+                  and any(k not in timings for k in keys.values())
+                  and all(k in entry["step_seconds"] for k in keys.values()))
+    if from_prior:
+        timings = {k: float(entry["step_seconds"][k]) for k in keys.values()}
+    else:
+        todo = [c for c in pool if keys[c.label] not in timings]
+        if todo:
+            why = " (the shipped step costs did not hold here)" if "prior_rejected" in cached else ""
+            log(f"auto: timing {len(todo)} methods once on this device{why} (cached in "
+                f"{os.path.dirname(path) if path else 'nowhere'})")
+        timings.update(time_candidates(make_engine, todo, accepted, prompts[0], max_seq_len=max_seq_len,
+                                       streamed=streamed, log=log))
+        timings, accepted = same_on_every_process(timings), same_on_every_process(accepted)
+        if path is not None and jax.process_index() == 0 and (
+                cached.get("step_seconds") != timings or (profile is None and cached.get("accepted") != accepted)):
+            _write_json(path, {"step_seconds": timings, **({} if profile is not None else {"accepted": accepted})})
+    steps = {c.label: timings[keys[c.label]] for c in pool}
+    if from_prior:
+        costs = f"step costs shipped with the model (measured on {entry.get('host', 'an unnamed host')}; `jspec tune` times them on this device)"
+    else:
+        costs = "step costs measured on this device" + (" at the expected acceptance" if profile is not None else "")
+    acceptance = "acceptance from the model's calibration profile" if profile is not None else (
+        "acceptance measured on this device")
+    source = ("streamed " if streamed else "") + f"{costs}, {acceptance}"
+    choice = choose(accepted, steps, pool, source, min_gain=min_gain)
+    return dataclasses.replace(choice, from_prior=from_prior, cache_path=path)
+
 
 
 def load_profile(model_dir: str) -> dict | None:
@@ -392,3 +481,63 @@ def calibrate_profile(drafters: Sequence[str], make_engine: Callable[[Candidate,
     return {"accepted": accepted, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
             "note": "mean accepted drafts per verify step, greedy, float32, one prompt at a time; "
                     "written by scripts/calibrate_auto.py"}
+
+
+# --- the engine auto chooses -------------------------------------------------------------------------------------
+
+AUTO_DRAFTERS = ("eagle3", "ngram+eagle3", "draft", "ngram", "mtp")
+
+
+def available_drafters(target_dir: str, drafter: str | os.PathLike | None) -> list[str]:
+    """The drafters auto weighs for ``target_dir``: ``drafter`` alone when one is named (its trees), else every
+    AUTO_DRAFTERS entry that resolves for this model (the bundled model has the head and the draft model)."""
+    from jspec.drafters import resolve
+
+    if drafter is not None:
+        resolve(os.fspath(drafter), target_dir)
+        return [os.fspath(drafter)]
+    names = []
+    for name in AUTO_DRAFTERS:
+        try:
+            resolve(name, target_dir)
+        except (ValueError, FileNotFoundError):
+            continue
+        names.append(name)
+    return names
+
+
+def from_pretrained_auto(engine_cls, target_dir: str, drafter: str | os.PathLike | None, *, max_batch_size: int,
+                         max_seq_len: int, dtype: str | None, tensor_parallel_size: int = 1,
+                         data_parallel_size: int = 1, mesh=None, cache_dir: str | os.PathLike | None = None,
+                         log: Callable[[str], None] | None = None, streamed: bool = False, retime: bool = False):
+    """``engine_cls.from_pretrained(target_dir, spec="auto")``: the engine of the method :func:`auto_choice`
+    picks among plain decoding and :func:`available_drafters`, with ``engine.auto_choice`` saying what was chosen
+    and why. ``retime``: time every candidate on this device now, whatever is cached or shipped (`jspec tune`).
+    Each candidate's weights are loaded once; its timing runs use a forced-acceptance view of the same engine."""
+    from jspec.tokenizer import load_tokenizer
+
+    names = available_drafters(target_dir, drafter)
+    tokenizer = load_tokenizer(target_dir)
+    if tokenizer is None:
+        raise ValueError(f"spec='auto' calibrates on text prompts, but {target_dir} has no tokenizer")
+    kwargs = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype,
+                  tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size, mesh=mesh)
+    built: dict = {}
+
+    def make_engine(candidate: Candidate, force_accept: int | None):
+        if candidate.label not in built:
+            built[candidate.label] = engine_cls.from_pretrained(target_dir, drafter=candidate.drafter,
+                                                                spec=candidate.spec, **kwargs)
+        engine = built[candidate.label]
+        return engine if force_accept is None or candidate.drafter is None else engine.forcing_acceptance(
+            force_accept)
+
+    layout = mesh_layout(tensor_parallel_size, data_parallel_size, mesh, jax.process_count())
+    choice = auto_choice(target_dir, names, make_engine, lambda text: tokenizer.encode(text).ids,
+                         cache_dir=None if cache_dir is None else os.fspath(cache_dir), batch_size=max_batch_size,
+                         max_seq_len=max_seq_len, dtype=dtype, profile=load_profile(target_dir),
+                         prior=() if retime else load_step_cost_prior(target_dir), streamed=streamed,
+                         retime=retime, log=log or (lambda s: None), layout=layout)
+    engine = make_engine(choice.best.candidate, None)
+    engine.auto_choice = choice
+    return engine

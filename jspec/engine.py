@@ -142,11 +142,13 @@ class SpecEngine:
         """
         target_dir = os.fspath(target_dir)
         if isinstance(spec, str) and spec == "auto":
-            return cls._from_pretrained_auto(target_dir, drafter, max_batch_size=max_batch_size,
-                                             max_seq_len=max_seq_len, dtype=dtype,
-                                             tensor_parallel_size=tensor_parallel_size,
-                                             data_parallel_size=data_parallel_size, mesh=mesh,
-                                             cache_dir=auto_cache_dir, log=auto_log, streamed=auto_streamed)
+            from jspec.auto import from_pretrained_auto
+
+            return from_pretrained_auto(cls, target_dir, drafter, max_batch_size=max_batch_size,
+                                        max_seq_len=max_seq_len, dtype=dtype,
+                                        tensor_parallel_size=tensor_parallel_size,
+                                        data_parallel_size=data_parallel_size, mesh=mesh,
+                                        cache_dir=auto_cache_dir, log=auto_log, streamed=auto_streamed)
         if spec is not None and not isinstance(spec, SpecConfig):
             raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig, 'auto' or None")
         if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
@@ -176,55 +178,15 @@ class SpecEngine:
         engine.chat_template = load_chat_template(target_dir)
         return engine
 
-    @classmethod
-    def _from_pretrained_auto(cls, target_dir: str, drafter, *, max_batch_size: int, max_seq_len: int, dtype,
-                              tensor_parallel_size: int, data_parallel_size: int, mesh, cache_dir, log,
-                              streamed: bool = False) -> "SpecEngine":
-        """spec="auto" (jspec/auto.py): times the candidates once per device (cached in ``cache_dir``/auto; None
-        caches nothing), combines them with the acceptance profile, and returns the engine of the best, plain
-        decoding included; ``engine.auto_choice`` says what was chosen and why."""
-        from jspec.auto import auto_choice, load_profile, mesh_layout
-        from jspec.drafters import resolve
-
-        if drafter is not None:
-            names = [os.fspath(drafter)]
-            resolve(names[0], target_dir)
-        else:
-            names = []
-            for name in ("eagle3", "ngram+eagle3", "draft", "ngram", "mtp"):
-                try:
-                    resolve(name, target_dir)
-                except (ValueError, FileNotFoundError):
-                    continue
-                names.append(name)
-        kwargs = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype,
-                      tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size, mesh=mesh)
-        built: dict = {}
-
-        def make_engine(candidate, force_accept):
-            key = (candidate.label, force_accept)
-            if key not in built:
-                quiet = logging.getLogger("jspec").level
-                logging.getLogger("jspec").setLevel(logging.ERROR)  # force_accept's benchmark warning: timing only
-                try:
-                    built[key] = cls.from_pretrained(target_dir, drafter=candidate.drafter, spec=candidate.spec,
-                                                     force_accept=force_accept, **kwargs)
-                finally:
-                    logging.getLogger("jspec").setLevel(quiet)
-            return built[key]
-
-        tokenizer = load_tokenizer(target_dir)
-        if tokenizer is None:
-            raise ValueError(f"spec='auto' calibrates on text prompts, but {target_dir} has no tokenizer")
-        choice = auto_choice(target_dir, names, make_engine, lambda text: tokenizer.encode(text).ids,
-                             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-                             batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype,
-                             profile=load_profile(target_dir), streamed=streamed, log=log or (lambda s: None),
-                             layout=mesh_layout(tensor_parallel_size, data_parallel_size, mesh,
-                                                jax.process_count()))
-        engine = make_engine(choice.best.candidate, None)
-        engine.auto_choice = choice
-        return engine
+    def forcing_acceptance(self, force_accept: int) -> "SpecEngine":
+        """This engine with verification accepting exactly min(``force_accept``, depth) drafts per step, over the
+        same weights: for timing a step at a known acceptance (jspec/auto.py). Its output is NOT the target's."""
+        if self.setup.drafter is None:
+            raise ValueError("forcing_acceptance: plain decoding has no drafts to accept")
+        forced = copy.copy(self)
+        forced.setup = dataclasses.replace(self.setup, force_accept=force_accept)
+        forced._compiled = {}
+        return forced
 
     def plain(self) -> "SpecEngine":
         """A plain-decoding engine (no drafter) over this engine's weights, as placed: the baseline a speedup is
@@ -429,4 +391,3 @@ def _shard_target(params: Any, config: ModelConfig, mesh: jax.sharding.Mesh,
     abstract = jax.eval_shape(prepare, params)
     shardings = named(mesh, param_specs(abstract, expanded_config, tensor_parallel_size))
     return jax.jit(prepare, out_shardings=shardings)(params), expanded_config
-

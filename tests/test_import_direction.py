@@ -272,14 +272,6 @@ def private_imports(path: str, name: str, modules: dict[str, str]) -> list[str]:
     return sorted(set(found), key=lambda entry: int(entry.split(":")[0]))
 
 
-# Temporary: private names whose owner is being edited in a parallel change; each goes when that change lands.
-PRIVATE_IMPORTS_ALLOWED = {
-    # owned by a parallel change (jspec/tools/generate_cmd.py defines them)
-    ("jspec/tools/serve_cmd.py", "jspec.tools.generate_cmd._max_seq_len"),
-    ("jspec/tools/serve_cmd.py", "jspec.tools.generate_cmd._resolve_models"),
-}
-
-
 def test_no_module_imports_a_private_name():
     """A helper two modules share is public in the module that owns its idea; an underscore means "this file
     only" (a private module: "this package only")."""
@@ -287,8 +279,7 @@ def test_no_module_imports_a_private_name():
     found = {}
     for name, path in modules.items():
         rel = os.path.relpath(path, REPO)
-        wrong = [entry for entry in private_imports(path, name, modules)
-                 if (rel, entry.split(": ", 1)[1]) not in PRIVATE_IMPORTS_ALLOWED]
+        wrong = private_imports(path, name, modules)
         if wrong:
             found[rel] = wrong
     assert not found, "private names imported across modules"

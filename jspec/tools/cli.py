@@ -3,6 +3,7 @@
     jspec generate [PROMPT ...]   speculative generation, streamed for one prompt, timed against plain decoding
     jspec convert --src HF_DIR --dst OUT_DIR
     jspec serve                   an OpenAI-compatible HTTP server (continuous batching; SIGTERM drains)
+    jspec tune                    time spec="auto"'s methods on this device and cache them for jspec generate
     jspec bench ...               every argument goes to jspec.tools.bench.main
     jspec bench-serve ...         every argument goes to jspec.tools.bench_serve.main
     jspec train-target ...        jspec.train.commands.train_target_main (same as scripts/train_target.py)
@@ -29,6 +30,7 @@ from jspec.tools.convert_cmd import add_convert_args, run_convert
 from jspec.tools.generate_cmd import add_generate_args, run_generate
 from jspec.tools.interrupt import exit_on_interrupt
 from jspec.tools.serve_cmd import add_serve_args, run_serve
+from jspec.tools.tune_cmd import add_tune_args, run_tune
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
 
@@ -81,7 +83,7 @@ FORWARDED = {
 
 # Commands whose programs go to the compilation cache: not bench, which reports compile seconds as a measurement,
 # nor convert, which compiles next to nothing.
-CACHED_COMMANDS = ("generate", "serve", "train-target", "train-drafter")
+CACHED_COMMANDS = ("generate", "serve", "tune", "train-target", "train-drafter")
 COMMON_FLAGS = {
     "--debug": "show tracebacks",
     "--no-compile-cache": "compile every program afresh instead of reusing them from $JSPEC_HOME/compile-cache",
@@ -109,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
                                        "GET /v1/models, /health, /metrics.")
     add_serve_args(serve)
     serve.set_defaults(func=run_serve)
+    tune = sub.add_parser("tune", parents=[common], help="time spec=auto's methods on this device (cached)",
+                          formatter_class=HelpFormatter,
+                          description="Times plain decoding and every drafter/tree spec='auto' weighs, on this "
+                                      "device, and caches the step costs under $JSPEC_HOME/auto for jspec generate.")
+    add_tune_args(tune)
+    tune.set_defaults(func=run_tune)
     for name, (run, help_text) in FORWARDED.items():
         forwarded = sub.add_parser(name, parents=[common], help=help_text, add_help=False, allow_abbrev=False)
         forwarded.set_defaults(func=run)

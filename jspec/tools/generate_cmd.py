@@ -91,7 +91,7 @@ def add_tree_args(parser: argparse.ArgumentParser) -> None:
                            "best cumulative scores (eagle2)")
 
 
-def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
+def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     """-> (target dir, drafter as SpecEngine.from_pretrained takes it (a registered name, a directory, or None),
     a description of the target for the user). The drafter is checked against the registry now, before loading."""
     import jax
@@ -126,7 +126,7 @@ def _check_prompts(prompts: list[str]) -> None:
                              f"text to continue")
 
 
-def _max_seq_len(requested: int | None, model_dir: str) -> int:
+def checked_max_seq_len(requested: int | None, model_dir: str) -> int:
     """--max-seq-len (default: DEFAULT_MAX_SEQ_LEN, or the model's max_position_embeddings if smaller), checked
     against the model's config.json before anything loads. Without a config.json, loading the model reports what
     is wrong with the directory."""
@@ -237,21 +237,6 @@ class StreamRun:
         return len(self.token_ids) / self.run_seconds if self.run_seconds > 0 else 0.0
 
 
-def warm_up_stream(engine, prompt: str, sampling: dict[str, Any]) -> float:
-    """Streams ``prompt`` once in full, unprinted, so that a following :func:`timed_stream` of it compiles nothing
-    and runs warm. -> seconds taken.
-
-    In full, not just the prefill and a first step (which compile both streaming programs): on XLA:CPU each
-    branch of a program (a ``lax.cond``'s) runs slowly the first time it executes. The bundled model's
-    ``ngram+eagle3`` chain of 11 on HumanEval 101 took 12.9 ms per step in its first full run after a one-step
-    warm-up, 7.8 ms in the runs after; its chain of 7 7.2 against 5.9 ms. Greedy, the timed run then takes the
-    branches the warm-up did."""
-    start = time.perf_counter()
-    for _ in engine.stream([prompt], **sampling):
-        pass
-    return time.perf_counter() - start
-
-
 def timed_stream(engine, prompt: str, sampling: dict[str, Any],
                  on_tokens: Callable[[list[int]], None] | None = None) -> StreamRun:
     """Streams one prompt, calling ``on_tokens(all new tokens so far)`` after each chunk.
@@ -277,23 +262,34 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _generate_streamed(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> None:
-    """Prints the one prompt's completion as it is committed, then stats measured on that streamed run."""
+def _generate_streamed(args: argparse.Namespace, engine, baseline, sampling: dict[str, Any]) -> float | None:
+    """Prints the one prompt's completion as its first run commits it (that run compiles the programs, so the
+    first token shows as soon as the prefill is compiled), then times a second, identical run, unprinted, and the
+    baseline's the same way. -> the speedup over plain decoding, or None without a baseline.
+
+    The timed run is the second because a program's first run is slow on XLA:CPU beyond its compilation: each
+    branch of a ``lax.cond`` runs slowly the first time it executes. Greedy, or sampled from the same seed, the
+    timed run commits the tokens the printed one did."""
     prompt, inputs = args.prompts[0], args.inputs[0]
-    warmup_seconds = warm_up_stream(engine, inputs, sampling)
     print(f"--- {prompt!r}")
     _write(prompt)
     text = TextStream(engine.tokenizer)
-    run = timed_stream(engine, inputs, sampling, on_tokens=lambda ids: _write(text.piece(ids)))
-    _write(text.piece(run.token_ids, final=True) + "\n")
+    start = time.perf_counter()
+    first = timed_stream(engine, inputs, sampling, on_tokens=lambda ids: _write(text.piece(ids)))
+    _write(text.piece(first.token_ids, final=True) + "\n")
+    first_seconds = time.perf_counter() - start
+    run = timed_stream(engine, inputs, sampling)
     print(f"--- {len(run.token_ids)} tokens, acceptance length {run.acceptance_length:.2f} "
           f"({run.num_verify_steps} target steps), {run.tokens_per_second:.1f} tokens/s as streamed (a host sync "
-          f"per step; compile + warm-up {warmup_seconds:.1f}s not counted)")
-    if baseline is not None:
-        warm_up_stream(baseline, inputs, sampling)
-        plain = timed_stream(baseline, inputs, sampling)
-        print(f"--- plain decoding, streamed the same way: {plain.tokens_per_second:.1f} tokens/s -> speedup "
-              f"{run.tokens_per_second / plain.tokens_per_second:.2f}x")
+          f"per step; timed on a second run: the printed one, {first_seconds:.1f}s with compilation, not counted)")
+    if baseline is None:
+        return None
+    timed_stream(baseline, inputs, sampling)
+    plain = timed_stream(baseline, inputs, sampling)
+    speedup = run.tokens_per_second / plain.tokens_per_second
+    print(f"--- plain decoding, streamed the same way: {plain.tokens_per_second:.1f} tokens/s -> speedup "
+          f"{speedup:.2f}x")
+    return speedup
 
 
 # --- jspec generate: all at once -------------------------------------------------------------------------------
@@ -374,8 +370,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     start_processes(args)
     _check_prompts(args.prompts)
     sampling = _sampling(args)
-    model_dir, drafter, what = _resolve_models(args)
-    args.max_seq_len = _max_seq_len(args.max_seq_len, model_dir)
+    model_dir, drafter, what = resolve_models(args)
+    args.max_seq_len = checked_max_seq_len(args.max_seq_len, model_dir)
     template = _chat_template(args, model_dir)
     auto = wants_auto(args, drafter)
     if auto:
@@ -394,6 +390,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         report.update(model=model_dir, drafter=drafter, spec=dataclasses.asdict(spec) if spec else None,
                       sampling=sampling, auto=choice.to_json() if choice is not None else None)
         print(json.dumps(report))
+        _check_auto(choice, report["speedup"])
         return 0
     print(f"[jspec] target: {what}")
     if choice is not None:
@@ -403,7 +400,23 @@ def _run_generate(args: argparse.Namespace) -> int:
     elif choice is not None:
         print("[jspec] plain decoding: no drafter is expected to pay on this device (`--drafter eagle3` forces one)")
     if streams(args):
-        _generate_streamed(args, engine, baseline, sampling)
+        speedup = _generate_streamed(args, engine, baseline, sampling)
     else:
-        _print_batch(_generate_batch(args, engine, baseline, sampling))
+        report = _generate_batch(args, engine, baseline, sampling)
+        _print_batch(report)
+        speedup = report["speedup"]
+    _check_auto(choice, speedup)
     return 0
+
+
+def _check_auto(choice, speedup: float | None) -> None:
+    """When auto chose a drafter by the model's shipped step costs and it lost to plain decoding here, says so and
+    records it, so that the next run times every candidate on this device (``jspec.auto.reject_prior``)."""
+    from jspec.auto import reject_prior
+
+    if choice is None or speedup is None or not choice.from_prior or speedup >= 1.0:
+        return
+    reject_prior(choice, speedup)
+    print(f"[jspec] auto: {choice.best.candidate.label} ran at {speedup:.2f}x plain decoding here, below the "
+          f"shipped step costs' {choice.expected_speedup:.2f}x; the next run times every method on this device "
+          f"(or run `jspec tune` now)", file=sys.stderr)

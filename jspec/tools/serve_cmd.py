@@ -20,7 +20,7 @@ import threading
 
 import uvicorn
 
-from jspec.tools.generate_cmd import (_max_seq_len, _resolve_models, add_model_args, add_tree_args, as_flags,
+from jspec.tools.generate_cmd import (checked_max_seq_len, resolve_models, add_model_args, add_tree_args, as_flags,
                                      draft_spec)
 from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_processes
 
@@ -96,8 +96,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     _check_args(args)
     start_processes(args)
-    model_dir, drafter, _ = _resolve_models(args)
-    args.max_seq_len = _max_seq_len(args.max_seq_len, model_dir)
+    model_dir, drafter, _ = resolve_models(args)
+    args.max_seq_len = checked_max_seq_len(args.max_seq_len, model_dir)
     spec = draft_spec(args, drafter)
     name = args.served_model_name or (BUNDLED_NAME if is_bundled(model_dir) else
                                       os.path.basename(os.path.normpath(model_dir)))

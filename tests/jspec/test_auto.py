@@ -5,6 +5,7 @@ decoding's; the CLI's default runs auto and says what it chose."""
 import json
 import os
 
+import jax
 import pytest
 
 import jspec
@@ -168,6 +169,97 @@ def test_a_shipped_profile_replaces_acceptance_measurement(tmp_path):
     assert all(entry[1] is not None for entry in log if entry[0] != "plain")  # only force_accept timing runs
 
 
+def _prior(pool, seconds, **shape):
+    """A shipped step-cost prior of one entry on this backend; ``seconds``: {label: step seconds}, timed at the
+    acceptance the fake engines' 2.4 drafts per step round to."""
+    entry = {"backend": jax.default_backend(), "batch_size": 1, "max_seq_len": 64, "dtype": None, "layout": "",
+             "streamed": False, "host": "a test", "date": "2026-11-25"}
+    entry.update(shape)
+    entry["step_seconds"] = {auto.timing_key(c, auto.timed_acceptance(c, 2.4), entry["streamed"]): seconds[c.label]
+                             for c in pool}
+    return [entry]
+
+
+def test_a_first_run_chooses_by_the_shipped_step_costs_without_timing(tmp_path):
+    """With a matching prior, nothing is timed and nothing cached; the choice follows the prior's costs (here
+    against what the fake engine would measure: plain 1 ms, ngram 2.5 ms per step)."""
+    pool = auto.candidates(["ngram"])
+    prior = _prior(pool, {c.label: (1e-3 if c.drafter is None else 5e-3) for c in pool})
+    log = []
+    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+                              cache_dir=str(tmp_path / "home"), max_seq_len=64, prior=prior)
+    assert choice.from_prior and choice.drafter is None  # 3.4 tokens at 5x the cost: plain
+    assert "shipped with the model (measured on a test" in choice.source
+    assert all(entry[1] is None for entry in log)  # acceptance measured (no profile), no step timed
+    assert not os.path.exists(choice.cache_path)
+
+
+@pytest.mark.parametrize("shape", [{"batch_size": 2}, {"max_seq_len": 128}, {"streamed": True},
+                                   {"backend": "tpu-of-another-kind"}, {"dtype": "bfloat16"}])
+def test_a_prior_measured_at_other_shapes_is_not_used(tmp_path, shape):
+    pool = auto.candidates(["ngram"])
+    prior = _prior(pool, {c.label: 1e-3 for c in pool}, **shape)
+    log = []
+    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+                              cache_dir=None, max_seq_len=64, prior=prior)
+    assert not choice.from_prior and choice.plain.step_seconds == pytest.approx(1e-3)  # timed here
+
+
+def test_a_prior_missing_a_candidate_is_not_used(tmp_path):
+    pool = auto.candidates(["ngram"])
+    prior = _prior(pool, {c.label: 1e-3 for c in pool})
+    prior[0]["step_seconds"].popitem()
+    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker([]), lambda text: [1, 2, 3],
+                              cache_dir=None, max_seq_len=64, prior=prior)
+    assert not choice.from_prior
+
+
+def test_a_rejected_prior_makes_the_next_run_time_every_candidate(tmp_path):
+    """A prior whose choice lost to plain decoding here (reject_prior, called by jspec generate) is not used
+    again: the next choice times every candidate on this device and caches them."""
+    pool = auto.candidates(["ngram"])
+    prior = _prior(pool, {c.label: (5e-3 if c.drafter is None else 1e-3) for c in pool})
+    home = str(tmp_path / "home")
+    first = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker([]), lambda text: [1, 2, 3], cache_dir=home,
+                             max_seq_len=64, prior=prior)
+    assert first.from_prior and first.drafter == "ngram"
+    auto.reject_prior(first, measured_speedup=0.8)
+    assert json.load(open(first.cache_path))["prior_rejected"]["measured_speedup"] == 0.8
+    log = []
+    second = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3], cache_dir=home,
+                              max_seq_len=64, prior=prior)
+    assert not second.from_prior and second.plain.step_seconds == pytest.approx(1e-3)
+    assert {entry[0] for entry in log if entry[1] is not None or entry[0] == "plain"} == {c.label for c in pool}
+    assert set(json.load(open(second.cache_path))) == {"step_seconds", "accepted"}
+    auto.reject_prior(second, measured_speedup=0.5)  # this device's own timings: nothing to reject
+    assert "prior_rejected" not in json.load(open(second.cache_path))
+
+
+def test_retime_ignores_the_cache_and_the_prior(tmp_path):
+    pool = auto.candidates(["ngram"])
+    prior = _prior(pool, {c.label: 1e-3 for c in pool})
+    log = []
+    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+                              cache_dir=None, max_seq_len=64, prior=prior, retime=True)
+    assert not choice.from_prior and any(entry[1] == 2 for entry in log)
+
+
+@needs_bundle
+@pytest.mark.parametrize("streamed", [True, False])
+def test_the_bundle_ships_step_costs_for_every_candidate_at_the_cli_defaults(streamed):
+    """jspec generate's first run on a CPU (one prompt streamed, or --json / --no-stream) finds every candidate it
+    weighs in the bundle's prior, so it times nothing."""
+    model = jspec.bundled_model()
+    prior = auto.load_step_cost_prior(model)
+    entry = auto.prior_entry([dict(e, backend=jax.default_backend()) for e in prior if e["backend"] == "cpu"],
+                             batch_size=1, max_seq_len=1024, dtype=None, layout="", streamed=streamed)
+    assert entry is not None
+    profile = auto.load_profile(model)
+    for c in auto.candidates(auto.available_drafters(model, None)):
+        key = auto.timing_key(c, auto.timed_acceptance(c, profile.get(c.label, 0.0)), streamed)
+        assert entry["step_seconds"][key] > 0, key
+
+
 @needs_bundle
 def test_real_step_cost_measurement_runs_in_the_loop_and_streamed():
     """The real measurement on the bundled model gives a finite positive cost per step, through ``generate`` and
@@ -203,7 +295,7 @@ def _seeded_home(tmp_path, batch_size, max_seq_len) -> str:
     names = ["eagle3", "ngram+eagle3", "draft", "ngram"]
     key = auto.cache_key(jspec.bundled_model(), names, batch_size, max_seq_len, None)
     profile = auto.load_profile(jspec.bundled_model())
-    steps = {auto._timing_key(c, auto._timed_acceptance(c, profile.get(c.label, 0.0)), False):
+    steps = {auto.timing_key(c, auto.timed_acceptance(c, profile.get(c.label, 0.0)), False):
              (1e-3 if c.label in ("plain", "eagle3 chain 3") else 5e-3) for c in auto.candidates(names)}
     os.makedirs(os.path.join(home, "auto"))
     with open(os.path.join(home, "auto", key + ".json"), "w") as f:
