@@ -9,6 +9,9 @@ the next power of two, and the sequence buffers (token slots, KV cache) to the n
 prompt width + max_new_tokens (at most max_seq_len): attention reads the whole cache buffer, so a request
 for 100 tokens must not pay for max_seq_len = 2048. Padding rows are finished after their first token and cost
 only masked compute.
+
+The server pads its prompts with the same :func:`prompt_bucket` (compiling one admission per width of
+:func:`prompt_buckets`), and steps its slots at occupancy and context buckets from :func:`compile_buckets`.
 """
 
 from __future__ import annotations
@@ -17,18 +20,48 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from jspec.config import check_token_ids
+
 MIN_PROMPT_BUCKET = 16
+MIN_SEQ_BUCKET = 256  # the server's shortest context: below it, a shorter one saves less than its programs cost
 
 
 def next_power_of_two(n: int, minimum: int = 1) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
-def prompt_bucket(n: int, minimum: int = MIN_PROMPT_BUCKET) -> int:
-    """The smallest power of two, or 1.5 times a power of two, that is >= max(n, minimum)."""
-    power = next_power_of_two(n, minimum)
+def prompt_bucket(n: int, max_width: int) -> int:
+    """The padded width of a prompt of n tokens: the smallest power of two, or 1.5 times a power of two, that is
+    >= max(n, MIN_PROMPT_BUCKET); at most max_width."""
+    power = next_power_of_two(n, MIN_PROMPT_BUCKET)
     half_step = 3 * power // 4
-    return half_step if half_step >= max(n, minimum) and power >= 4 else power
+    return min(half_step if half_step >= max(n, MIN_PROMPT_BUCKET) else power, max_width)
+
+
+def prompt_buckets(max_width: int) -> tuple[int, ...]:
+    """Every width :func:`prompt_bucket` pads a prompt of 1 to max_width tokens to, ascending."""
+    widths = [prompt_bucket(1, max_width)]
+    while widths[-1] < max_width:
+        widths.append(prompt_bucket(widths[-1] + 1, max_width))
+    return tuple(widths)
+
+
+def compile_buckets(name: str, given: Sequence[int] | None, *, first: int, last: int,
+                    last_name: str) -> tuple[int, ...]:
+    """Sizes a server compiles one program for each of (occupancy, context length): ``given`` checked (ascending
+    integers ending at ``last``, named ``last_name`` in the message), or the default: powers of two from ``first``
+    below ``last``, then ``last``."""
+    if given is None:
+        buckets, size = [], first
+        while size < last:
+            buckets.append(size)
+            size *= 2
+        return tuple(buckets) + (last,)
+    buckets = tuple(given)
+    if (not buckets or list(buckets) != sorted(set(buckets)) or buckets[-1] != last or buckets[0] < 1
+            or any(not isinstance(b, int) for b in buckets)):
+        raise ValueError(f"{name}={given!r}: expected ascending integers ending at {last_name}={last}")
+    return buckets
 
 
 class PaddedBatch(NamedTuple):
@@ -50,12 +83,7 @@ def validate_prompts(prompts: Sequence[Sequence[int]], *, vocab_size: int, max_b
     for i, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: expected at least one token")
-        ids = np.asarray(prompt)
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"prompt {i} holds {ids.dtype} values: expected integer token ids")
-        bad = ids[(ids < 0) | (ids >= vocab_size)]
-        if bad.size:
-            raise ValueError(f"prompt {i} has token id {int(bad[0])}, outside the vocabulary [0, {vocab_size})")
+        check_token_ids(prompt, vocab_size, f"prompt {i}")
         if len(prompt) + max_new_tokens > max_seq_len:
             raise ValueError(f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} that "
                              f"exceeds max_seq_len={max_seq_len}")
@@ -68,7 +96,7 @@ def pad_batch(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_ids
     batch = len(prompts)
     rows = min(next_power_of_two(batch), max_batch_size)
     rows = -(-rows // row_multiple) * row_multiple
-    width = min(prompt_bucket(max(len(p) for p in prompts)), max_seq_len)
+    width = prompt_bucket(max(len(p) for p in prompts), max_seq_len)
     prompt_ids = np.zeros((rows, width), np.int32)
     prompt_lens = np.ones((rows,), np.int32)
     for i, prompt in enumerate(prompts):

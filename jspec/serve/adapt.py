@@ -7,7 +7,8 @@ so the choice per chunk reduces to comparing, per running slot,
 
     speculative: acceptance / spec_step_seconds[rows]     against     plain: 1 / plain_step_seconds[rows]
 
-with step seconds per bucket from a cost table measured at start-up (:class:`CostTable`) and the acceptance
+with step seconds per bucket from a cost table measured at start-up (:func:`measure_costs`, by the estimator
+``jspec.auto`` times its candidates with: ``jspec.step_cost``) and the acceptance
 (tokens committed per verify step) as the running average of recent speculative chunks. Where a step is bound by
 memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and speculation wins; where it is
 bound by compute (many rows) it costs up to T plain steps and plain decoding can win. While plain steps run nothing
@@ -17,6 +18,9 @@ measures the acceptance, so every ``probe_every``-th chunk in a row of plain one
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Sequence
+
+from jspec.step_cost import step_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +33,42 @@ class CostTable:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedChunk:
+    """One chunk over freshly admitted slots: its seconds, the loop steps it ran, and over its rows the tokens they
+    gained and the verify steps they took."""
+
+    seconds: float
+    steps: int
+    tokens: int
+    verify_steps: int
+
+
+def measure_costs(run_chunk: Callable[[bool, int, int], TimedChunk], row_buckets: Sequence[int],
+                  steps_per_chunk: int, repeats: int = 2) -> tuple[CostTable, float]:
+    """-> (the start-up cost table, the starting acceptance). Per step program and occupancy bucket, seconds per
+    step by ``jspec.step_cost.step_seconds`` over chunks of ``steps_per_chunk`` and twice as many steps, each
+    ``run_chunk(speculate, rows, steps)`` over ``rows`` freshly admitted slots (one context length stands for all:
+    the ratio of the two programs' costs is what matters); the acceptance: tokens per verify step of the
+    speculative chunks over the largest bucket."""
+    seconds: dict[tuple[bool, int], float] = {}
+    gained = verified = 0
+    for speculate in (True, False):
+        for rows in row_buckets:
+            def run(steps: int, speculate: bool = speculate, rows: int = rows) -> tuple[float, int]:
+                nonlocal gained, verified
+                chunk = run_chunk(speculate, rows, steps)
+                if speculate and rows == row_buckets[-1]:
+                    gained, verified = gained + chunk.tokens, verified + chunk.verify_steps
+                return chunk.seconds, chunk.steps
+
+            seconds[speculate, rows] = step_seconds(run, short=steps_per_chunk, long=2 * steps_per_chunk,
+                                                    repeats=repeats)
+    costs = CostTable({rows: seconds[True, rows] for rows in row_buckets},
+                      {rows: seconds[False, rows] for rows in row_buckets})
+    return costs, gained / max(verified, 1)
 
 
 class LoadAdapter:

@@ -34,5 +34,27 @@ class ServeMetrics:
                                       ["program"], buckets=_LATENCY_BUCKETS, registry=r)
         self.chunks = Counter("jspec:chunks", "Chunks run, by step program", ["program"], registry=r)
 
+    def observe_tokens(self, count: int, *, waited: float | None, chunk_seconds: float) -> None:
+        """A request gained ``count`` tokens: its first ones (``waited``: seconds since it arrived), or later ones
+        in a chunk of ``chunk_seconds`` (0: not a chunk's, but an admission's)."""
+        if waited is not None:
+            self.time_to_first_token.observe(waited)
+        elif chunk_seconds > 0:
+            for _ in range(count):
+                self.inter_token_latency.observe(chunk_seconds / count)
+        self.generation_tokens.inc(count)
+
+    def observe_acceptance(self, new_hist) -> None:
+        """A request's verify steps in one speculative chunk: ``new_hist[n - 1]`` of them committed n tokens."""
+        for n, count in enumerate(new_hist, start=1):
+            for _ in range(int(count)):
+                self.acceptance_length.observe(n)
+
+    def observe_chunk(self, program: str, seconds: float, steps: int) -> None:
+        """A chunk of ``steps`` steps of ``program`` ("speculative" or "plain") took ``seconds``."""
+        self.chunks.labels(program).inc()
+        if steps:
+            self.step_seconds.labels(program).observe(seconds / steps)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,21 +7,24 @@
   ``jspec.generate`` runs (the same step functions; no second implementation), over all slots; finished and idle
   slots are frozen (``done``). One program per step kind: speculative, or plain with drafter upkeep
   (``jspec.step.root_step``).
+- :func:`admit_row`: the host arrays :func:`admit` takes for one request; :func:`compile_programs`: every program
+  the scheduler runs, compiled ahead (the server's warm-up).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.compile_options import setup_jit
+from jspec.config import SamplingParams
 from jspec.generate import prefill, run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
-from jspec.sampling import SamplingArrays
+from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs
@@ -39,8 +42,7 @@ def idle_slots(params_t, params_d, *, setup: GenerateSetup, num_slots: int,
     """-> (state, inputs) of ``num_slots`` finished slots: each prefilled with token 0 and a budget of one token,
     so every leaf (the drafter's state included) has the shape and kind :func:`admit` writes into."""
     ones = jnp.ones((num_slots,), jnp.int32)
-    sampling = SamplingArrays(jnp.zeros((num_slots,), jnp.float32), jnp.zeros((num_slots,), jnp.int32),
-                              jnp.ones((num_slots,), jnp.float32))
+    sampling = SamplingArrays.full(num_slots)
     keys = jax.vmap(jax.random.key)(jnp.zeros((num_slots,), jnp.uint32))
     with traced_on(setup.mesh):
         return _start_state(params_t, params_d, jnp.zeros((num_slots, 1), jnp.int32), ones, keys, ones,
@@ -67,9 +69,10 @@ def admit(params_t, params_d, state: DecodeState, inputs: StepInputs, prompt_ids
           slot: jax.Array, *, setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Prefills one request and writes it into ``slot`` (the slot state is donated).
 
-    prompt_ids: i32[1, P] right-padded (P a width bucket); prompt_len, max_new_tokens: i32[1]; key_data: u32[1, ...] the
-    raw data of the request's own key (:func:`host_key`); stop_ids: i32[1, K] -1 padded (K the slots' width); sampling: [1] each;
-    slot: i32[] a free slot. The new row's first token is committed by the prefill, as in ``generate``.
+    prompt_ids: i32[1, P] right-padded (P a width bucket); prompt_len, max_new_tokens: i32[1]; key_data: u32[1, ...]
+    the raw data of the request's own key; stop_ids: i32[1, K] -1 padded (K the slots' width); sampling: [1] each
+    (all of them before ``slot``: :func:`admit_row`); slot: i32[] a free slot. The new row's first token is
+    committed by the prefill, as in ``generate``.
     """
     num_stop_ids = inputs.stop_ids.shape[1]
     axes = _batch_axes(setup, params_t, params_d, num_stop_ids)
@@ -129,8 +132,37 @@ def run_chunk(params_t, params_d, state: DecodeState, inputs: StepInputs, cancel
         return shard_state(jax.tree.map(write_back, state, part))
 
 
-def host_key(seed: int) -> np.ndarray:
-    """The raw key data (u32[1, ...]) of a request with ``seed``: fold_in(key(seed), 0), as
-    ``SpecEngine.generate([prompt], seed=[seed])`` draws."""
-    key = jax.random.fold_in(jax.random.key(seed), 0)
-    return np.asarray(jax.random.key_data(key))[None]
+def admit_row(prompt_ids: Sequence[int], params: SamplingParams, stop_ids: Sequence[int], *, width: int,
+              num_stop_ids: int) -> tuple:
+    """The host arrays :func:`admit` takes for one request, before ``slot``: its prompt right-padded to ``width``,
+    its length, the raw data of its key (``jspec.sampling.seed_keys([params.seed], 1)``: it draws as
+    ``SpecEngine.generate([prompt], seed=[seed])`` does), its budget (``params.max_new_tokens``), ``stop_ids``
+    (EOS included) -1 padded to ``num_stop_ids``, and its sampling arrays."""
+    prompt = np.zeros((1, width), np.int32)
+    prompt[0, :len(prompt_ids)] = prompt_ids
+    stops = sorted(set(stop_ids))
+    stop = np.full((1, num_stop_ids), -1, np.int32)
+    stop[0, :len(stops)] = stops
+    key_data = np.asarray(jax.random.key_data(seed_keys([params.seed], 1)))
+    return (prompt, np.asarray([len(prompt_ids)], np.int32), key_data, np.asarray([params.max_new_tokens], np.int32),
+            stop, SamplingArrays.full(1, params))
+
+
+def compile_programs(params_t, params_d, state: DecodeState, inputs: StepInputs, admit_rows: dict[int, tuple],
+                     slot: jax.Array, cancel: jax.Array, max_steps: jax.Array, *, setup: GenerateSetup,
+                     step_kinds: Sequence[bool], row_buckets: Sequence[int],
+                     seq_buckets: Sequence[int]) -> dict[tuple, Any]:
+    """Every program the scheduler runs, compiled: ``("admit", width)`` for each width of ``admit_rows`` (width ->
+    an :func:`admit_row` of that width, placed as the scheduler places them) and ``("chunk", speculate, rows,
+    seq_len)`` for each step kind (``speculate``), occupancy bucket and length bucket. The other arguments are
+    examples of what the scheduler passes (their shapes and placement are what is compiled for)."""
+    lowered = {}
+    for width, row in admit_rows.items():
+        lowered["admit", width] = admit.lower(params_t, params_d, state, inputs, *row, slot, setup=setup)
+    for speculate in step_kinds:
+        for rows in row_buckets:
+            for seq_len in seq_buckets:
+                lowered["chunk", speculate, rows, seq_len] = run_chunk.lower(
+                    params_t, params_d, state, inputs, cancel, max_steps, setup=setup, speculate=speculate,
+                    rows=rows, seq_len=seq_len)
+    return {name: program.compile() for name, program in lowered.items()}

@@ -4,11 +4,13 @@ One scheduler thread loops: admit waiting requests into free slots (one jitted p
 ``programs.admit``), run one jitted chunk of up to ``steps_per_chunk`` fused steps over all slots
 (``programs.run_chunk``) over the occupancy bucket (the lowest power of two of slots holding every busy one),
 hand each request the tokens it gained, free the slots that finished. Every program is compiled ahead of time in
-:meth:`SlotEngine.warm_up` (one admit per prompt-width bucket, one chunk per step program and occupancy bucket),
-so serving compiles nothing.
+:meth:`SlotEngine.warm_up` (``programs.compile_programs``: one admit per prompt width of ``jspec.batching``, the
+engine's own buckets, one chunk per step program, occupancy bucket and length bucket), so serving compiles nothing.
+With load adaptation, warm-up also measures the step programs' costs (``adapt.measure_costs``).
 
-A request's tokens depend only on (prompt, parameters, seed): its key is fold_in(key(seed), 0) and each step draws
-at the request's own positions (``jspec.sampling.keys_at``), never at its slot or the loop's step count. So a
+A request's tokens depend only on (prompt, parameters, seed): its key is ``jspec.sampling.seed_keys([seed], 1)``
+and each step draws at the request's own positions (``jspec.sampling.keys_at``), never at its slot or the loop's
+step count. So a
 request returns what ``SpecEngine.generate([prompt], seed=[seed])`` returns, alone or among others, greedy or
 sampled, as long as one step program runs (with load adaptation on, greedy output is unchanged and sampled output
 keeps the target's distribution, but which program ran a step changes the draws).
@@ -28,11 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.batching import MIN_PROMPT_BUCKET, next_power_of_two
-from jspec.sampling import SamplingArrays
-from jspec.serve.adapt import CostTable, LoadAdapter
+from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
+from jspec.config import SEED_RANGE, SamplingParams, check_seed, check_token_ids
+from jspec.serve.adapt import CostTable, LoadAdapter, TimedChunk, measure_costs
 from jspec.serve.metrics import ServeMetrics
-from jspec.serve.programs import admit, host_key, idle_slots, run_chunk
+from jspec.serve.programs import admit_row, compile_programs, idle_slots
 from jspec.sharding import put
 
 logger = logging.getLogger("jspec.serve")
@@ -50,9 +52,10 @@ class NotAccepting(Exception):
 
 @dataclasses.dataclass
 class Request:
-    """A validated request. prompt_ids: its tokens; max_tokens: new tokens at most; seed: None draws one;
-    stop_token_ids: besides the model's EOS; sink: called from the scheduler thread with the tokens the request
-    gained and, last, its finish reason ("stop", "length" or "abort")."""
+    """A request. prompt_ids: its tokens; max_tokens: new tokens at most; temperature, top_k, top_p, seed,
+    stop_token_ids: as ``jspec.SamplingParams`` has them (:meth:`sampling_params`), but seed None draws one when
+    the request is submitted, and stop_token_ids come besides the model's EOS; sink: called from the scheduler
+    thread with the tokens the request gained and, last, its finish reason ("stop", "length" or "abort")."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -69,6 +72,13 @@ class Request:
         """Ends the request at the next chunk boundary (its slot is freed within one chunk)."""
         if self.cancelled is None:
             self.cancelled = reason
+
+    def sampling_params(self) -> SamplingParams:
+        """The request's parameters as the offline engine takes them (and checks them: ValueError); seed None
+        stands as 0."""
+        return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, seed=0 if self.seed is None else self.seed,
+                              stop_token_ids=tuple(self.stop_token_ids))
 
 
 @dataclasses.dataclass
@@ -125,9 +135,12 @@ class SlotEngine:
         self.speculative = self.setup.drafter is not None
         self.adapt = adapt and self.speculative
         self.eos_token_ids = tuple(engine.eos_token_ids)
-        self.widths = _width_buckets(max_seq_len)
-        self.row_buckets = _check_buckets("row_buckets", row_buckets, self.num_slots, 1, "max_batch_size")
-        self.seq_buckets = _check_buckets("seq_buckets", seq_buckets, max_seq_len, MIN_SEQ_BUCKET, "max_seq_len")
+        self.max_prompt_width = max_seq_len - 1  # a prompt leaves room for one new token
+        self.widths = prompt_buckets(self.max_prompt_width)
+        self.row_buckets = compile_buckets("row_buckets", row_buckets, first=1, last=self.num_slots,
+                                           last_name="max_batch_size")
+        self.seq_buckets = compile_buckets("seq_buckets", seq_buckets, first=MIN_SEQ_BUCKET, last=max_seq_len,
+                                           last_name="max_seq_len")
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
@@ -149,28 +162,25 @@ class SlotEngine:
         ids, vocab = request.prompt_ids, self.engine.config.vocab_size
         if not ids:
             raise ValueError("the prompt is empty: expected at least one token")
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        check_token_ids(ids, vocab, "the prompt")
         if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
             raise ValueError(f"max_tokens={request.max_tokens!r}: expected an integer >= 1")
         if len(ids) + request.max_tokens > self.max_seq_len:
             raise ValueError(f"the prompt has {len(ids)} tokens; with max_tokens={request.max_tokens} that exceeds "
                              f"the context of {self.max_seq_len} tokens (--max-seq-len)")
-        stops = set(self.eos_token_ids) | set(request.stop_token_ids)
-        if len(stops) > self.num_stop_ids:
-            raise ValueError(f"{len(request.stop_token_ids)} stop_token_ids: at most "
+        params = request.sampling_params()
+        if len(set(self.eos_token_ids) | set(params.stop_token_ids)) > self.num_stop_ids:
+            raise ValueError(f"{len(params.stop_token_ids)} stop_token_ids: at most "
                              f"{self.num_stop_ids - len(self.eos_token_ids)} besides EOS")
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in request.stop_token_ids):
-            raise ValueError(f"stop_token_ids={list(request.stop_token_ids)!r}: expected ids in [0, {vocab})")
-        if request.seed is not None and (not isinstance(request.seed, int) or not 0 <= request.seed < 2 ** 32):
-            raise ValueError(f"seed={request.seed!r}: expected an integer in [0, 2**32)")
+        check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
+        if request.seed is not None:
+            check_seed(request.seed)
 
     def submit(self, request: Request) -> Request:
         """Queues a request (checked first: ValueError); QueueFull / NotAccepting when it cannot be taken."""
         self.check(request)
         if request.seed is None:
-            request.seed = secrets.randbelow(2 ** 32)
+            request.seed = secrets.randbelow(SEED_RANGE)
         with self._lock:
             if not self._accepting:
                 raise NotAccepting("the server is not accepting requests (starting up or shutting down)")
@@ -197,27 +207,21 @@ class SlotEngine:
     # --- start and stop -----------------------------------------------------------------------------------------
 
     def warm_up(self, calibration_prompt: Sequence[int] | None = None) -> CostTable | None:
-        """Compiles every program, measures the cost table (with load adaptation), then starts accepting."""
-        engine = self.engine
-        args = (engine.params, engine.drafter_params)
+        """Compiles every program (``programs.compile_programs``), measures the cost table (with load adaptation:
+        ``adapt.measure_costs``, on ``calibration_prompt``), then starts accepting."""
+        args = (self.engine.params, self.engine.drafter_params)
         self._state, self._inputs = idle_slots(*args, setup=self.setup, num_slots=self.num_slots,
                                                num_stop_ids=self.num_stop_ids)
-        cancel, steps = self._place(np.zeros((self.num_slots,), bool)), self._steps_arg()
-        lowered = {}
-        for width in self.widths:
-            row = self._row_arguments(Request([0], 1, _ignore), width)
-            lowered["admit", width] = admit.lower(*args, self._state, self._inputs, *row,
-                                                  self._place(np.zeros((), np.int32)), setup=self.setup)
-        for speculate in ((True, False) if self.speculative else (True,)):
-            for rows in self.row_buckets:
-                for seq_len in self.seq_buckets:
-                    lowered["chunk", speculate, rows, seq_len] = run_chunk.lower(
-                        *args, self._state, self._inputs, cancel, steps, setup=self.setup, speculate=speculate,
-                        rows=rows, seq_len=seq_len)
-        self._compiled.update((name, program.compile()) for name, program in lowered.items())
-        host_key(0)  # the host's key derivation, compiled once too
+        rows = {width: self._admit_row([0], SamplingParams(max_new_tokens=1), width) for width in self.widths}
+        examples = (self._place(np.zeros((), np.int32)), self._place(np.zeros((self.num_slots,), bool)),
+                    self._place(np.asarray(self.steps_per_chunk, np.int32)))  # slot, cancel, max_steps
+        self._compiled.update(compile_programs(
+            *args, self._state, self._inputs, rows, *examples, setup=self.setup,
+            step_kinds=(True, False) if self.speculative else (True,), row_buckets=self.row_buckets,
+            seq_buckets=self.seq_buckets))
         if self.adapt:
-            self.costs, acceptance = self._measure(calibration_prompt)
+            self.costs, acceptance = measure_costs(self._calibration_chunks(calibration_prompt), self.row_buckets,
+                                                   self.steps_per_chunk)
             self.adapter = LoadAdapter(self.costs, acceptance)
             logger.info("cost table %s, starting acceptance %.2f", self.costs.to_dict(), acceptance)
         self.ready = self._accepting = True
@@ -297,14 +301,12 @@ class SlotEngine:
         return taken
 
     def _admit(self, admitted: list[tuple[int, Request]]) -> None:
-        args = (self.engine.params, self.engine.drafter_params)
         for slot, request in admitted:
-            width = next(w for w in self.widths if w >= len(request.prompt_ids))
-            row = self._row_arguments(request, width)
-            self._state, self._inputs = self._compiled[("admit", width)](
-                *args, self._state, self._inputs, *row, self._place(np.asarray(slot, np.int32)))
+            params = request.sampling_params()
+            width = prompt_bucket(len(request.prompt_ids), self.max_prompt_width)
+            self._admit_into(slot, width, self._admit_row(request.prompt_ids, params, width))
             self._slots[slot] = _Running(request, len(request.prompt_ids),
-                                         frozenset(self.eos_token_ids + request.stop_token_ids))
+                                         frozenset(self.eos_token_ids + params.stop_token_ids))
             self.metrics.prompt_tokens.inc(len(request.prompt_ids))
         self.metrics.running.set(self.num_running)
         self._emit(None, speculated=None)
@@ -319,15 +321,10 @@ class SlotEngine:
         speculate = self.adapter.choose(rows) if self.adapter is not None else True
         start = time.perf_counter()
         step_before = self._host_step
-        self._state = self._compiled[("chunk", speculate, rows, seq_len)](
-            self.engine.params, self.engine.drafter_params, self._state, self._inputs, self._place(cancel),
-            self._steps_arg())
+        self._run_chunk(speculate, rows, seq_len, cancel, self.steps_per_chunk)
         self._emit(start, speculated=speculate)  # waits for the chunk
         seconds, steps = time.perf_counter() - start, self._host_step - step_before
-        program = "speculative" if self.speculative and speculate else "plain"
-        self.metrics.chunks.labels(program).inc()
-        if steps:
-            self.metrics.step_seconds.labels(program).observe(seconds / steps)
+        self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain", seconds, steps)
 
     def _emit(self, chunk_start: float | None, speculated: bool | None) -> None:
         """Reads the slots back (waiting for the programs in flight), hands each request its new tokens, frees
@@ -349,18 +346,14 @@ class SlotEngine:
                 chunk_tokens += len(new)
                 chunk_steps += steps
                 if speculated:  # hist is cumulative per request: observe this chunk's steps
-                    for n, count in enumerate(hist[slot] - running.hist_seen, start=1):
-                        for _ in range(int(count)):
-                            self.metrics.acceptance_length.observe(n)
+                    self.metrics.observe_acceptance(hist[slot] - running.hist_seen)
             running.steps_seen, running.hist_seen = int(num_steps[slot]), hist[slot].copy()
             if new:
+                waited = None
                 if running.first_token_at is None:
                     running.first_token_at = now
-                    self.metrics.time_to_first_token.observe(now - request.arrival)
-                elif chunk_seconds > 0:
-                    for _ in new:
-                        self.metrics.inter_token_latency.observe(chunk_seconds / len(new))
-                self.metrics.generation_tokens.inc(len(new))
+                    waited = now - request.arrival
+                self.metrics.observe_tokens(len(new), waited=waited, chunk_seconds=chunk_seconds)
                 running.emitted = generated
             reason = None
             if done[slot]:
@@ -379,17 +372,21 @@ class SlotEngine:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _row_arguments(self, request: Request, width: int) -> tuple:
-        prompt = np.zeros((1, width), np.int32)
-        prompt[0, :len(request.prompt_ids)] = request.prompt_ids
-        stops = sorted(set(self.eos_token_ids) | set(request.stop_token_ids))
-        stop_ids = np.full((1, self.num_stop_ids), -1, np.int32)
-        stop_ids[0, :len(stops)] = stops
-        sampling = SamplingArrays(np.full((1,), request.temperature, np.float32),
-                                  np.full((1,), request.top_k, np.int32), np.full((1,), request.top_p, np.float32))
-        row = (prompt, np.asarray([len(request.prompt_ids)], np.int32), host_key(request.seed or 0),
-               np.asarray([request.max_tokens], np.int32), stop_ids, sampling)
+    def _admit_row(self, prompt_ids: Sequence[int], params: SamplingParams, width: int) -> tuple:
+        """``programs.admit_row`` for a request, placed (its stop ids: EOS and its own)."""
+        row = admit_row(prompt_ids, params, self.eos_token_ids + params.stop_token_ids, width=width,
+                        num_stop_ids=self.num_stop_ids)
         return jax.tree.map(self._place, row)
+
+    def _admit_into(self, slot: int, width: int, row: tuple) -> None:
+        self._state, self._inputs = self._compiled["admit", width](
+            self.engine.params, self.engine.drafter_params, self._state, self._inputs, *row,
+            self._place(np.asarray(slot, np.int32)))
+
+    def _run_chunk(self, speculate: bool, rows: int, seq_len: int, cancel: np.ndarray, steps: int) -> None:
+        self._state = self._compiled["chunk", speculate, rows, seq_len](
+            self.engine.params, self.engine.drafter_params, self._state, self._inputs, self._place(cancel),
+            self._place(np.asarray(steps, np.int32)))
 
     def _place(self, array: np.ndarray) -> jax.Array:
         """On a mesh: replicated over it (the compiled programs expect their inputs there)."""
@@ -397,81 +394,31 @@ class SlotEngine:
             return jnp.asarray(array)
         return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
 
-    def _steps_arg(self) -> jax.Array:
-        return self._place(np.asarray(self.steps_per_chunk, np.int32))
-
-    def _measure(self, prompt: Sequence[int] | None) -> tuple[CostTable, float]:
-        """Per occupancy bucket and step program: fills the bucket's slots with ``prompt`` (greedy), times chunks
-        (best of 2 after one that warms caches) at the length bucket holding the prompt and its budget (one length
-        stands for all: the ratio of the two programs' costs is what matters) and frees the slots. The speculative chunks' acceptance over all
-        slots is the starting estimate."""
+    def _calibration_chunks(self, prompt: Sequence[int] | None) -> Callable[[bool, int, int], TimedChunk]:
+        """The timed chunks ``adapt.measure_costs`` calls: each admits ``prompt`` (greedy, a budget of three
+        chunks at full acceptance) into the slots of its occupancy bucket, runs one chunk at the length bucket
+        holding prompt and budget, and frees every slot."""
         prompt = list(prompt) if prompt else list(range(1, 17))
         budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
         prompt = prompt[:self.max_seq_len - budget]
-        width = next(w for w in self.widths if w >= len(prompt))
+        width = prompt_bucket(len(prompt), self.max_prompt_width)
         seq_len = next(n for n in self.seq_buckets if n >= len(prompt) + budget)
-        args = (self.engine.params, self.engine.drafter_params)
-        steps_arg = self._steps_arg()
-        seconds: dict[tuple[bool, int], float] = {}
-        acceptance = 1.0
-        for speculate in (True, False):
-            for rows in self.row_buckets:
-                for slot in range(rows):
-                    row = self._row_arguments(Request(prompt, budget, _ignore, seed=0), width)
-                    self._state, self._inputs = self._compiled[("admit", width)](
-                        *args, self._state, self._inputs, *row, self._place(np.asarray(slot, np.int32)))
-                timings = []
-                generated_before = np.asarray(self._state.num_generated)[:rows].sum()
-                for _ in range(3):
-                    steps_before = int(self._state.step)
-                    start = time.perf_counter()
-                    self._state = self._compiled[("chunk", speculate, rows, seq_len)](
-                        *args, self._state, self._inputs, self._place(np.zeros((self.num_slots,), bool)), steps_arg)
-                    steps = int(self._state.step) - steps_before
-                    timings.append((time.perf_counter() - start) / steps if steps else float("inf"))
-                if speculate and rows == self.num_slots:
-                    gained = np.asarray(self._state.num_generated)[:rows].sum() - generated_before
-                    verify_steps = max(1, int(np.asarray(self._state.num_steps)[:rows].sum()))
-                    acceptance = float(gained) / verify_steps
-                seconds[speculate, rows] = min(timings[1:])
-                self._state = self._compiled[("chunk", speculate, self.num_slots, self.max_seq_len)](
-                    *args, self._state, self._inputs, self._place(np.ones((self.num_slots,), bool)), steps_arg)
-        return CostTable({rows: seconds[True, rows] for rows in self.row_buckets},
-                         {rows: seconds[False, rows] for rows in self.row_buckets}), acceptance
+        row = self._admit_row(prompt, SamplingParams(max_new_tokens=budget), width)
 
+        def timed_chunk(speculate: bool, rows: int, steps: int) -> TimedChunk:
+            for slot in range(rows):
+                self._admit_into(slot, width, row)
+            step_before, generated_before = jax.device_get((self._state.step, self._state.num_generated))
+            start = time.perf_counter()
+            self._run_chunk(speculate, rows, seq_len, np.zeros((self.num_slots,), bool), steps)
+            steps_run = int(self._state.step) - int(step_before)
+            seconds = time.perf_counter() - start
+            generated, verify_steps = jax.device_get((self._state.num_generated, self._state.num_steps))
+            self._run_chunk(speculate, self.num_slots, self.max_seq_len, np.ones((self.num_slots,), bool), steps)
+            return TimedChunk(seconds, steps_run, int(generated[:rows].sum() - generated_before[:rows].sum()),
+                              int(verify_steps[:rows].sum()))
 
-MIN_SEQ_BUCKET = 256  # below it, a shorter context saves less than its programs cost to compile
-
-
-def _check_buckets(name: str, given: Sequence[int] | None, last: int, first: int, last_name: str) -> tuple[int, ...]:
-    """``given`` checked (ascending, ending at ``last``), or the default: powers of two from ``first`` below
-    ``last``, then ``last``."""
-    if given is None:
-        buckets, size = [], first
-        while size < last:
-            buckets.append(size)
-            size *= 2
-        return tuple(buckets) + (last,)
-    buckets = tuple(given)
-    if (not buckets or list(buckets) != sorted(set(buckets)) or buckets[-1] != last or buckets[0] < 1
-            or any(not isinstance(b, int) for b in buckets)):
-        raise ValueError(f"{name}={given!r}: expected ascending integers ending at {last_name}={last}")
-    return buckets
-
-
-def _width_buckets(max_seq_len: int) -> tuple[int, ...]:
-    """Prompt-width buckets: powers of two from 16, the last one max_seq_len - 1 at most (a prompt leaves room for
-    one new token)."""
-    widths, width = [], MIN_PROMPT_BUCKET
-    while width < max_seq_len - 1:
-        widths.append(width)
-        width *= 2
-    widths.append(max_seq_len - 1) if not widths or widths[-1] < max_seq_len - 1 else None
-    return tuple(widths)
-
-
-def _ignore(tokens: list[int], reason: str | None) -> None:
-    del tokens, reason
+        return timed_chunk
 
 
 def _safe_sink(request: Request, tokens: list[int], reason: str | None) -> None:
