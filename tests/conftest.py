@@ -16,6 +16,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from tests import tiers  # noqa: E402
 from tests.compile_cache import session_compile_cache_off  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -52,6 +53,17 @@ def _slow_rank(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
+    """Marks the slow tier (tests/tiers.py; deselected by default, ``-m slow`` runs it), refusing an entry there
+    that names no test of a collected module; orders long modules first; skips `gpu` tests without a GPU."""
+    collected = {item.nodeid.split("::")[0] for item in items}
+    unmatched = {entry for entry in tiers.SLOW if entry.split("::")[0] in collected}
+    for item in items:
+        if tiers.is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
+            module, _, rest = item.nodeid.partition("::")
+            unmatched -= {module, f"{module}::{rest.split('[', 1)[0]}", item.nodeid}
+    if unmatched:
+        raise pytest.UsageError(f"tests/tiers.py names tests that do not exist: {sorted(unmatched)}")
     items.sort(key=_slow_rank)  # stable: the order within each module, and of the other modules, is kept
     if _has_gpu():
         return

@@ -72,7 +72,7 @@ def _seed_auto_cache(home: str, best: str, best_seconds: float) -> tuple[str, di
     target = jspec.bundled_model()
     profile = auto.load_profile(target)
     pool = auto.candidates([CLI_DRAFTER])
-    timings = {auto._timing_key(c, auto._timed_acceptance(c, profile.get(c.label, 0.0)), False):
+    timings = {auto.timing_key(c, auto.timed_acceptance(c, profile.get(c.label, 0.0)), False):
                (best_seconds if c.label == best else 1.0) for c in pool}
     key = auto.cache_key(target, [CLI_DRAFTER], 1, 256, None, auto.mesh_layout(4, 1, None, 2))
     path = os.path.join(home, "auto", key + ".json")

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from jspec.tools import bundled
-from jspec.tools.generate_cmd import _resolve_models
+from jspec.tools.generate_cmd import resolve_models
 from models.checkpoint import load_eagle3, load_llama
 from models.eagle3 import Eagle3Config
 
@@ -37,16 +37,16 @@ def test_bundle_is_small_enough_to_ship():
 @needs_bundle
 def test_generate_defaults_to_the_bundled_model_with_the_backends_fastest_drafter():
     args = argparse.Namespace(model=None, drafter=None)
-    model_dir, drafter, _ = _resolve_models(args)
+    model_dir, drafter, _ = resolve_models(args)
     expected = "ngram" if jax.default_backend() == "cpu" else "eagle3"  # the registry's name, as in Python
     assert (model_dir, drafter) == (bundled.bundled_dir("target"), expected)
     args = argparse.Namespace(model=None, drafter="draft")
-    assert _resolve_models(args)[1] == "draft"
+    assert resolve_models(args)[1] == "draft"
     args = argparse.Namespace(model=None, drafter="none")
-    assert _resolve_models(args)[1] is None
+    assert resolve_models(args)[1] is None
     args = argparse.Namespace(model=bundled.bundled_dir("draft"), drafter="eagle3")
     with pytest.raises(ValueError, match="drafter='eagle3' names the bundled code model's eagle3"):
-        _resolve_models(args)
+        resolve_models(args)
 
 
 @pytest.mark.parametrize("size", [2, 8, 16, 32])

@@ -1,0 +1,140 @@
+"""The slow tier: tests that run only with ``pytest -m slow`` (the default run, the README's test command, deselects
+them through pyproject's ``-m "not slow"``; .ci/run runs both tiers).
+
+Each entry names a test module, a test (every parametrisation) or one parametrisation, with the property it proves
+and the default-tier test that keeps that property proven on every run. A test moves here when it costs many
+seconds and repeats a property the default tier already holds on another drafter, tree, family or shape; a
+property with no representative left would be a hole, so every entry names one. A renamed test that no longer
+matches its entry runs in the default tier: the safe direction.
+"""
+
+from __future__ import annotations
+
+SLOW: dict[str, str] = {
+    # --- meshes -------------------------------------------------------------------------------------------------
+    "tests/jspec/test_sharded_engine.py":
+        "every drafter's greedy and seeded tokens at tp 8 and dp 2 x tp 4 equal one device's, one all-reduce per "
+        "layer and no weight gather in the loop; default: test_sharded_serve (tp 4 served = one device), "
+        "test_sharded_kernels, test_sharded_params, test_multihost (tp 4 over two processes)",
+    "tests/jspec/test_multihost.py::test_cli_multihost_only_process_0_prints":
+        "the CLI on two processes prints once and decides auto on process 0's cache; default: "
+        "test_two_processes_tp4_equal_one_device",
+    "tests/jspec/test_capture_hidden_states.py::test_capture_on_a_mesh_equals_one_device":
+        "hidden-state capture on a mesh; default: capture on one device, and the sharded engine cases",
+    # --- serving ------------------------------------------------------------------------------------------------
+    "tests/jspec/serve/test_app.py::test_32_concurrent_greedy_requests_equal_generate_alone_and_compile_nothing":
+        "32 concurrent greedy requests each equal offline generate, nothing compiles after warm-up; default: "
+        "test_completion_stream_equals_whole_with_usage (a served request equals offline), test_slots",
+    "tests/jspec/serve/test_app.py::test_sampled_request_alone_equals_it_among_15_others":
+        "a seeded sampled request's tokens do not depend on its neighbours; default: test_per_request_seeds, "
+        "test_slots",
+    "tests/jspec/serve/test_app.py::test_a_full_queue_answers_503_with_retry_after":
+        "a full queue answers 503 with Retry-After; default: the other 503 tests (warm-up, shutdown)",
+    "tests/jspec/serve/test_serve_process.py::test_serve_answers_then_drains_on_sigterm":
+        "a real `jspec serve` process answers and drains on SIGTERM; default: test_app's in-process server",
+    "tests/jspec/tools/test_bench_serve.py::test_small_run_against_real_in_process_servers":
+        "bench-serve end to end against real servers; default: its arithmetic and report tests",
+    # --- speculative output equals plain decoding ----------------------------------------------------------------
+    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-chain]":
+        "EAGLE-3 chain greedy = plain (random head); default: [random-dynamic], [distilled-dynamic]",
+    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-static]":
+        "EAGLE-3 static tree greedy = plain (random head); default: [distilled-static]",
+    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-chain]":
+        "EAGLE-3 chain greedy = plain (distilled head); default: test_tree_selection (chains of the bundled head)",
+    "tests/jspec/test_spec_engine.py::test_from_pretrained_with_a_converted_head":
+        "a converted HF head through from_pretrained = plain; default: test_eagle3_layouts (every layout converts "
+        "to the same head) and test_train_drafter's exported head driving the engine",
+    "tests/jspec/test_spec_engine.py::test_stream_concatenates_to_generate[chain]":
+        "stream = generate for a chain; default: [dynamic]",
+    "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[static]":
+        "draft-model static tree greedy = plain; default: [chain], [dynamic]",
+    "tests/jspec/test_draft_model.py::test_exact_copy_of_the_target_accepts_every_draft[static]":
+        "a copy of the target accepts every draft of a static tree; default: [chain]",
+    "tests/jspec/test_draft_model.py::test_from_pretrained_with_a_draft_model_or_ngram":
+        "from_pretrained with a converted draft model = plain; default: the bundled draft in test_tree_selection",
+    "tests/jspec/test_mtp.py::test_greedy_output_equals_plain_decoding_dynamic_tree[vanilla-deepseek]":
+        "MTP vanilla dynamic tree greedy = plain; default: [mtp_eagle-mimo]",
+    "tests/jspec/test_mtp.py::test_acceptance_equals_the_host_replay[mtp_eagle-deepseek-scales1]":
+        "MTP acceptance equals a host replay (DeepSeek layout); default: [mtp_eagle-mimo-scales0]",
+    "tests/jspec/test_mtp.py::test_acceptance_equals_the_host_replay[vanilla-mimo-scales2]":
+        "MTP vanilla acceptance equals a host replay; default: [mtp_eagle-mimo-scales0]",
+    "tests/jspec/test_mtp.py::test_from_pretrained_with_the_targets_own_modules":
+        "from_pretrained with the target's MTP modules = plain; default: test_mtp_checkpoint's converted modules",
+    "tests/jspec/test_mtp.py::test_vanilla_prefill_and_commit_state_equals_the_recomputation":
+        "MTP vanilla's cached state equals a recomputation; default: greedy = plain [mtp_eagle-mimo]",
+    "tests/models/test_mtp_checkpoint.py::test_from_pretrained_with_the_converted_modules_is_lossless[mimo-qwen2-mtp-3]":
+        "converted MiMo modules drive the engine losslessly; default: [deepseek-llama-mtp_vanilla-2]",
+    "tests/jspec/test_tree_selection.py::test_top1_chain_greedy_equals_plain_on_the_bundled_model[draft]":
+        "top1_chain selection with the bundled draft model = plain; default: [eagle3]",
+    "tests/jspec/test_bf16_numerics.py::test_bf16_divergences_are_near_ties":
+        "bf16 speculative output leaves plain decoding only at near-ties (docs/numerics.md's bound); default: "
+        "test_recomputed_logits_are_plain_decodings, test_float32_speculative_equals_plain",
+    "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[branches]":
+        "n-gram branching tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
+    "tests/jspec/test_ngram.py::test_random_target_sampling_follows_the_exact_distribution[branches]":
+        "n-gram branching tree sampling chi-square; default: [chain], test_tree_verify's lossless sampling",
+    # --- sampling is the target's distribution ---------------------------------------------------------------------
+    "tests/jspec/test_draft_model.py::test_sampled_drafts_follow_the_exact_target_distribution[tree]":
+        "draft-model tree (recursive rejection) chi-square in the engine; default: test_tree_verify's "
+        "test_sampling_is_lossless[3-2-True] (sampled drafts over a tree of siblings, the same verifier)",
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_is_lossless[4-3-True]":
+        "recursive rejection over 4 x 3 sampled siblings; default: [3-2-True], [1-1-True], [3-2-False]",
+    "tests/jspec/test_spec_sampling.py::test_first_three_tokens_follow_the_target[dynamic-top-p]":
+        "EAGLE-3 dynamic tree sampling with top-p chi-square; default: [dynamic] (top-k), [chain], [static]",
+    # --- kernels against references ---------------------------------------------------------------------------------
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[5-3-33-6-interpret]":
+        "sampling kernel = reference (5 rows, 33 nodes, depth 6); default: [5-1-1-1], [5-3-8-3], [33-1-33-32]",
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[33-3-8-3-interpret]":
+        "sampling kernel = reference (33 rows); default: [33-1-33-32-interpret] and the 5-row cases",
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[33-3-33-6-interpret]":
+        "sampling kernel = reference (33 rows, depth 6); default: [33-1-33-32-interpret] and the 5-row cases",
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[33-1-1-1-interpret]":
+        "sampling kernel = reference (33 rows, one node); default: [5-1-1-1-interpret]",
+    "tests/pallas_kernels/test_tree_verify.py::test_per_row_keys_make_each_row_independent_of_the_others[reference]":
+        "per-row keys make rows independent (reference); default: [interpret]",
+    # --- models against transformers ---------------------------------------------------------------------------------
+    "tests/models/test_llama_vs_hf.py::test_prefill_and_cached_decode_match_transformers[mistral]":
+        "Mistral logits = transformers; default: [llama], [qwen3], test_shipped_targets",
+    "tests/models/test_llama_vs_hf.py::test_prefill_and_cached_decode_match_transformers[qwen2]":
+        "Qwen2 logits = transformers; default: [llama], [qwen3], test_shipped_targets' qwen2.5",
+    "tests/models/test_llama_vs_hf.py::test_tree_mask_equals_separate_causal_branches[mistral]":
+        "a tree mask = separate causal branches (Mistral); default: [llama], [qwen2]",
+    "tests/models/test_llama_vs_hf.py::test_tree_mask_equals_separate_causal_branches[qwen3]":
+        "a tree mask = separate causal branches (Qwen3); default: [llama], [qwen2]",
+    "tests/models/test_shipped_targets.py::test_engine_from_converted_dir[llama3.1-instruct]":
+        "the engine on a converted Llama-3.1 as shipped; default: [qwen3], [qwen2.5-instruct]",
+    "tests/models/test_shipped_targets.py::test_logits_match_transformers[llama3.1-instruct-9000]":
+        "Llama-3.1 rope scaling at 9000 positions = transformers; default: [llama3.1-instruct-120000]",
+    "tests/jspec/test_capture_hidden_states.py::test_captured_states_match_transformers[ngram]":
+        "hidden states captured during n-gram speculation = transformers; default: [plain], "
+        "[self_draft_dynamic]",
+    "tests/jspec/test_capture_hidden_states.py::test_eagle3_head_keeps_its_taps_while_capturing":
+        "an EAGLE-3 head keeps its own taps while the caller captures others; default: capture [plain], "
+        "[self_draft_dynamic]",
+    # --- checkpoints and tools ---------------------------------------------------------------------------------------
+    "tests/models/test_streaming_convert.py::test_sharded_conversion_peak_memory_is_about_the_largest_array":
+        "conversion streams: peak memory about the largest array; default: the converters' equality tests",
+    "tests/models/test_mtp_checkpoint.py::test_the_target_converts_as_without_modules[mimo-qwen2]":
+        "a MiMo target with MTP modules converts as without them; default: [deepseek-llama]",
+    "tests/jspec/tools/test_draft_vocab_table.py":
+        "scripts/draft_vocab_table.py's rows on the bundled head; default: test_draft_vocab (shrink_draft_vocab)",
+    "tests/jspec/tools/test_bench.py::test_small_run_matches_transformers":
+        "jspec bench's table against transformers' generation; default: the bench argument and report tests",
+    "tests/jspec/tools/test_cli.py::test_bundled_eagle3_generates_plain_decodings_tokens_with_fewer_target_steps":
+        "the CLI with the bundled head = plain with fewer steps; default: "
+        "test_speculative_stream_equals_plain_decoding_and_counts_steps_as_generate, test_auto's bundled engine",
+    "tests/jspec/tools/test_cli.py::test_train_drafter_runs_end_to_end":
+        "jspec train-drafter through the CLI; default: tests/jspec/train/test_train_drafter.py",
+    "tests/jspec/train/test_train_drafter.py::test_a_second_stage_starts_from_the_first_stages_head":
+        "--init-head starts a stage from an earlier head; default: test_eagle3_head_trains_and_converts",
+    "tests/jspec/test_chat.py::test_cli_chat_streams_the_rendered_prompt_and_engine_chats_reply":
+        "jspec generate --chat streamed = engine.chat; default: test_cli_chat_prints_what_engine_chat_generates",
+}
+
+
+def is_slow(nodeid: str) -> bool:
+    """Whether a test (pytest node id, e.g. ``tests/x.py::test_y[z]``) is in the slow tier: its module, its
+    function (every parametrisation) or exactly it is listed."""
+    module, _, rest = nodeid.partition("::")
+    function = rest.split("[", 1)[0]
+    return module in SLOW or f"{module}::{function}" in SLOW or nodeid in SLOW
