@@ -30,19 +30,21 @@ def next_power_of_two(n: int, minimum: int = 1) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
-def prompt_bucket(n: int, max_width: int) -> int:
-    """The padded width of a prompt of n tokens: the smallest power of two, or 1.5 times a power of two, that is
-    >= max(n, MIN_PROMPT_BUCKET); at most max_width."""
+def prompt_bucket(n: int, max_width: int, *, half_steps: bool = True) -> int:
+    """The padded width of a prompt of n tokens: the smallest power of two, or (``half_steps``) 1.5 times a power
+    of two, that is >= max(n, MIN_PROMPT_BUCKET); at most max_width. The engine compiles a width when a call first
+    needs it, so it pads less at half steps; the server compiles every width at start-up, so it takes powers of
+    two only (half as many programs)."""
     power = next_power_of_two(n, MIN_PROMPT_BUCKET)
     half_step = 3 * power // 4
-    return min(half_step if half_step >= max(n, MIN_PROMPT_BUCKET) else power, max_width)
+    return min(half_step if half_steps and half_step >= max(n, MIN_PROMPT_BUCKET) else power, max_width)
 
 
-def prompt_buckets(max_width: int) -> tuple[int, ...]:
+def prompt_buckets(max_width: int, *, half_steps: bool = True) -> tuple[int, ...]:
     """Every width :func:`prompt_bucket` pads a prompt of 1 to max_width tokens to, ascending."""
-    widths = [prompt_bucket(1, max_width)]
+    widths = [prompt_bucket(1, max_width, half_steps=half_steps)]
     while widths[-1] < max_width:
-        widths.append(prompt_bucket(widths[-1] + 1, max_width))
+        widths.append(prompt_bucket(widths[-1] + 1, max_width, half_steps=half_steps))
     return tuple(widths)
 
 

@@ -38,18 +38,20 @@ def pytest_xdist_auto_num_workers(config):
     return min(2, os.cpu_count() or 1)
 
 
-# The longest modules (seconds on the 2-core CI machine, from --durations): run first, so that with
+# The longest modules of either tier (seconds on the 2-core CI machine, from --durations): run first, so that with
 # --dist loadscope the other worker takes the many short modules meanwhile instead of idling at the end while one
-# worker finishes a 5-minute module it was handed last.
-SLOW_MODULES = ("tests/jspec/test_sharded_engine.py", "tests/jspec/serve/test_slots.py",
-                "tests/jspec/test_draft_model.py", "tests/jspec/test_mtp.py", "tests/jspec/serve/test_app.py",
-                "tests/jspec/test_capture_hidden_states.py", "tests/jspec/tools/test_draft_vocab_table.py",
-                "tests/models/test_streaming_convert.py", "tests/jspec/tools/test_bench_serve.py")
+# worker finishes a long module it was handed last.
+LONG_MODULES = ("tests/jspec/test_sharded_engine.py", "tests/jspec/serve/test_slots.py",
+                "tests/jspec/serve/test_app.py", "tests/jspec/test_spec_engine.py",
+                "tests/jspec/test_capture_hidden_states.py", "tests/jspec/test_ngram.py",
+                "tests/jspec/test_multihost.py", "tests/jspec/test_draft_model.py", "tests/jspec/test_hybrid.py",
+                "tests/jspec/test_user_drafters.py", "tests/jspec/test_mtp.py", "tests/jspec/test_bf16_numerics.py",
+                "tests/models/test_mtp_checkpoint.py", "tests/jspec/tools/test_draft_vocab_table.py")
 
 
-def _slow_rank(item) -> int:
+def _long_rank(item) -> int:
     path = item.nodeid.split("::")[0]
-    return SLOW_MODULES.index(path) if path in SLOW_MODULES else len(SLOW_MODULES)
+    return LONG_MODULES.index(path) if path in LONG_MODULES else len(LONG_MODULES)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -64,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
             unmatched -= {module, f"{module}::{rest.split('[', 1)[0]}", item.nodeid}
     if unmatched:
         raise pytest.UsageError(f"tests/tiers.py names tests that do not exist: {sorted(unmatched)}")
-    items.sort(key=_slow_rank)  # stable: the order within each module, and of the other modules, is kept
+    items.sort(key=_long_rank)  # stable: the order within each module, and of the other modules, is kept
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a GPU")

@@ -14,8 +14,8 @@ SLOW: dict[str, str] = {
     # --- meshes -------------------------------------------------------------------------------------------------
     "tests/jspec/test_sharded_engine.py":
         "every drafter's greedy and seeded tokens at tp 8 and dp 2 x tp 4 equal one device's, one all-reduce per "
-        "layer and no weight gather in the loop; default: test_sharded_serve (tp 4 served = one device), "
-        "test_sharded_kernels, test_sharded_params, test_multihost (tp 4 over two processes)",
+        "layer and no weight gather in the loop; default: test_multihost's tp 4 engine over two processes (= one "
+        "device), test_sharded_kernels and test_sharded_params on 4 devices",
     "tests/jspec/test_multihost.py::test_cli_multihost_only_process_0_prints":
         "the CLI on two processes prints once and decides auto on process 0's cache; default: "
         "test_two_processes_tp4_equal_one_device",
@@ -36,9 +36,12 @@ SLOW: dict[str, str] = {
         "bench-serve end to end against real servers; default: its arithmetic and report tests",
     # --- speculative output equals plain decoding ----------------------------------------------------------------
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-chain]":
-        "EAGLE-3 chain greedy = plain (random head); default: [random-dynamic], [distilled-dynamic]",
-    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-static]":
-        "EAGLE-3 static tree greedy = plain (random head); default: [distilled-static]",
+        "EAGLE-3 chain greedy = plain (random head); default: test_tree_selection's bundled chains, test_hybrid",
+    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-static]":
+        "EAGLE-3 static tree greedy = plain (a distilled head: real acceptance); default: [random-static], and the "
+        "bundled head's real acceptance in test_tree_selection and test_hybrid",
+    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-dynamic]":
+        "EAGLE-3 dynamic tree greedy = plain (a distilled head); default: [random-dynamic], test_tree_selection",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-chain]":
         "EAGLE-3 chain greedy = plain (distilled head); default: test_tree_selection (chains of the bundled head)",
     "tests/jspec/test_spec_engine.py::test_from_pretrained_with_a_converted_head":
@@ -71,8 +74,45 @@ SLOW: dict[str, str] = {
         "test_recomputed_logits_are_plain_decodings, test_float32_speculative_equals_plain",
     "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[branches]":
         "n-gram branching tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
-    "tests/jspec/test_ngram.py::test_random_target_sampling_follows_the_exact_distribution[branches]":
-        "n-gram branching tree sampling chi-square; default: [chain], test_tree_verify's lossless sampling",
+    "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[dynamic]":
+        "draft-model dynamic tree greedy = plain; default: [chain], test_spec_engine [random-dynamic]",
+    "tests/jspec/test_hybrid.py::test_greedy_output_equals_plain_decoding":
+        "ngram+eagle3 with a random head greedy = plain; default: test_bundled_ngram_eagle3_equals_plain_decoding",
+    "tests/jspec/test_hybrid.py::test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain":
+        "ngram+eagle3 with the head's chain shorter than lookup's greedy = plain; default: the bundled chain of "
+        "11 (test_bundled_ngram_eagle3_equals_plain_decoding), whose head drafts 7",
+    "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[dynamic]":
+        "n-gram dynamic tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
+    "tests/jspec/test_user_drafters.py::test_cli_generate_with_an_entry_point_drafter":
+        "jspec generate runs a drafter registered by entry point; default: the registry and Python-usage tests",
+    "tests/jspec/test_bf16_numerics.py::test_float32_speculative_equals_plain":
+        "float32 speculative = plain for each drafter on the bundled model; default: every drafter's own greedy "
+        "test, test_recomputed_logits_are_plain_decodings",
+    "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[plain]":
+        "the slot engine without a drafter equals generate alone; default: [eagle3-dynamic], test_app's served "
+        "request (the CPU default drafter)",
+    "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[ngram]":
+        "the slot engine with n-gram drafting equals generate alone; default: [eagle3-dynamic], test_app",
+    "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[draft-model]":
+        "the slot engine with a draft model equals generate alone; default: [eagle3-dynamic], test_app",
+    "tests/jspec/serve/test_app.py::test_shutting_down_answers_503":
+        "a draining server answers 503; default: test_before_warm_up_health_and_requests_answer_503",
+    "tests/jspec/serve/test_sharded_serve.py":
+        "the slot engine on a tp 4 mesh equals one device offline; default: test_multihost's tp 4 engine, "
+        "test_app's served request",
+    "tests/jspec/test_per_request_seeds.py::test_a_prompt_draws_the_same_tokens_alone_or_in_a_crowd[draft-model]":
+        "per-prompt seeds with a draft model: alone = in a crowd; default: the other drafters' cases",
+    "tests/jspec/test_capture_hidden_states.py::test_captured_states_match_transformers[self_draft_dynamic]":
+        "hidden states captured during a dynamic-tree speculation = transformers; default: [plain]",
+    "tests/jspec/test_auto.py::test_real_step_cost_measurement_runs_in_the_loop_and_streamed":
+        "auto's real step timing in the loop and streamed; default: test_tune_cmd (real streamed timing), the "
+        "fake-clock arithmetic tests",
+    "tests/jspec/train/test_eagle3_data_parallel.py":
+        "EAGLE-3 training data parallel over 2 devices = one device's loss; default: the one-device training tests",
+    "tests/jspec/tools/test_eval_acceptance.py::test_a_slice_of_prompts_with_top1_chain_trees_equals_plain":
+        "scripts/eval_acceptance.py on a slice of HumanEval = plain; default: test_tree_selection",
+    "tests/jspec/tools/test_roofline.py::test_json_is_the_report_and_complete":
+        "jspec bench --roofline's JSON report; default: the roofline plan, floor and report tests",
     # --- sampling is the target's distribution ---------------------------------------------------------------------
     "tests/jspec/test_draft_model.py::test_sampled_drafts_follow_the_exact_target_distribution[tree]":
         "draft-model tree (recursive rejection) chi-square in the engine; default: test_tree_verify's "
@@ -81,6 +121,17 @@ SLOW: dict[str, str] = {
         "recursive rejection over 4 x 3 sampled siblings; default: [3-2-True], [1-1-True], [3-2-False]",
     "tests/jspec/test_spec_sampling.py::test_first_three_tokens_follow_the_target[dynamic-top-p]":
         "EAGLE-3 dynamic tree sampling with top-p chi-square; default: [dynamic] (top-k), [chain], [static]",
+    "tests/jspec/test_spec_sampling.py::test_first_three_tokens_follow_the_target[chain]":
+        "EAGLE-3 chain sampling chi-square (deterministic drafts); default: [dynamic] and [static], the same "
+        "verify path (Gumbel-max walk)",
+    "tests/jspec/test_mtp.py::test_sampled_tokens_follow_the_exact_target_distribution":
+        "MTP drafting sampling chi-square (deterministic drafts); default: test_spec_sampling [dynamic], the same "
+        "verify path",
+    "tests/jspec/test_hybrid.py::test_sampling_follows_the_exact_target_distribution":
+        "ngram+eagle3 sampling chi-square (deterministic drafts); default: test_spec_sampling, the same path",
+    "tests/jspec/test_ngram.py::test_random_target_sampling_follows_the_exact_distribution":
+        "n-gram chain and branching-tree sampling chi-square (deterministic drafts); default: test_spec_sampling, "
+        "test_root_only_step_samples_the_target_distribution",
     # --- kernels against references ---------------------------------------------------------------------------------
     "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[5-3-33-6-interpret]":
         "sampling kernel = reference (5 rows, 33 nodes, depth 6); default: [5-1-1-1], [5-3-8-3], [33-1-33-32]",

@@ -136,7 +136,7 @@ class SlotEngine:
         self.adapt = adapt and self.speculative
         self.eos_token_ids = tuple(engine.eos_token_ids)
         self.max_prompt_width = max_seq_len - 1  # a prompt leaves room for one new token
-        self.widths = prompt_buckets(self.max_prompt_width)
+        self.widths = prompt_buckets(self.max_prompt_width, half_steps=False)
         self.row_buckets = compile_buckets("row_buckets", row_buckets, first=1, last=self.num_slots,
                                            last_name="max_batch_size")
         self.seq_buckets = compile_buckets("seq_buckets", seq_buckets, first=MIN_SEQ_BUCKET, last=max_seq_len,
@@ -303,7 +303,7 @@ class SlotEngine:
     def _admit(self, admitted: list[tuple[int, Request]]) -> None:
         for slot, request in admitted:
             params = request.sampling_params()
-            width = prompt_bucket(len(request.prompt_ids), self.max_prompt_width)
+            width = prompt_bucket(len(request.prompt_ids), self.max_prompt_width, half_steps=False)
             self._admit_into(slot, width, self._admit_row(request.prompt_ids, params, width))
             self._slots[slot] = _Running(request, len(request.prompt_ids),
                                          frozenset(self.eos_token_ids + params.stop_token_ids))
@@ -401,7 +401,7 @@ class SlotEngine:
         prompt = list(prompt) if prompt else list(range(1, 17))
         budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
         prompt = prompt[:self.max_seq_len - budget]
-        width = prompt_bucket(len(prompt), self.max_prompt_width)
+        width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
         seq_len = next(n for n in self.seq_buckets if n >= len(prompt) + budget)
         row = self._admit_row(prompt, SamplingParams(max_new_tokens=budget), width)
 

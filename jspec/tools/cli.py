@@ -90,6 +90,20 @@ COMMON_FLAGS = {
 }
 
 
+# subcommand -> (adds its arguments, run, help, description), for the commands that own their arguments
+OWN_ARGUMENTS = {
+    "generate": (add_generate_args, run_generate, "generate text from prompts",
+                 "Speculative generation; one prompt is streamed as it is committed."),
+    "convert": (add_convert_args, run_convert, "convert a Hugging Face checkpoint to a jspec directory", None),
+    "serve": (add_serve_args, run_serve, "serve the model over HTTP (OpenAI's API)",
+              "An OpenAI-compatible server: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, "
+              "/metrics."),
+    "tune": (add_tune_args, run_tune, "time spec=auto's methods on this device (cached)",
+             "Times plain decoding and every drafter/tree spec='auto' weighs, on this device, and caches the step "
+             "costs under $JSPEC_HOME/auto for jspec generate."),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jspec", description="Speculative decoding in JAX.")
     common = argparse.ArgumentParser(add_help=False)  # these flags after the subcommand too
@@ -97,26 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, action="store_true", help=help_text)
         common.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_text)  # keeps the first
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    gen = sub.add_parser("generate", parents=[common], help="generate text from prompts",
-                         formatter_class=HelpFormatter, description="Speculative generation; one prompt is streamed as it is committed.")
-    add_generate_args(gen)
-    gen.set_defaults(func=run_generate)
-    conv = sub.add_parser("convert", parents=[common], help="convert a Hugging Face checkpoint to a jspec directory",
-                          formatter_class=HelpFormatter)
-    add_convert_args(conv)
-    conv.set_defaults(func=run_convert)
-    serve = sub.add_parser("serve", parents=[common], help="serve the model over HTTP (OpenAI's API)",
-                           formatter_class=HelpFormatter,
-                           description="An OpenAI-compatible server: POST /v1/completions, /v1/chat/completions; "
-                                       "GET /v1/models, /health, /metrics.")
-    add_serve_args(serve)
-    serve.set_defaults(func=run_serve)
-    tune = sub.add_parser("tune", parents=[common], help="time spec=auto's methods on this device (cached)",
-                          formatter_class=HelpFormatter,
-                          description="Times plain decoding and every drafter/tree spec='auto' weighs, on this "
-                                      "device, and caches the step costs under $JSPEC_HOME/auto for jspec generate.")
-    add_tune_args(tune)
-    tune.set_defaults(func=run_tune)
+    for name, (add_args, run, help_text, description) in OWN_ARGUMENTS.items():
+        command = sub.add_parser(name, parents=[common], help=help_text, description=description,
+                                 formatter_class=HelpFormatter)
+        add_args(command)
+        command.set_defaults(func=run)
     for name, (run, help_text) in FORWARDED.items():
         forwarded = sub.add_parser(name, parents=[common], help=help_text, add_help=False, allow_abbrev=False)
         forwarded.set_defaults(func=run)

@@ -4,7 +4,7 @@ validation messages that name the bad value."""
 import numpy as np
 import pytest
 
-from jspec.batching import pad_batch, unpad_outputs, validate_prompts
+from jspec.batching import pad_batch, prompt_bucket, prompt_buckets, unpad_outputs, validate_prompts
 
 
 def bucket(n: int, minimum: int = 1) -> int:
@@ -112,3 +112,13 @@ def test_validate_accepts_the_boundaries():
 def test_validate_names_the_bad_value(prompts, message):
     with pytest.raises(ValueError, match=message):
         validate_prompts(prompts, **LIMITS)
+
+
+def test_prompt_buckets_at_half_steps_for_the_engine_and_powers_of_two_for_the_server():
+    assert prompt_buckets(256) == (16, 24, 32, 48, 64, 96, 128, 192, 256)
+    assert prompt_buckets(256, half_steps=False) == (16, 32, 64, 128, 256)
+    assert prompt_buckets(200, half_steps=False) == (16, 32, 64, 128, 200)
+    for n in (1, 16, 17, 25, 33, 129, 186, 193, 256):
+        assert prompt_bucket(n, 256) in prompt_buckets(256) and prompt_bucket(n, 256) >= n
+        assert prompt_bucket(n, 256, half_steps=False) in prompt_buckets(256, half_steps=False)
+    assert prompt_bucket(186, 1024) == 192 and prompt_bucket(186, 1024, half_steps=False) == 256
