@@ -448,12 +448,13 @@ def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[
             _write_json(path, {"step_seconds": timings, **({} if profile is not None else {"accepted": accepted})})
     steps = {c.label: timings[keys[c.label]] for c in pool}
     if from_prior:
-        costs = f"step costs shipped with the model (measured on {entry.get('host', 'an unnamed host')}; `jspec tune` times them on this device)"
+        costs = (f"step costs shipped with the model, measured on {entry.get('host', 'an unnamed host')} "
+                 f"(`jspec tune` times them here)")
     else:
         costs = "step costs measured on this device" + (" at the expected acceptance" if profile is not None else "")
     acceptance = "acceptance from the model's calibration profile" if profile is not None else (
         "acceptance measured on this device")
-    source = ("streamed " if streamed else "") + f"{costs}, {acceptance}"
+    source = ("streamed " if streamed else "") + f"{costs}; {acceptance}"
     choice = choose(accepted, steps, pool, source, min_gain=min_gain)
     return dataclasses.replace(choice, from_prior=from_prior, cache_path=path)
 

@@ -58,9 +58,9 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_mtp.py::test_greedy_output_equals_plain_decoding_dynamic_tree[vanilla-deepseek]":
         "MTP vanilla dynamic tree greedy = plain; default: [mtp_eagle-mimo]",
     "tests/jspec/test_mtp.py::test_acceptance_equals_the_host_replay[mtp_eagle-deepseek-scales1]":
-        "MTP acceptance equals a host replay (DeepSeek layout); default: [mtp_eagle-mimo-scales0]",
+        "MTP acceptance equals a host replay (DeepSeek layout); default: test_mtp's greedy = plain",
     "tests/jspec/test_mtp.py::test_acceptance_equals_the_host_replay[vanilla-mimo-scales2]":
-        "MTP vanilla acceptance equals a host replay; default: [mtp_eagle-mimo-scales0]",
+        "MTP vanilla acceptance equals a host replay; default: test_mtp's greedy = plain",
     "tests/jspec/test_mtp.py::test_from_pretrained_with_the_targets_own_modules":
         "from_pretrained with the target's MTP modules = plain; default: test_mtp_checkpoint's converted modules",
     "tests/jspec/test_mtp.py::test_vanilla_prefill_and_commit_state_equals_the_recomputation":
@@ -71,7 +71,7 @@ SLOW: dict[str, str] = {
         "top1_chain selection with the bundled draft model = plain; default: [eagle3]",
     "tests/jspec/test_bf16_numerics.py::test_bf16_divergences_are_near_ties":
         "bf16 speculative output leaves plain decoding only at near-ties (docs/numerics.md's bound); default: "
-        "test_recomputed_logits_are_plain_decodings, test_float32_speculative_equals_plain",
+        "test_verify_pass_logits_within_bound",
     "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[branches]":
         "n-gram branching tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[dynamic]":
@@ -87,7 +87,7 @@ SLOW: dict[str, str] = {
         "jspec generate runs a drafter registered by entry point; default: the registry and Python-usage tests",
     "tests/jspec/test_bf16_numerics.py::test_float32_speculative_equals_plain":
         "float32 speculative = plain for each drafter on the bundled model; default: every drafter's own greedy "
-        "test, test_recomputed_logits_are_plain_decodings",
+        "test",
     "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[plain]":
         "the slot engine without a drafter equals generate alone; default: [eagle3-dynamic], test_app's served "
         "request (the CPU default drafter)",
@@ -113,6 +113,40 @@ SLOW: dict[str, str] = {
         "scripts/eval_acceptance.py on a slice of HumanEval = plain; default: test_tree_selection",
     "tests/jspec/tools/test_roofline.py::test_json_is_the_report_and_complete":
         "jspec bench --roofline's JSON report; default: the roofline plan, floor and report tests",
+    "tests/jspec/serve/test_slots.py::test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd[draft-model]":
+        "a seeded request on the slot engine with a draft model: alone = in a crowd; default: the other drafters'",
+    "tests/jspec/test_ngram.py::test_repeated_prompt_is_drafted_from":
+        "lookup drafts from a repeated prompt and accepts them; default: test_hybrid's bundled test (lookup "
+        "drafts accepted on real text), test_no_match_skips_the_verify_pass",
+    "tests/models/test_mtp_checkpoint.py::test_from_pretrained_with_the_converted_modules_is_lossless[deepseek-llama-mtp_vanilla-2]":
+        "converted DeepSeek MTP modules drive the engine losslessly; default: test_mtp's greedy = plain, the "
+        "converters' round trips",
+    "tests/jspec/test_generate_program.py::test_speculative_generate_is_one_loop_holding_both_models[chain]":
+        "a chain's generate is one while loop holding both models; default: [dynamic]",
+    "tests/jspec/test_generate_program.py::test_speculative_generate_is_one_loop_holding_both_models[static]":
+        "a static tree's generate is one while loop holding both models; default: [dynamic]",
+    "tests/jspec/test_draft_model.py::test_exact_copy_of_the_target_accepts_every_draft[chain]":
+        "a copy of the target as draft model accepts every draft; default: test_spec_engine's forced-acceptance "
+        "statistics",
+    "tests/jspec/test_user_drafters.py::test_greedy_output_is_the_targets_and_drafts_are_accepted[branches]":
+        "a user drafter's branching tree greedy = plain; default: [chain]",
+    "tests/jspec/test_hybrid.py::test_stops_at_eos_inside_an_accepted_run":
+        "ngram+eagle3 stops at EOS inside an accepted run; default: test_spec_engine's and test_ngram's EOS tests",
+    "tests/jspec/train/test_train_drafter.py::test_draft_model_trains_and_converts":
+        "a draft model trains and converts; default: test_eagle3_head_trains_and_converts",
+    "tests/jspec/test_compile_options.py::test_greedy_output_is_the_same_under_either_options":
+        "greedy output is the same under either XLA option set; default: every greedy = plain test (the default "
+        "options), test_speculative_steps_compile_without_ynn_fusions_and_plain_steps_with_defaults",
+    "tests/jspec/test_engine_vs_hf.py::test_greedy_matches_transformers[mistral]":
+        "Mistral greedy generation = transformers'; default: [llama]",
+    "tests/jspec/test_engine_vs_hf.py::test_greedy_matches_transformers[qwen2]":
+        "Qwen2 greedy generation = transformers'; default: [llama]",
+    "tests/jspec/test_mtp.py::test_acceptance_equals_the_host_replay[mtp_eagle-mimo-scales0]":
+        "MTP acceptance equals a host replay; default: greedy = plain [mtp_eagle-mimo]",
+    "tests/jspec/tools/test_roofline.py::test_header_bytes_by_hand":
+        "the roofline's safetensors header bytes by hand; default: the synthetic roofline and floor tests",
+    "tests/jspec/test_bf16_numerics.py::test_recomputed_logits_are_plain_decodings":
+        "bf16 recomputed logits are plain decoding's; default: test_verify_pass_logits_within_bound",
     # --- sampling is the target's distribution ---------------------------------------------------------------------
     "tests/jspec/test_draft_model.py::test_sampled_drafts_follow_the_exact_target_distribution[tree]":
         "draft-model tree (recursive rejection) chi-square in the engine; default: test_tree_verify's "
@@ -120,10 +154,12 @@ SLOW: dict[str, str] = {
     "tests/pallas_kernels/test_tree_verify.py::test_sampling_is_lossless[4-3-True]":
         "recursive rejection over 4 x 3 sampled siblings; default: [3-2-True], [1-1-True], [3-2-False]",
     "tests/jspec/test_spec_sampling.py::test_first_three_tokens_follow_the_target[dynamic-top-p]":
-        "EAGLE-3 dynamic tree sampling with top-p chi-square; default: [dynamic] (top-k), [chain], [static]",
+        "EAGLE-3 dynamic tree sampling with top-p chi-square; default: [dynamic] (top-k)",
+    "tests/jspec/test_spec_sampling.py::test_first_three_tokens_follow_the_target[static]":
+        "EAGLE-3 static tree sampling chi-square (deterministic drafts); default: [dynamic], the same path",
     "tests/jspec/test_spec_sampling.py::test_first_three_tokens_follow_the_target[chain]":
-        "EAGLE-3 chain sampling chi-square (deterministic drafts); default: [dynamic] and [static], the same "
-        "verify path (Gumbel-max walk)",
+        "EAGLE-3 chain sampling chi-square (deterministic drafts); default: [dynamic], the same verify path "
+        "(Gumbel-max walk)",
     "tests/jspec/test_mtp.py::test_sampled_tokens_follow_the_exact_target_distribution":
         "MTP drafting sampling chi-square (deterministic drafts); default: test_spec_sampling [dynamic], the same "
         "verify path",

@@ -189,7 +189,7 @@ def test_a_first_run_chooses_by_the_shipped_step_costs_without_timing(tmp_path):
     choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                               cache_dir=str(tmp_path / "home"), max_seq_len=64, prior=prior)
     assert choice.from_prior and choice.drafter is None  # 3.4 tokens at 5x the cost: plain
-    assert "shipped with the model (measured on a test" in choice.source
+    assert "shipped with the model, measured on a test" in choice.source
     assert all(entry[1] is None for entry in log)  # acceptance measured (no profile), no step timed
     assert not os.path.exists(choice.cache_path)
 

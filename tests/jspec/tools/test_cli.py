@@ -245,7 +245,10 @@ def test_a_key_error_is_a_bug_and_shows_its_traceback(monkeypatch):
     def broken(args):
         raise KeyError("num_layers")
 
-    monkeypatch.setattr("jspec.tools.cli.run_convert", broken)
+    from jspec.tools import cli
+
+    add_args, _, help_text, description = cli.OWN_ARGUMENTS["convert"]
+    monkeypatch.setitem(cli.OWN_ARGUMENTS, "convert", (add_args, broken, help_text, description))
     with pytest.raises(KeyError, match="num_layers"):
         main(["convert", "--src", "a", "--dst", "b"])
 
