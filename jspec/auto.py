@@ -406,9 +406,9 @@ def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[
     Step costs come from, in order: this device's own timings cached in ``cache_dir``/auto (None: nothing is
     cached), keyed with ``layout`` (the mesh); the model's shipped ``prior`` (:func:`load_step_cost_prior`) when
     one entry was measured on this backend at these shapes and covers every candidate, and no earlier run here
-    rejected it (:func:`reject_prior`); else every candidate is timed now and cached (``retime``: every one, whatever
-    is cached). With several processes,
-    process 0's cache and timings decide for all (:func:`same_on_every_process`); only it writes the cache."""
+    rejected it (:func:`reject_prior`); else every candidate is timed now and cached (``retime``: every one,
+    whatever is cached). With several processes, process 0's cache and timings decide for all
+    (:func:`same_on_every_process`); only it writes the cache."""
     pool = candidates(drafters)
     path = None
     cached = {}

@@ -38,8 +38,8 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-chain]":
         "EAGLE-3 chain greedy = plain (random head); default: test_tree_selection's bundled chains, test_hybrid",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-static]":
-        "EAGLE-3 static tree greedy = plain (a distilled head: real acceptance); default: [random-static], and the "
-        "bundled head's real acceptance in test_tree_selection and test_hybrid",
+        "EAGLE-3 static tree greedy = plain (a distilled head: real acceptance); default: [random-dynamic], and "
+        "the bundled head's real acceptance in test_tree_selection and test_hybrid",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-dynamic]":
         "EAGLE-3 dynamic tree greedy = plain (a distilled head); default: [random-dynamic], test_tree_selection",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-chain]":
@@ -69,9 +69,6 @@ SLOW: dict[str, str] = {
         "converted MiMo modules drive the engine losslessly; default: [deepseek-llama-mtp_vanilla-2]",
     "tests/jspec/test_tree_selection.py::test_top1_chain_greedy_equals_plain_on_the_bundled_model[draft]":
         "top1_chain selection with the bundled draft model = plain; default: [eagle3]",
-    "tests/jspec/test_bf16_numerics.py::test_bf16_divergences_are_near_ties":
-        "bf16 speculative output leaves plain decoding only at near-ties (docs/numerics.md's bound); default: "
-        "test_verify_pass_logits_within_bound",
     "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[branches]":
         "n-gram branching tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[dynamic]":
@@ -85,9 +82,6 @@ SLOW: dict[str, str] = {
         "n-gram dynamic tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
     "tests/jspec/test_user_drafters.py::test_cli_generate_with_an_entry_point_drafter":
         "jspec generate runs a drafter registered by entry point; default: the registry and Python-usage tests",
-    "tests/jspec/test_bf16_numerics.py::test_float32_speculative_equals_plain":
-        "float32 speculative = plain for each drafter on the bundled model; default: every drafter's own greedy "
-        "test",
     "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[plain]":
         "the slot engine without a drafter equals generate alone; default: [eagle3-dynamic], test_app's served "
         "request (the CPU default drafter)",
@@ -143,10 +137,54 @@ SLOW: dict[str, str] = {
         "Qwen2 greedy generation = transformers'; default: [llama]",
     "tests/jspec/test_mtp.py::test_acceptance_equals_the_host_replay[mtp_eagle-mimo-scales0]":
         "MTP acceptance equals a host replay; default: greedy = plain [mtp_eagle-mimo]",
-    "tests/jspec/tools/test_roofline.py::test_header_bytes_by_hand":
-        "the roofline's safetensors header bytes by hand; default: the synthetic roofline and floor tests",
+    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-static]":
+        "EAGLE-3 static tree greedy = plain; default: [random-dynamic] (the same verify and commit), the static "
+        "tree arrays in test_trees and tree_build's kernel tests",
+    "tests/jspec/test_ngram.py::test_root_only_step_samples_the_target_distribution":
+        "a step with no draft samples the target's distribution (chi-square); default: test_sampling's "
+        "chi-square of the sampler every step uses",
+    "tests/jspec/test_bf16_numerics.py::test_bf16_divergences_are_near_ties":
+        "bf16 speculative output leaves plain decoding only at near-ties (docs/numerics.md's bound); default: "
+        "test_verify_pass_logits_within_bound",
+    "tests/jspec/test_bf16_numerics.py::test_float32_speculative_equals_plain":
+        "float32 speculative = plain for each drafter on the bundled model; default: every drafter's own greedy "
+        "test",
     "tests/jspec/test_bf16_numerics.py::test_recomputed_logits_are_plain_decodings":
         "bf16 recomputed logits are plain decoding's; default: test_verify_pass_logits_within_bound",
+    "tests/jspec/test_attention.py::test_model_hands_the_offset_to_attention":
+        "the model hands the cache offset to attention; default: the attention tests against jax's, every "
+        "cached decode = transformers test",
+    "tests/jspec/test_draft_model.py::test_stops_at_eos_inside_an_accepted_run":
+        "a draft model stops at EOS inside an accepted run; default: test_spec_engine's and test_ngram's",
+    "tests/jspec/tools/test_cli_process.py::test_a_second_identical_call_compiles_nothing":
+        "a second identical `jspec generate` process loads every program from $JSPEC_HOME's cache; default: "
+        "test_cli's compiled programs kept under $JSPEC_HOME",
+    "tests/jspec/tools/test_roofline.py::test_header_bytes_by_hand":
+        "the roofline's safetensors header bytes by hand; default: the roofline's command line and floor tests",
+    "tests/jspec/tools/test_roofline.py::test_bandwidth_is_read_plus_write_over_the_median_pass":
+        "the roofline's bandwidth arithmetic on a tiny run; default: test_roofline_floor",
+    "tests/jspec/tools/test_roofline.py::test_row_is_timed_with_the_forced_acceptance":
+        "the roofline row is timed at the forced acceptance; default: test_roofline_plan",
+    "tests/jspec/tools/test_roofline.py::test_step_time_is_the_median_difference_per_verify_step":
+        "the roofline's step time arithmetic; default: test_roofline_floor",
+    "tests/jspec/tools/test_roofline.py::test_floor_of_the_row_by_hand":
+        "the roofline row's floor by hand; default: test_roofline_floor",
+    "tests/jspec/tools/test_roofline.py::test_table_shows_the_row":
+        "the roofline table; default: test_roofline_report",
+    "tests/models/test_llama_vs_hf.py::test_config_matches_family[mistral]":
+        "Mistral's config read as transformers reads it; default: [llama], [qwen3], test_shipped_targets",
+    "tests/models/test_llama_vs_hf.py::test_config_matches_family[qwen2]":
+        "Qwen2's config read as transformers reads it; default: [llama], [qwen3], test_shipped_targets' qwen2.5",
+    "tests/models/test_llama_vs_hf.py::test_hidden_state_taps_match_transformers[mistral]":
+        "Mistral hidden-state taps = transformers; default: [llama], [qwen3]",
+    "tests/models/test_llama_vs_hf.py::test_hidden_state_taps_match_transformers[qwen2]":
+        "Qwen2 hidden-state taps = transformers; default: [llama], [qwen3]",
+    "tests/models/test_llama_vs_hf.py::test_tree_mask_equals_separate_causal_branches[qwen2]":
+        "a tree mask = separate causal branches (Qwen2); default: [llama]",
+    "tests/models/test_shipped_targets.py::test_engine_from_converted_dir[qwen2.5-instruct]":
+        "the engine on a converted Qwen2.5 as shipped; default: [qwen3]",
+    "tests/jspec/test_per_request_seeds.py::test_a_prompt_draws_the_same_tokens_alone_or_in_a_crowd[plain]":
+        "per-prompt seeds with plain decoding: alone = in a crowd; default: [ngram]",
     # --- sampling is the target's distribution ---------------------------------------------------------------------
     "tests/jspec/test_draft_model.py::test_sampled_drafts_follow_the_exact_target_distribution[tree]":
         "draft-model tree (recursive rejection) chi-square in the engine; default: test_tree_verify's "
@@ -181,7 +219,7 @@ SLOW: dict[str, str] = {
         "per-row keys make rows independent (reference); default: [interpret]",
     # --- models against transformers ---------------------------------------------------------------------------------
     "tests/models/test_llama_vs_hf.py::test_prefill_and_cached_decode_match_transformers[mistral]":
-        "Mistral logits = transformers; default: [llama], [qwen3], test_shipped_targets",
+        "Mistral logits = transformers (sliding window off); default: [llama], [qwen3], test_shipped_targets",
     "tests/models/test_llama_vs_hf.py::test_prefill_and_cached_decode_match_transformers[qwen2]":
         "Qwen2 logits = transformers; default: [llama], [qwen3], test_shipped_targets' qwen2.5",
     "tests/models/test_llama_vs_hf.py::test_tree_mask_equals_separate_causal_branches[mistral]":
