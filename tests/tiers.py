@@ -65,7 +65,8 @@ SLOW: dict[str, str] = {
         "from_pretrained with the target's MTP modules = plain; default: test_mtp_checkpoint's converted modules",
     "tests/jspec/test_mtp.py::test_vanilla_prefill_and_commit_state_equals_the_recomputation":
         "MTP vanilla's cached state equals a recomputation; default: greedy = plain [mtp_eagle-mimo]",
-    "tests/models/test_mtp_checkpoint.py::test_from_pretrained_with_the_converted_modules_is_lossless[mimo-qwen2-mtp-3]":
+    ("tests/models/test_mtp_checkpoint.py::"
+     "test_from_pretrained_with_the_converted_modules_is_lossless[mimo-qwen2-mtp-3]"):
         "converted MiMo modules drive the engine losslessly; default: [deepseek-llama-mtp_vanilla-2]",
     "tests/jspec/test_tree_selection.py::test_top1_chain_greedy_equals_plain_on_the_bundled_model[draft]":
         "top1_chain selection with the bundled draft model = plain; default: [eagle3]",
@@ -112,7 +113,8 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_ngram.py::test_repeated_prompt_is_drafted_from":
         "lookup drafts from a repeated prompt and accepts them; default: test_hybrid's bundled test (lookup "
         "drafts accepted on real text), test_no_match_skips_the_verify_pass",
-    "tests/models/test_mtp_checkpoint.py::test_from_pretrained_with_the_converted_modules_is_lossless[deepseek-llama-mtp_vanilla-2]":
+    ("tests/models/test_mtp_checkpoint.py::"
+     "test_from_pretrained_with_the_converted_modules_is_lossless[deepseek-llama-mtp_vanilla-2]"):
         "converted DeepSeek MTP modules drive the engine losslessly; default: test_mtp's greedy = plain, the "
         "converters' round trips",
     "tests/jspec/test_generate_program.py::test_speculative_generate_is_one_loop_holding_both_models[chain]":
@@ -185,6 +187,26 @@ SLOW: dict[str, str] = {
         "the engine on a converted Qwen2.5 as shipped; default: [qwen3]",
     "tests/jspec/test_per_request_seeds.py::test_a_prompt_draws_the_same_tokens_alone_or_in_a_crowd[plain]":
         "per-prompt seeds with plain decoding: alone = in a crowd; default: [ngram]",
+    "tests/jspec/test_generate_program.py::test_speculative_same_bucket_compiles_nothing_new":
+        "a second speculative call in the same bucket compiles nothing; default: test_same_bucket_compiles_nothing_new "
+        "(plain decoding, the same bucketing)",
+    "tests/jspec/test_per_request_seeds.py::test_a_prompt_draws_the_same_tokens_alone_or_in_a_crowd[eagle3-dynamic]":
+        "per-prompt seeds with an EAGLE-3 dynamic tree: alone = in a crowd; default: [ngram]",
+    "tests/jspec/test_auto.py::test_auto_engine_on_the_bundled_model_equals_plain_decoding":
+        "the engine auto returns on the bundled model = plain; default: test_cli_default_runs_auto_and_says_why "
+        "(auto's engine end to end) and each drafter's greedy = plain",
+    "tests/models/test_mtp_checkpoint.py::test_the_stored_tree_is_the_module_s[mimo-qwen2]":
+        "MiMo's MTP modules stored as the module's tree; default: [deepseek-llama]",
+    "tests/models/test_mtp_checkpoint.py::test_convert_then_load_gives_the_modules_back[deepseek-qwen3-tied]":
+        "DeepSeek MTP modules on a tied Qwen3 convert and load back; default: [deepseek-llama], [mimo-qwen2]",
+    "tests/models/test_mtp_checkpoint.py::test_the_target_converts_as_without_modules[deepseek-qwen3-tied]":
+        "a tied Qwen3 target with MTP modules converts as without them; default: [deepseek-llama]",
+    "tests/models/test_eagle3.py::test_write_hf_eagle3_round_trip[bfloat16]":
+        "a head written in bf16 in HF layout reads back; default: [float32]",
+    "tests/models/test_shipped_targets.py::test_logits_match_transformers[qwen3-9000]":
+        "Qwen3 logits at 9000 positions = transformers; default: [qwen3-None], the Llama-3.1 rope-scaling case",
+    "tests/models/test_shipped_targets.py::test_logits_match_transformers[qwen2.5-instruct-9000]":
+        "Qwen2.5 logits at 9000 positions = transformers; default: [qwen2.5-instruct-None]",
     # --- sampling is the target's distribution ---------------------------------------------------------------------
     "tests/jspec/test_draft_model.py::test_sampled_drafts_follow_the_exact_target_distribution[tree]":
         "draft-model tree (recursive rejection) chi-square in the engine; default: test_tree_verify's "
@@ -208,15 +230,22 @@ SLOW: dict[str, str] = {
         "test_root_only_step_samples_the_target_distribution",
     # --- kernels against references ---------------------------------------------------------------------------------
     "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[5-3-33-6-interpret]":
-        "sampling kernel = reference (5 rows, 33 nodes, depth 6); default: [5-1-1-1], [5-3-8-3], [33-1-33-32]",
+        "sampling kernel = reference (5 rows, 33 nodes, depth 6); default: [5-1-1-1], [5-3-8-3]",
     "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[33-3-8-3-interpret]":
-        "sampling kernel = reference (33 rows); default: [33-1-33-32-interpret] and the 5-row cases",
+        "sampling kernel = reference (33 rows); default: the 5-row cases",
     "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[33-3-33-6-interpret]":
-        "sampling kernel = reference (33 rows, depth 6); default: [33-1-33-32-interpret] and the 5-row cases",
+        "sampling kernel = reference (33 rows, depth 6); default: the 5-row cases",
     "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[33-1-1-1-interpret]":
         "sampling kernel = reference (33 rows, one node); default: [5-1-1-1-interpret]",
     "tests/pallas_kernels/test_tree_verify.py::test_per_row_keys_make_each_row_independent_of_the_others[reference]":
         "per-row keys make rows independent (reference); default: [interpret]",
+    "tests/jspec/test_sampling.py::test_generated_pairs_follow_the_exact_target_distribution[sampling_row0]":
+        "two sampled tokens at temperature 1 follow the target's joint distribution (chi-square); default: "
+        "[sampling_row1] (temperature, top-k and top-p)",
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[33-1-33-32-interpret]":
+        "sampling kernel = reference (33 rows, a 33-node chain); default: [5-1-1-1], [5-3-8-3]",
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference[5-1-33-32-interpret]":
+        "sampling kernel = reference (a 33-node chain); default: [5-1-1-1], [5-3-8-3]",
     # --- models against transformers ---------------------------------------------------------------------------------
     "tests/models/test_llama_vs_hf.py::test_prefill_and_cached_decode_match_transformers[mistral]":
         "Mistral logits = transformers (sliding window off); default: [llama], [qwen3], test_shipped_targets",
