@@ -30,8 +30,9 @@ from jspec.state import DecodeState
 from jspec.step import StepInputs
 
 
-def _start_state(params_t, params_d, prompt_ids, prompt_lens, keys, max_new_tokens, stop_ids, sampling, *,
-                 setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
+def start_state(params_t, params_d, prompt_ids, prompt_lens, keys, max_new_tokens, stop_ids, sampling, *,
+                setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
+    """Prefilled rows of the slot engine -> (state, inputs): keys is one key per row."""
     inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys)
     return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup), inputs
 
@@ -45,7 +46,7 @@ def idle_slots(params_t, params_d, *, setup: GenerateSetup, num_slots: int,
     sampling = SamplingArrays.full(num_slots)
     keys = jax.vmap(jax.random.key)(jnp.zeros((num_slots,), jnp.uint32))
     with traced_on(setup.mesh):
-        return _start_state(params_t, params_d, jnp.zeros((num_slots, 1), jnp.int32), ones, keys, ones,
+        return start_state(params_t, params_d, jnp.zeros((num_slots, 1), jnp.int32), ones, keys, ones,
                             jnp.full((num_slots, num_stop_ids), -1, jnp.int32), sampling, setup=setup)
 
 
@@ -78,7 +79,7 @@ def admit(params_t, params_d, state: DecodeState, inputs: StepInputs, prompt_ids
     axes = _batch_axes(setup, params_t, params_d, num_stop_ids)
     with traced_on(setup.mesh):
         key = jax.random.wrap_key_data(key_data)
-        row_state, row_inputs = _start_state(params_t, params_d, prompt_ids, prompt_len, key, max_new_tokens,
+        row_state, row_inputs = start_state(params_t, params_d, prompt_ids, prompt_len, key, max_new_tokens,
                                              stop_ids, sampling, setup=setup)
 
         def write(axis, whole, row):

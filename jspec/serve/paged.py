@@ -1,0 +1,239 @@
+"""The server's decode state in pages: KV (and every other per-position buffer) in a pool of pages, the rest of
+each request's state in a row store; programs that prefill and step any set of rows over it.
+
+Every leaf of the slot engine's (``DecodeState``, ``StepInputs``) is one of three kinds, found at trace time by
+comparing the shapes of idle states (``programs.idle_slots``) of one and two rows and of two context lengths:
+
+- **slot leaves** have a row axis and a slot axis (slot = position): the target's K/V per layer, the token buffer,
+  a drafter's K/V or token buffer. Stored as a pool ``[num_pages, page_size, *rest]`` (the row axis dropped, the
+  slot axis cut into pages): row r's position p lives at ``pool[page_table[r, p // page_size], p % page_size]``.
+  Page 0 is the null page every unused page-table entry points to (never -1: gathers would wrap it), so padded
+  rows and positions past a row's pages read and write garbage there and nowhere else.
+- **row leaves** have a row axis only (lengths, done, budgets, sampling parameters, keys, a drafter's next
+  prediction): stored as ``[max_rows + 1, *rest]``; row ``max_rows`` is the null row padded rows point to, idle
+  (done) forever.
+- **shared leaves** have no row axis (the loop's step counter): stored as they are.
+
+A program over R rows at context ``seq_len`` gathers the state those rows have in a dense engine of
+``max_seq_len = seq_len`` (their pages through the page table, their row-store rows), runs the unchanged prefill or
+step loop on it (``jspec.generate``), and scatters the result back into the pages and rows. A page shared by
+several rows (a cached prefix) holds committed tokens no step changes, so every row writes it back unchanged.
+The pool is the persistent memory (sized by ``--max-total-tokens``); the gathered view lives only inside one
+program. Reading the committed prefix through the page table inside attention itself, with no dense view, is the
+kernel's job (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jspec.compile_options import setup_jit
+from jspec.generate import run_loop, shard_state
+from jspec.generate_setup import GenerateSetup
+from jspec.sampling import SamplingArrays
+from jspec.serve.programs import idle_slots, start_state
+from jspec.sharding import constrain, traced_on
+from jspec.state import DecodeState
+from jspec.step import StepInputs
+
+SLOT, ROW, SHARED = "slot", "row", "shared"
+POOL_KV = P(None, None, "model", None)  # [num_pages, page_size, Hkv, D]: KV heads over "model", as the dense cache
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafLayout:
+    """Where one leaf keeps its rows and positions. kind: SLOT, ROW or SHARED; row_axis, slot_axis: the axes in the
+    dense leaf (None where absent); extra_slots: the slot axis holds ``seq_len + extra_slots`` slots (a tree
+    window past the context, for instance); kv: a target K/V buffer (its pool is split by KV heads on a mesh)."""
+
+    kind: str
+    row_axis: int | None = None
+    slot_axis: int | None = None
+    extra_slots: int = 0
+    kv: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedLayout:
+    """The paged form of a setup's decode state (hashable: a static argument of the programs below).
+
+    treedef: the structure of (DecodeState, StepInputs); leaves: one :class:`LeafLayout` per leaf, in flattening
+    order; page_size: tokens per page; num_pages: pages in the pool, the null page included; max_rows: requests
+    held at once (``--max-num-seqs``); max_seq_len: the longest context a row may reach."""
+
+    treedef: Any
+    leaves: tuple[LeafLayout, ...]
+    page_size: int
+    num_pages: int
+    max_rows: int
+    max_seq_len: int
+
+    def pages_in_view(self, seq_len: int) -> int:
+        """Page-table entries a view of ``seq_len`` context reads (the widest slot leaf's)."""
+        widths = [leaf.extra_slots for leaf in self.leaves if leaf.kind == SLOT]
+        return math.ceil((seq_len + max(widths, default=0)) / self.page_size)
+
+    @property
+    def pages_per_row(self) -> int:
+        """Page-table width: the pages of a row at ``max_seq_len``."""
+        return self.pages_in_view(self.max_seq_len)
+
+    @property
+    def null_row(self) -> int:
+        return self.max_rows
+
+    def slots_per_position(self) -> int:
+        """Slot leaves (each a pool indexed like the target's K/V); for the docs' memory figures."""
+        return sum(leaf.kind == SLOT for leaf in self.leaves)
+
+
+def paged_layout(params_t, params_d, *, setup: GenerateSetup, num_stop_ids: int, page_size: int, num_pages: int,
+                 max_rows: int) -> PagedLayout:
+    """The :class:`PagedLayout` of ``setup``'s slot-engine state (shapes only: nothing runs). Raises ValueError for
+    a state leaf whose slot axis does not grow one for one with the context (nothing to page)."""
+    def shapes(rows: int, seq_len: int):
+        return jax.eval_shape(functools.partial(idle_slots, setup=setup.with_max_seq_len(seq_len), num_slots=rows,
+                                                num_stop_ids=num_stop_ids), params_t, params_d)
+
+    short, long = 32, 48
+    one, two, longer = shapes(1, short), shapes(2, short), shapes(1, long)
+    state_flags = jax.tree.map(lambda _: False, one[0])
+    kv_flags = (state_flags._replace(cache=jax.tree.map(lambda _: True, one[0].cache)),
+                jax.tree.map(lambda _: False, one[1]))
+    leaves = []
+    for a, b, c, kv in zip(jax.tree.leaves(one), jax.tree.leaves(two), jax.tree.leaves(longer),
+                           jax.tree.leaves(kv_flags)):
+        row = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+        slot = [i for i, (x, y) in enumerate(zip(a.shape, c.shape)) if x != y]
+        if not row:
+            leaves.append(LeafLayout(SHARED))
+        elif not slot:
+            leaves.append(LeafLayout(ROW, row_axis=row[0]))
+        else:
+            if len(slot) != 1 or c.shape[slot[0]] - a.shape[slot[0]] != long - short:
+                raise ValueError(f"a decode-state leaf of shape {a.shape} grows as {c.shape} from context {short} to "
+                                 f"{long}: expected one slot axis growing one for one with the context")
+            leaves.append(LeafLayout(SLOT, row[0], slot[0], a.shape[slot[0]] - short, kv))
+    return PagedLayout(jax.tree.structure(one), tuple(leaves), page_size, num_pages, max_rows, setup.max_seq_len)
+
+
+def empty_store(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup, num_stop_ids: int) -> list:
+    """The store of an empty server: zeroed pools, every row idle (done), placed on ``setup.mesh`` (pools of the
+    target's K/V split by KV heads over "model", everything else replicated)."""
+    idle = jax.tree.leaves(idle_slots(params_t, params_d, setup=setup.with_max_seq_len(32), num_slots=1,
+                                      num_stop_ids=num_stop_ids))
+    store = []
+    for spec, leaf in zip(layout.leaves, idle):
+        if spec.kind == SLOT:
+            rest = tuple(n for i, n in enumerate(leaf.shape) if i not in (spec.row_axis, spec.slot_axis))
+            value = jnp.zeros((layout.num_pages, layout.page_size) + rest, leaf.dtype)
+        elif spec.kind == ROW:
+            value = jnp.repeat(jnp.moveaxis(leaf, spec.row_axis, 0), layout.max_rows + 1, axis=0)
+        else:
+            value = leaf
+        if setup.mesh is not None:
+            value = jax.device_put(value, NamedSharding(setup.mesh, POOL_KV if spec.kv else P()))
+        store.append(value)
+    return store
+
+
+def gather_view(layout: PagedLayout, store: list, row_ids: jax.Array, page_table: jax.Array, seq_len: int) -> Any:
+    """The dense (state, inputs) of rows ``row_ids`` (i32[R]) at context ``seq_len``; page_table: i32[R, >= pages
+    of the view] (0: the null page)."""
+    leaves = []
+    for spec, stored in zip(layout.leaves, store):
+        if spec.kind == SHARED:
+            leaves.append(stored)
+        elif spec.kind == ROW:
+            leaves.append(jnp.moveaxis(stored[row_ids], 0, spec.row_axis))
+        else:
+            extent = seq_len + spec.extra_slots
+            pages = math.ceil(extent / layout.page_size)
+            gathered = stored[page_table[:, :pages]]  # [R, pages, page_size, *rest]
+            gathered = gathered.reshape((gathered.shape[0], pages * layout.page_size) + gathered.shape[3:])
+            leaves.append(jnp.moveaxis(gathered[:, :extent], (0, 1), (spec.row_axis, spec.slot_axis)))
+    return jax.tree.unflatten(layout.treedef, leaves)
+
+
+def scatter_view(layout: PagedLayout, store: list, view: Any, row_ids: jax.Array, page_table: jax.Array,
+                 seq_len: int) -> list:
+    """Writes a view (as :func:`gather_view` returns) back into the store -> the new store."""
+    out = []
+    for spec, stored, leaf in zip(layout.leaves, store, jax.tree.leaves(view)):
+        if spec.kind == SHARED:
+            out.append(leaf.astype(stored.dtype))
+        elif spec.kind == ROW:
+            out.append(stored.at[row_ids].set(jnp.moveaxis(leaf, spec.row_axis, 0).astype(stored.dtype)))
+        else:
+            extent = seq_len + spec.extra_slots
+            pages = math.ceil(extent / layout.page_size)
+            rows = jnp.moveaxis(leaf, (spec.row_axis, spec.slot_axis), (0, 1))  # [R, extent, *rest]
+            widths = [(0, 0)] * rows.ndim
+            widths[1] = (0, pages * layout.page_size - extent)
+            rows = jnp.pad(rows, widths).reshape((-1, layout.page_size) + rows.shape[2:])
+            updated = stored.at[page_table[:, :pages].reshape(-1)].set(rows.astype(stored.dtype))
+            out.append(constrain(updated, POOL_KV) if spec.kv else updated)
+    return out
+
+
+class Readout(NamedTuple):
+    """What the host reads after a program, for its R rows: tokens i32[R, seq_len] (prompt + generated, slot =
+    position), num_generated, num_steps i32[R], done bool[R], accepted_hist i32[R, D + 1], step i32[] (the loop's
+    counter)."""
+
+    tokens: jax.Array
+    num_generated: jax.Array
+    num_steps: jax.Array
+    done: jax.Array
+    accepted_hist: jax.Array
+    step: jax.Array
+
+
+def _readout(state: DecodeState) -> Readout:
+    return Readout(state.tokens, state.num_generated, state.num_steps, state.done, state.accepted_hist, state.step)
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
+def prefill_rows(params_t, params_d, store: list, prompt_ids: jax.Array, prompt_lens: jax.Array,
+                 key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
+                 row_ids: jax.Array, page_table: jax.Array, *, layout: PagedLayout, setup: GenerateSetup,
+                 seq_len: int) -> tuple[list, Readout]:
+    """Prefills N requests at once into rows ``row_ids`` and their pages (the store is donated) -> (store, readout).
+
+    prompt_ids: i32[N, W] right-padded (W <= seq_len - 1); prompt_lens, max_new_tokens: i32[N]; key_data: u32[N, ...]
+    each request's own key; stop_ids: i32[N, K] -1 padded; sampling: [N] each; row_ids: i32[N] (padding: the null
+    row); page_table: i32[N, pages_per_row] (padding: 0). Each row's first token is committed, as in ``generate``.
+    """
+    with traced_on(setup.mesh):
+        key = jax.random.wrap_key_data(key_data)
+        state, inputs = start_state(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
+                                    sampling, setup=setup.with_max_seq_len(seq_len))
+        step_index = [i for i, spec in enumerate(layout.leaves) if spec.kind == SHARED]
+        state = state._replace(step=store[step_index[0]] if step_index else state.step)
+        return scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len), _readout(state)
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate"),
+                   donate_argnames=("store",))
+def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
+              max_steps: jax.Array, *, layout: PagedLayout, setup: GenerateSetup, seq_len: int,
+              speculate: bool = True) -> tuple[list, Readout]:
+    """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
+    ``row_ids`` (i32[R], padding: the null row) at context ``seq_len`` (>= prompt + max_tokens of every row) ->
+    (store, readout). speculate: as ``programs.run_chunk``. page_table: i32[R, pages_per_row]; a row's pages must
+    cover every position the steps may write (its committed tokens, max_steps steps' worth of new ones and the
+    tree window): the scheduler allocates them before the call."""
+    with traced_on(setup.mesh):
+        state, inputs = gather_view(layout, store, row_ids, page_table, seq_len)
+        state = shard_state(state._replace(done=state.done | cancel))
+        state = run_loop(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len),
+                         max_steps=max_steps, speculate=speculate)
+        return scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len), _readout(state)
