@@ -17,8 +17,8 @@ class ServeMetrics:
     def __init__(self, tokens_per_step: int):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.running = Gauge("jspec:num_requests_running", "Requests in a slot", registry=r)
-        self.waiting = Gauge("jspec:num_requests_waiting", "Requests waiting for a slot", registry=r)
+        self.running = Gauge("jspec:num_requests_running", "Requests running (holding a row and pages)", registry=r)
+        self.waiting = Gauge("jspec:num_requests_waiting", "Requests waiting for a row and pages", registry=r)
         self.prompt_tokens = Counter("jspec:prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = Counter("jspec:generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("jspec:request_success", "Finished requests", ["finished_reason"], registry=r)
@@ -32,6 +32,10 @@ class ServeMetrics:
             buckets=_LATENCY_BUCKETS, registry=r)
         self.step_seconds = Histogram("jspec:step_seconds", "Seconds per step of a chunk, by step program",
                                       ["program"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.kv_cache_usage = Gauge("jspec:kv_cache_usage_perc",
+                                    "Fraction of the KV pool's pages in use (1 = full)", registry=r)
+        self.preemptions = Counter("jspec:num_preemptions", "Requests preempted (the KV pool was full) and "
+                                   "recomputed later", registry=r)
         self.chunks = Counter("jspec:chunks", "Chunks run, by step program", ["program"], registry=r)
 
     def observe_tokens(self, count: int, *, waited: float | None, chunk_seconds: float) -> None:

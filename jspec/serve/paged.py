@@ -145,6 +145,15 @@ def empty_store(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup
     return store
 
 
+def bytes_per_slot(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup, num_stop_ids: int,
+                   kv_split: int = 1) -> float:
+    """Device bytes one token slot takes over every pool (the target's K/V divided over ``kv_split`` devices)."""
+    idle = jax.eval_shape(functools.partial(idle_slots, setup=setup.with_max_seq_len(32), num_slots=1,
+                                            num_stop_ids=num_stop_ids), params_t, params_d)
+    return sum(leaf.size * leaf.dtype.itemsize / (32 + spec.extra_slots) / (kv_split if spec.kv else 1)
+               for spec, leaf in zip(layout.leaves, jax.tree.leaves(idle)) if spec.kind == SLOT)
+
+
 def gather_view(layout: PagedLayout, store: list, row_ids: jax.Array, page_table: jax.Array, seq_len: int) -> Any:
     """The dense (state, inputs) of rows ``row_ids`` (i32[R]) at context ``seq_len``; page_table: i32[R, >= pages
     of the view] (0: the null page)."""

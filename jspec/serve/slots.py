@@ -1,25 +1,37 @@
-"""SlotEngine: continuous batching over ``max_batch_size`` slots of one donated decode state.
+"""SlotEngine: continuous batching over a paged KV cache (vLLM's scheduler, in front of jspec's fused step).
 
-One scheduler thread loops: admit waiting requests into free slots (one jitted prefill-and-insert each,
-``programs.admit``), run one jitted chunk of up to ``steps_per_chunk`` fused steps over all slots
-(``programs.run_chunk``) over the occupancy bucket (the lowest power of two of slots holding every busy one),
-hand each request the tokens it gained, free the slots that finished. Every program is compiled ahead of time in
-:meth:`SlotEngine.warm_up` (``programs.compile_programs``: one admit per prompt width of ``jspec.batching``, the
-engine's own buckets, one chunk per step program, occupancy bucket and length bucket), so serving compiles nothing.
-With load adaptation, warm-up also measures the step programs' costs (``adapt.measure_costs``).
+The KV of the target and of every drafter with a cache lives in one pool of ``--max-total-tokens`` token slots in
+pages of ``--block-size`` (:mod:`jspec.serve.paged`); the host's block manager (:mod:`jspec.serve.block_manager`)
+hands pages out. One scheduler thread loops:
+
+1. **admit**: waiting requests, first come first served, while a row (``--max-num-seqs``) and the pages for the
+   request's prompt plus one chunk's lookahead are free; all of them prefilled together, one program call per
+   prompt-width bucket (at most ``--max-num-batched-tokens`` prompt slots a call);
+2. **reserve**: every running request's pages for one more chunk (its committed tokens, ``steps_per_chunk``
+   full steps and the tree window). When the pool runs out, the newest running request is preempted: its pages
+   are freed and it goes back to the head of the queue with the tokens it already has, to be prefilled again
+   (vLLM's recompute policy): nothing is lost or altered, only recomputed;
+3. **step**: one chunk of up to ``steps_per_chunk`` fused steps over the running rows (the occupancy bucket of
+   their count, the length bucket holding prompt + max_tokens of each), then each request gets the tokens it
+   gained and finished ones free their row and pages.
+
+Every program is compiled ahead in :meth:`SlotEngine.warm_up` (one prefill per prompt width and batch bucket, one
+step program per step kind, occupancy bucket and length bucket), so serving compiles nothing. With load
+adaptation, warm-up also measures the step programs' costs (``adapt.measure_costs``).
 
 A request's tokens depend only on (prompt, parameters, seed): its key is ``jspec.sampling.seed_keys([seed], 1)``
-and each step draws at the request's own positions (``jspec.sampling.keys_at``), never at its slot or the loop's
-step count. So a
-request returns what ``SpecEngine.generate([prompt], seed=[seed])`` returns, alone or among others, greedy or
-sampled, as long as one step program runs (with load adaptation on, greedy output is unchanged and sampled output
-keeps the target's distribution, but which program ran a step changes the draws).
+and each step draws at the request's own positions (``jspec.sampling.keys_at``), never at its row or the loop's
+step count. So a request returns what ``SpecEngine.generate([prompt], seed=[seed])`` returns, alone or among
+others, greedy or sampled, as long as one step program runs and it is not preempted (with load adaptation or a
+preemption, greedy output is unchanged and sampled output keeps the target's distribution, but where the steps
+fall changes the draws).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import secrets
 import threading
@@ -32,14 +44,17 @@ import numpy as np
 
 from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
 from jspec.config import SEED_RANGE, SamplingParams, check_seed, check_token_ids
+from jspec.serve import paged
 from jspec.serve.adapt import CostTable, LoadAdapter, TimedChunk, measure_costs
+from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
-from jspec.serve.programs import admit_row, compile_programs, idle_slots
+from jspec.serve.programs import admit_row
 from jspec.sharding import put
 
 logger = logging.getLogger("jspec.serve")
 
 Sink = Callable[[list[int], "str | None"], None]  # (new token ids, finish_reason or None while running)
+CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 
 
 class QueueFull(Exception):
@@ -69,7 +84,7 @@ class Request:
     cancelled: str | None = None  # the finish reason asked for by cancel()
 
     def cancel(self, reason: str = "abort") -> None:
-        """Ends the request at the next chunk boundary (its slot is freed within one chunk)."""
+        """Ends the request at the next chunk boundary (its row and pages are freed within one chunk)."""
         if self.cancelled is None:
             self.cancelled = reason
 
@@ -82,53 +97,101 @@ class Request:
 
 
 @dataclasses.dataclass
-class _Running:
+class _Pending:
+    """A request in the queue: new, or preempted with ``generated`` tokens already handed to its sink (they
+    become part of the context it is prefilled with again)."""
+
     request: Request
-    prompt_len: int
-    stops: frozenset[int]
-    emitted: int = 0        # tokens handed to the sink
-    steps_seen: int = 0     # verify steps already counted
-    hist_seen: np.ndarray | int = 0  # accepted_hist already counted
+    generated: list[int] = dataclasses.field(default_factory=list)
     first_token_at: float | None = None
 
     @property
+    def context(self) -> list[int]:
+        return list(self.request.prompt_ids) + self.generated
+
+    @property
+    def budget(self) -> int:
+        return self.request.max_tokens - len(self.generated)
+
+
+@dataclasses.dataclass
+class _Running:
+    pending: _Pending
+    pages: list[int]
+    stops: frozenset[int]
+    order: int              # admission order: the newest is preempted first
+    context_len: int        # tokens prefilled (prompt, and after a preemption the tokens it had)
+    generated: int = 0      # tokens committed since the prefill (the readout's num_generated)
+    emitted: int = 0        # of those, handed to the sink
+    steps_seen: int = 0     # verify steps already counted
+    hist_seen: np.ndarray | int = 0  # accepted_hist already counted
+
+    @property
+    def request(self) -> Request:
+        return self.pending.request
+
+    @property
     def need(self) -> int:
-        """Token slots the request needs: prompt + max_tokens."""
-        return self.prompt_len + self.request.max_tokens
+        """Token slots the request needs in all: prompt + max_tokens."""
+        return len(self.request.prompt_ids) + self.request.max_tokens
+
+    @property
+    def seq_len(self) -> int:
+        return self.context_len + self.generated
 
 
 class SlotEngine:
-    """Serves a :class:`jspec.SpecEngine`'s model and drafter with continuous batching (module docstring).
+    """Serves a :class:`jspec.SpecEngine`'s model and drafter with continuous batching over a paged KV cache
+    (module docstring).
 
-    engine: the offline engine (its weights, drafter and setup are reused as placed); max_seq_len: token slots per
-    request (prompt + max_tokens), at most the engine's; max_queue: waiting requests before 503;
-    steps_per_chunk: K, the steps one chunk runs at most (the streaming and admission granularity);
-    adapt: choose per chunk between speculative and plain steps (:mod:`jspec.serve.adapt`); max_stop_ids:
-    stop token ids per request (EOS included); row_buckets: the occupancy buckets a chunk may step (ascending,
-    the last one max_batch_size; default: powers of two, then max_batch_size), one compiled chunk program per
-    bucket and step program (vLLM's cudagraph capture sizes play this part); seq_buckets: likewise the context
-    lengths a chunk may run at (the last one max_seq_len; default: powers of two from 256, then max_seq_len): a
-    chunk runs at the smallest one holding prompt + max_tokens of every request in its rows.
+    engine: the offline engine (its weights, drafter and setup are reused as placed); max_seq_len: the longest
+    request (prompt + max_tokens), at most the engine's; max_queue: waiting requests before 503; steps_per_chunk:
+    K, the steps one chunk runs at most (the streaming and admission granularity); adapt: choose per chunk between
+    speculative and plain steps (:mod:`jspec.serve.adapt`); max_stop_ids: stop token ids per request (EOS
+    included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU,
+    ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
+    ``CPU_MAX_TOTAL_TOKENS``); max_num_seqs: requests running at once (default: the engine's max_batch_size);
+    max_num_batched_tokens: prompt slots one prefill call takes (default: max(2048, max_seq_len)); row_buckets:
+    the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
+    max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
+    this part); seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
+    powers of two from 256, then max_seq_len): a chunk runs at the smallest one holding prompt + max_tokens of
+    every request in its rows.
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
-                 adapt: bool = True, max_stop_ids: int = 8, row_buckets: Sequence[int] | None = None,
-                 seq_buckets: Sequence[int] | None = None):
+                 adapt: bool = True, max_stop_ids: int = 8, block_size: int = 16,
+                 max_total_tokens: int | None = None, max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
+                 row_buckets: Sequence[int] | None = None, seq_buckets: Sequence[int] | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
+        max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
+        max_num_batched_tokens = (max(2048, max_seq_len) if max_num_batched_tokens is None
+                                  else max_num_batched_tokens)
         for name, value, low in (("max_queue", max_queue, 0), ("steps_per_chunk", steps_per_chunk, 1),
-                                 ("max_stop_ids", max_stop_ids, 1)):
-            if not isinstance(value, int) or value < low:
+                                 ("max_stop_ids", max_stop_ids, 1), ("block_size", block_size, 1),
+                                 ("max_num_seqs", max_num_seqs, 1),
+                                 ("max_total_tokens", 1 if max_total_tokens is None else max_total_tokens, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r}: expected an integer >= {low}")
         if not isinstance(max_seq_len, int) or not 2 <= max_seq_len <= engine.setup.max_seq_len:
             raise ValueError(f"max_seq_len={max_seq_len!r}: expected an integer in [2, "
                              f"{engine.setup.max_seq_len}] (the engine's max_seq_len)")
+        if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < max_seq_len - 1:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens!r}: expected an integer >= "
+                             f"{max_seq_len - 1} (the longest prompt, max_seq_len - 1)")
+        if not 0.0 < kv_cache_memory_fraction <= 1.0:
+            raise ValueError(f"kv_cache_memory_fraction={kv_cache_memory_fraction!r}: expected a number in (0, 1]")
         if engine.data_parallel_size != 1:
             raise ValueError(f"data_parallel_size={engine.data_parallel_size}: the server runs one replica; "
                              f"use tensor parallelism (-tp), or one server per data-parallel group")
         self.engine = engine
         self.setup = engine.setup.with_max_seq_len(max_seq_len)
         self.max_seq_len = max_seq_len
-        self.num_slots = engine.max_batch_size
+        self.max_num_seqs = max_num_seqs
+        self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.kv_cache_memory_fraction = kv_cache_memory_fraction
         self.max_queue = max_queue
         self.steps_per_chunk = steps_per_chunk
         self.num_stop_ids = next_power_of_two(max_stop_ids)
@@ -137,22 +200,27 @@ class SlotEngine:
         self.eos_token_ids = tuple(engine.eos_token_ids)
         self.max_prompt_width = max_seq_len - 1  # a prompt leaves room for one new token
         self.widths = prompt_buckets(self.max_prompt_width, half_steps=False)
-        self.row_buckets = compile_buckets("row_buckets", row_buckets, first=1, last=self.num_slots,
-                                           last_name="max_batch_size")
+        self.row_buckets = compile_buckets("row_buckets", row_buckets, first=1, last=max_num_seqs,
+                                           last_name="max_num_seqs")
         self.seq_buckets = compile_buckets("seq_buckets", seq_buckets, first=MIN_SEQ_BUCKET, last=max_seq_len,
                                            last_name="max_seq_len")
+        self._max_total_tokens = max_total_tokens
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
+        self.layout: paged.PagedLayout | None = None
+        self.blocks: BlockManager | None = None
         self._compiled: dict[tuple, object] = {}
-        self._waiting: collections.deque[Request] = collections.deque()
-        self._slots: list[_Running | None] = [None] * self.num_slots
+        self._waiting: collections.deque[_Pending] = collections.deque()
+        self._rows: list[_Running | None] = [None] * max_num_seqs
+        self._tables = np.zeros((max_num_seqs + 1, 1), np.int32)  # sized in warm_up
+        self._admitted = itertools.count()
         self._lock = threading.Condition()
         self._accepting = False
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._state = self._inputs = None
-        self._host_step = 0  # the state's loop step counter, as last read back
+        self._store = None
+        self._host_step = 0  # the store's loop step counter, as last read back
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -186,7 +254,7 @@ class SlotEngine:
                 raise NotAccepting("the server is not accepting requests (starting up or shutting down)")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
-            self._waiting.append(request)
+            self._waiting.append(_Pending(request))
             self.metrics.waiting.set(len(self._waiting))
             self._lock.notify()
         return request
@@ -197,35 +265,76 @@ class SlotEngine:
 
     @property
     def num_running(self) -> int:
-        return sum(slot is not None for slot in self._slots)
+        return sum(row is not None for row in self._rows)
 
     @property
     def num_compiled(self) -> int:
         """Programs compiled: all of them in :meth:`warm_up`, none after."""
         return len(self._compiled)
 
+    @property
+    def max_total_tokens(self) -> int:
+        """The KV pool in token slots (known after :meth:`warm_up` when not given)."""
+        return self._max_total_tokens
+
     # --- start and stop -----------------------------------------------------------------------------------------
 
     def warm_up(self, calibration_prompt: Sequence[int] | None = None) -> CostTable | None:
-        """Compiles every program (``programs.compile_programs``), measures the cost table (with load adaptation:
+        """Sizes the KV pool, compiles every program, measures the cost table (with load adaptation:
         ``adapt.measure_costs``, on ``calibration_prompt``), then starts accepting."""
         args = (self.engine.params, self.engine.drafter_params)
-        self._state, self._inputs = idle_slots(*args, setup=self.setup, num_slots=self.num_slots,
-                                               num_stop_ids=self.num_stop_ids)
-        rows = {width: self._admit_row([0], SamplingParams(max_new_tokens=1), width) for width in self.widths}
-        examples = (self._place(np.zeros((), np.int32)), self._place(np.zeros((self.num_slots,), bool)),
-                    self._place(np.asarray(self.steps_per_chunk, np.int32)))  # slot, cancel, max_steps
-        self._compiled.update(compile_programs(
-            *args, self._state, self._inputs, rows, *examples, setup=self.setup,
-            step_kinds=(True, False) if self.speculative else (True,), row_buckets=self.row_buckets,
-            seq_buckets=self.seq_buckets))
+        layout = paged.paged_layout(*args, setup=self.setup, num_stop_ids=self.num_stop_ids,
+                                    page_size=self.block_size, num_pages=2, max_rows=self.max_num_seqs)
+        if self._max_total_tokens is None:
+            self._max_total_tokens = self._pool_tokens(layout)
+        num_pages = 1 + pages_for(self._max_total_tokens, self.block_size)
+        if num_pages - 1 < layout.pages_per_row:
+            raise ValueError(f"max_total_tokens={self._max_total_tokens}: expected at least "
+                             f"{layout.pages_per_row * self.block_size} token slots, one request of max_seq_len="
+                             f"{self.max_seq_len} with its lookahead")
+        self.layout = layout = dataclasses.replace(layout, num_pages=num_pages)
+        self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=False)
+        self._tables = np.zeros((self.max_num_seqs + 1, layout.pages_per_row), np.int32)
+        self._store = paged.empty_store(*args, layout, setup=self.setup, num_stop_ids=self.num_stop_ids)
+        logger.info("KV pool: %d pages of %d token slots (%d tokens), %d rows", num_pages - 1, self.block_size,
+                    (num_pages - 1) * self.block_size, self.max_num_seqs)
+        lowered = {}
+        for width in self.widths:
+            for rows in self._prefill_batches(width):
+                example = self._prefill_arrays([(list(range(1, 2)), SamplingParams(max_new_tokens=1))], width,
+                                               rows, [layout.null_row])
+                lowered["prefill", rows, width] = paged.prefill_rows.lower(
+                    *args, self._store, *example, layout=layout, setup=self.setup,
+                    seq_len=self._prefill_seq_len(width))
+        for speculate in ((True, False) if self.speculative else (True,)):
+            for rows in self.row_buckets:
+                example = self._step_arrays([], rows)
+                for seq_len in self.seq_buckets:
+                    lowered["step", speculate, rows, seq_len] = paged.step_rows.lower(
+                        *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
+                        layout=layout, setup=self.setup, seq_len=seq_len, speculate=speculate)
+        self._compiled.update({name: program.compile() for name, program in lowered.items()})
         if self.adapt:
             self.costs, acceptance = measure_costs(self._calibration_chunks(calibration_prompt), self.row_buckets,
                                                    self.steps_per_chunk)
             self.adapter = LoadAdapter(self.costs, acceptance)
             logger.info("cost table %s, starting acceptance %.2f", self.costs.to_dict(), acceptance)
+        self.metrics.kv_cache_usage.set(0.0)
         self.ready = self._accepting = True
         return self.costs
+
+    def _pool_tokens(self, layout: paged.PagedLayout) -> int:
+        """The default KV pool in token slots: on a GPU, ``kv_cache_memory_fraction`` of device memory less what
+        is in use (weights, programs), over the bytes a slot takes in every pool; elsewhere
+        ``CPU_MAX_TOTAL_TOKENS``."""
+        stats = jax.devices()[0].memory_stats() if jax.default_backend() == "gpu" else None
+        if not stats or "bytes_limit" not in stats:
+            return CPU_MAX_TOTAL_TOKENS
+        model = 1 if self.setup.mesh is None else self.setup.mesh.shape.get("model", 1)
+        per_slot = paged.bytes_per_slot(self.engine.params, self.engine.drafter_params, layout, setup=self.setup,
+                                        num_stop_ids=self.num_stop_ids, kv_split=model)
+        free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+        return max(int(free // per_slot), layout.pages_per_row * self.block_size)
 
     def start(self) -> None:
         """Starts the scheduler thread (after :meth:`warm_up`)."""
@@ -246,9 +355,9 @@ class SlotEngine:
         with self._lock:
             while (self._waiting or self.num_running) and time.monotonic() < deadline and self._thread is not None:
                 self._lock.wait(0.05)
-            for request in self._waiting:
-                request.cancel()
-            for running in self._slots:
+            for pending in self._waiting:
+                pending.request.cancel()
+            for running in self._rows:
                 if running is not None:
                     running.request.cancel()
             self._stopping = True
@@ -277,116 +386,209 @@ class SlotEngine:
                         return
         except Exception:  # a bug, not a request: end every request rather than hang its client
             logger.exception("the scheduler failed")
-            for running in self._slots:
+            for running in self._rows:
                 if running is not None:
                     _safe_sink(running.request, [], "abort")
             with self._lock:
-                for request in self._waiting:
-                    _safe_sink(request, [], "abort")
+                for pending in self._waiting:
+                    _safe_sink(pending.request, [], "abort")
                 self._waiting.clear()
                 self._accepting = False
             raise
 
-    def _take_waiting(self) -> list[tuple[int, Request]]:
-        """Pairs waiting requests (FIFO) with free slots; drops cancelled ones. Under the lock."""
-        free = [i for i, slot in enumerate(self._slots) if slot is None]
-        taken = []
+    def _lookahead(self, seq_len: int, need: int) -> int:
+        """Token slots a request of ``seq_len`` committed tokens (``need`` at most) holds for one more chunk:
+        up to ``steps_per_chunk`` full steps, and the widest tree window or drafter slots past them."""
+        extra = max((leaf.extra_slots for leaf in self.layout.leaves if leaf.kind == paged.SLOT), default=0)
+        return min(need, seq_len + self.steps_per_chunk * self.setup.tokens_per_step) + extra
+
+    def _take_waiting(self) -> list[tuple[int, _Running]]:
+        """Pairs waiting requests (first come, first served) with free rows while their pages fit; drops cancelled
+        ones. Under the lock."""
+        free = [i for i, row in enumerate(self._rows) if row is None]
+        taken: list[tuple[int, _Running]] = []
         while self._waiting and len(taken) < len(free):
-            request = self._waiting.popleft()
+            pending = self._waiting[0]
+            request = pending.request
             if request.cancelled is not None:
+                self._waiting.popleft()
                 _safe_sink(request, [], request.cancelled)
                 continue
-            taken.append((free[len(taken)], request))
+            context = pending.context
+            need = len(request.prompt_ids) + request.max_tokens
+            allocation = self.blocks.allocate(context[:-1], self._lookahead(len(context), need))
+            if allocation is None:
+                break  # first come, first served: nobody overtakes the head of the queue
+            self._waiting.popleft()
+            params = request.sampling_params()
+            running = _Running(pending, allocation.pages, frozenset(self.eos_token_ids + params.stop_token_ids),
+                               next(self._admitted), len(context))
+            taken.append((free[len(taken)], running))
         self.metrics.waiting.set(len(self._waiting))
         return taken
 
-    def _admit(self, admitted: list[tuple[int, Request]]) -> None:
-        for slot, request in admitted:
-            params = request.sampling_params()
-            width = prompt_bucket(len(request.prompt_ids), self.max_prompt_width, half_steps=False)
-            self._admit_into(slot, width, self._admit_row(request.prompt_ids, params, width))
-            self._slots[slot] = _Running(request, len(request.prompt_ids),
-                                         frozenset(self.eos_token_ids + params.stop_token_ids))
-            self.metrics.prompt_tokens.inc(len(request.prompt_ids))
+    def _admit(self, admitted: list[tuple[int, _Running]]) -> None:
+        """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes."""
+        by_width: dict[int, list[tuple[int, _Running]]] = collections.defaultdict(list)
+        for row, running in admitted:
+            self._rows[row] = running
+            self._set_table(row, running.pages)
+            by_width[prompt_bucket(running.context_len, self.max_prompt_width, half_steps=False)].append(
+                (row, running))
+            if not running.pending.generated:
+                self.metrics.prompt_tokens.inc(running.context_len)
+        start = time.perf_counter()
+        for width, group in by_width.items():
+            most = self._prefill_batches(width)[-1]
+            for first in range(0, len(group), most):
+                part = group[first:first + most]
+                rows = next(n for n in self._prefill_batches(width) if n >= len(part))
+                items = [(r.pending.context, dataclasses.replace(r.request.sampling_params(),
+                                                                 max_new_tokens=r.pending.budget))
+                         for _, r in part]
+                arrays = self._prefill_arrays(items, width, rows, [row for row, _ in part])
+                self._store, out = self._compiled["prefill", rows, width](
+                    self.engine.params, self.engine.drafter_params, self._store, *arrays)
+                self._emit([row for row, _ in part], out, speculated=None, chunk_start=start)
         self.metrics.running.set(self.num_running)
-        self._emit(None, speculated=None)
 
     def _chunk(self) -> None:
-        cancel = np.array([slot is not None and slot.request.cancelled is not None for slot in self._slots])
-        busy = max(i for i, slot in enumerate(self._slots) if slot is not None) + 1
-        rows = next(r for r in self.row_buckets if r >= busy)
-        need = max(slot.need for slot in self._slots[:rows] if slot is not None)
+        self._reserve()
+        running = [i for i, row in enumerate(self._rows) if row is not None]
+        if not running:
+            return
+        rows = next(r for r in self.row_buckets if r >= len(running))
+        need = max(self._rows[i].need for i in running)
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        # a plain server has one program per bucket
         speculate = self.adapter.choose(rows) if self.adapter is not None else True
         start = time.perf_counter()
-        step_before = self._host_step
-        self._run_chunk(speculate, rows, seq_len, cancel, self.steps_per_chunk)
-        self._emit(start, speculated=speculate)  # waits for the chunk
-        seconds, steps = time.perf_counter() - start, self._host_step - step_before
-        self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain", seconds, steps)
+        arrays = self._step_arrays(running, rows)
+        self._store, out = self._compiled["step", speculate, rows, seq_len](
+            self.engine.params, self.engine.drafter_params, self._store, *arrays,
+            self._place(np.asarray(self.steps_per_chunk, np.int32)))
+        steps = self._emit(running, out, speculated=speculate, chunk_start=start)
+        self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain",
+                                   time.perf_counter() - start, steps)
 
-    def _emit(self, chunk_start: float | None, speculated: bool | None) -> None:
-        """Reads the slots back (waiting for the programs in flight), hands each request its new tokens, frees
-        finished slots. chunk_start: when the chunk was launched (None after admissions)."""
-        tokens, num_generated, done, num_steps, hist, step = jax.device_get(
-            (self._state.tokens, self._state.num_generated, self._state.done, self._state.num_steps,
-             self._state.accepted_hist, self._state.step))
-        self._host_step = int(step)
-        now = time.perf_counter()
-        chunk_seconds = 0.0 if chunk_start is None else now - chunk_start
-        chunk_tokens = chunk_steps = 0
-        for slot, running in enumerate(self._slots):
-            if running is None:
+    def _reserve(self) -> None:
+        """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
+        cannot hold them."""
+        for row in sorted((i for i, r in enumerate(self._rows) if r is not None), key=lambda i: self._rows[i].order):
+            running = self._rows[row]
+            if running is None:  # preempted below for an older one
                 continue
-            request, generated = running.request, int(num_generated[slot])
-            new = tokens[slot, running.prompt_len + running.emitted:running.prompt_len + generated].tolist()
-            steps = int(num_steps[slot]) - running.steps_seen
+            while not self.blocks.extend(running.pages, self._lookahead(running.seq_len, running.need)):
+                newest = max((i for i, r in enumerate(self._rows) if r is not None),
+                             key=lambda i: self._rows[i].order)
+                self._preempt(newest)
+                if newest == row:
+                    break
+            else:
+                self._set_table(row, running.pages)
+        self.metrics.kv_cache_usage.set(self.blocks.usage)
+
+    def _preempt(self, row: int) -> None:
+        """Frees a running request's row and pages and queues it first again, with the tokens it has (it will be
+        prefilled with them: vLLM's recompute preemption)."""
+        running = self._rows[row]
+        self._release(row)
+        pending = running.pending
+        with self._lock:
+            self._waiting.appendleft(pending)
+            self.metrics.waiting.set(len(self._waiting))
+        self.metrics.preemptions.inc()
+        logger.info("preempted a request with %d tokens (the KV pool is full)", running.seq_len)
+
+    def _release(self, row: int) -> None:
+        self.blocks.free(self._rows[row].pages)
+        self._rows[row] = None
+        self._tables[row] = 0
+
+    def _emit(self, rows: list[int], out: paged.Readout, *, speculated: bool | None, chunk_start: float) -> int:
+        """Reads a program's readout (waiting for it), hands each request its new tokens, frees finished rows.
+        rows: the program's rows in order; speculated: the chunk's step kind (None: a prefill) -> the loop steps
+        the program ran."""
+        tokens, num_generated, num_steps, done, hist, step = jax.device_get(out)
+        now = time.perf_counter()
+        chunk_seconds = 0.0 if speculated is None else now - chunk_start
+        chunk_tokens = chunk_steps = 0
+        for k, row in enumerate(rows):
+            running = self._rows[row]
+            request, pending = running.request, running.pending
+            running.generated = int(num_generated[k])
+            new = tokens[k, running.context_len + running.emitted:running.seq_len].tolist()
+            steps = int(num_steps[k]) - running.steps_seen
             if speculated is not None and steps > 0:
                 chunk_tokens += len(new)
                 chunk_steps += steps
-                if speculated:  # hist is cumulative per request: observe this chunk's steps
-                    self.metrics.observe_acceptance(hist[slot] - running.hist_seen)
-            running.steps_seen, running.hist_seen = int(num_steps[slot]), hist[slot].copy()
+                if speculated:  # hist is cumulative per row: observe this chunk's steps
+                    self.metrics.observe_acceptance(hist[k] - running.hist_seen)
+            running.steps_seen, running.hist_seen = int(num_steps[k]), hist[k].copy()
             if new:
                 waited = None
-                if running.first_token_at is None:
-                    running.first_token_at = now
+                if pending.first_token_at is None:
+                    pending.first_token_at = now
                     waited = now - request.arrival
                 self.metrics.observe_tokens(len(new), waited=waited, chunk_seconds=chunk_seconds)
-                running.emitted = generated
+                running.emitted = running.generated
+                pending.generated += new
             reason = None
-            if done[slot]:
+            if done[k]:
                 if request.cancelled is not None:
                     reason = request.cancelled
                 else:
-                    last = int(tokens[slot, running.prompt_len + generated - 1]) if generated else -1
-                    reason = "stop" if last in running.stops else "length"
-                self._slots[slot] = None
+                    reason = "stop" if pending.generated and pending.generated[-1] in running.stops else "length"
+                self._release(row)
                 self.metrics.requests.labels(reason).inc()
             if new or reason is not None:
                 _safe_sink(request, new, reason)
         if speculated is not None and self.adapter is not None:
             self.adapter.observe(speculated and self.speculative, chunk_tokens, chunk_steps)
         self.metrics.running.set(self.num_running)
+        self.metrics.kv_cache_usage.set(self.blocks.usage)
+        ran, self._host_step = int(step) - self._host_step, int(step)
+        return ran
 
-    # --- helpers ------------------------------------------------------------------------------------------------
+    # --- program arguments --------------------------------------------------------------------------------------
 
-    def _admit_row(self, prompt_ids: Sequence[int], params: SamplingParams, width: int) -> tuple:
-        """``programs.admit_row`` for a request, placed (its stop ids: EOS and its own)."""
-        row = admit_row(prompt_ids, params, self.eos_token_ids + params.stop_token_ids, width=width,
-                        num_stop_ids=self.num_stop_ids)
-        return jax.tree.map(self._place, row)
+    def _prefill_batches(self, width: int) -> list[int]:
+        """The batch buckets of prefill programs at a prompt width: powers of two up to max_num_seqs, as many
+        prompts as ``max_num_batched_tokens`` slots hold (at least one)."""
+        most = max(1, min(self.max_num_seqs, self.max_num_batched_tokens // width))
+        sizes = [1]
+        while sizes[-1] < most:
+            sizes.append(min(2 * sizes[-1], most))
+        return sizes
 
-    def _admit_into(self, slot: int, width: int, row: tuple) -> None:
-        self._state, self._inputs = self._compiled["admit", width](
-            self.engine.params, self.engine.drafter_params, self._state, self._inputs, *row,
-            self._place(np.asarray(slot, np.int32)))
+    def _prefill_seq_len(self, width: int) -> int:
+        """The context a prefill of ``width`` runs at: the shortest length bucket holding the prompt and its first
+        new token."""
+        return next(n for n in self.seq_buckets if n >= min(width + 1, self.max_seq_len))
 
-    def _run_chunk(self, speculate: bool, rows: int, seq_len: int, cancel: np.ndarray, steps: int) -> None:
-        self._state = self._compiled["chunk", speculate, rows, seq_len](
-            self.engine.params, self.engine.drafter_params, self._state, self._inputs, self._place(cancel),
-            self._place(np.asarray(steps, np.int32)))
+    def _prefill_arrays(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: int,
+                        row_ids: list[int]) -> tuple:
+        """The arguments of a prefill program after the store: ``items`` (context, parameters) padded to ``rows``
+        with idle rows of the null row."""
+        null = ([1], SamplingParams(max_new_tokens=1))
+        parts = [admit_row(ids, params, self.eos_token_ids + params.stop_token_ids, width=width,
+                           num_stop_ids=self.num_stop_ids) for ids, params in items + [null] * (rows - len(items))]
+        arrays = [np.concatenate(column) for column in zip(*[part[:5] for part in parts])]
+        sampling = jax.tree.map(lambda *a: np.concatenate(a), *[part[5] for part in parts])
+        ids = np.full((rows,), self.layout.null_row, np.int32)
+        ids[:len(row_ids)] = row_ids
+        return tuple(jax.tree.map(self._place, (*arrays, sampling, ids, self._tables[ids])))
+
+    def _step_arrays(self, running: list[int], rows: int) -> tuple:
+        """(row_ids, page_table, cancel) of a chunk over ``running`` rows padded to ``rows``."""
+        ids = np.full((rows,), self.layout.null_row, np.int32)
+        ids[:len(running)] = running
+        cancel = np.zeros((rows,), bool)
+        cancel[:len(running)] = [self._rows[i].request.cancelled is not None for i in running]
+        return tuple(self._place(a) for a in (ids, self._tables[ids], cancel))
+
+    def _set_table(self, row: int, pages: list[int]) -> None:
+        self._tables[row] = 0
+        self._tables[row, :len(pages)] = pages
 
     def _place(self, array: np.ndarray) -> jax.Array:
         """On a mesh: replicated over it (the compiled programs expect their inputs there)."""
@@ -396,27 +598,47 @@ class SlotEngine:
 
     def _calibration_chunks(self, prompt: Sequence[int] | None) -> Callable[[bool, int, int], TimedChunk]:
         """The timed chunks ``adapt.measure_costs`` calls: each admits ``prompt`` (greedy, a budget of three
-        chunks at full acceptance) into the slots of its occupancy bucket, runs one chunk at the length bucket
-        holding prompt and budget, and frees every slot."""
+        chunks at full acceptance) into ``rows`` rows, runs one chunk at the length bucket holding prompt and
+        budget, and frees every row and page."""
         prompt = list(prompt) if prompt else list(range(1, 17))
         budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
         prompt = prompt[:self.max_seq_len - budget]
         width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
         seq_len = next(n for n in self.seq_buckets if n >= len(prompt) + budget)
-        row = self._admit_row(prompt, SamplingParams(max_new_tokens=budget), width)
+        params = SamplingParams(max_new_tokens=budget)
 
         def timed_chunk(speculate: bool, rows: int, steps: int) -> TimedChunk:
-            for slot in range(rows):
-                self._admit_into(slot, width, row)
-            step_before, generated_before = jax.device_get((self._state.step, self._state.num_generated))
+            held = []
+            for row in range(rows):
+                allocation = self.blocks.allocate([], self._lookahead(len(prompt), len(prompt) + budget))
+                if allocation is None:
+                    break
+                held.append((row, allocation.pages))
+                self._set_table(row, allocation.pages)
+            most = self._prefill_batches(width)[-1]
+            for first in range(0, len(held), most):
+                part = [row for row, _ in held[first:first + most]]
+                size = next(n for n in self._prefill_batches(width) if n >= len(part))
+                self._store, _ = self._compiled["prefill", size, width](
+                    self.engine.params, self.engine.drafter_params, self._store,
+                    *self._prefill_arrays([(prompt, params)] * len(part), width, size, part))
+            arrays = self._step_arrays([], rows)
+            ids = np.full((rows,), self.layout.null_row, np.int32)
+            ids[:len(held)] = [row for row, _ in held]
+            arrays = (self._place(ids), self._place(self._tables[ids]), arrays[2])
+            jax.block_until_ready(self._store)
             start = time.perf_counter()
-            self._run_chunk(speculate, rows, seq_len, np.zeros((self.num_slots,), bool), steps)
-            steps_run = int(self._state.step) - int(step_before)
+            self._store, out = self._compiled["step", speculate, rows, seq_len](
+                self.engine.params, self.engine.drafter_params, self._store, *arrays,
+                self._place(np.asarray(steps, np.int32)))
+            out = jax.device_get(out)
             seconds = time.perf_counter() - start
-            generated, verify_steps = jax.device_get((self._state.num_generated, self._state.num_steps))
-            self._run_chunk(speculate, self.num_slots, self.max_seq_len, np.ones((self.num_slots,), bool), steps)
-            return TimedChunk(seconds, steps_run, int(generated[:rows].sum() - generated_before[:rows].sum()),
-                              int(verify_steps[:rows].sum()))
+            ran, self._host_step = int(out.step) - self._host_step, int(out.step)
+            for row, pages in held:
+                self.blocks.free(pages)
+                self._tables[row] = 0
+            gained = int(out.num_generated[:len(held)].sum()) - len(held)
+            return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()))
 
         return timed_chunk
 
