@@ -36,6 +36,10 @@ class ServeMetrics:
                                     "Fraction of the KV pool's pages in use (1 = full)", registry=r)
         self.preemptions = Counter("jspec:num_preemptions", "Requests preempted (the KV pool was full) and "
                                    "recomputed later", registry=r)
+        self.prefix_queries = Counter("jspec:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("jspec:prefix_cache_hits", "Prompt tokens whose K/V the prefix cache held",
+                                   registry=r)
         self.chunks = Counter("jspec:chunks", "Chunks run, by step program", ["program"], registry=r)
 
     def observe_tokens(self, count: int, *, waited: float | None, chunk_seconds: float) -> None:

@@ -32,13 +32,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.compile_options import setup_jit
 from jspec.generate import run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
-from jspec.sampling import SamplingArrays
+from jspec.commit import commit_tokens
+from jspec.drafters.base import PrefillContext
+from jspec.sampling import SamplingArrays, keys_at, sample_tokens
 from jspec.serve.programs import idle_slots, start_state
 from jspec.sharding import constrain, traced_on
 from jspec.state import DecodeState
@@ -228,6 +229,58 @@ def prefill_rows(params_t, params_d, store: list, prompt_ids: jax.Array, prompt_
         step_index = [i for i, spec in enumerate(layout.leaves) if spec.kind == SHARED]
         state = state._replace(step=store[step_index[0]] if step_index else state.step)
         return scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len), _readout(state)
+
+
+def continues_from_cache(setup: GenerateSetup) -> bool:
+    """Whether :func:`prefill_cached_rows` serves this setup: plain decoding, or a drafter that reads no target
+    hidden states (n-gram lookup, a draft model), whose prefill reruns over the whole prompt from the token buffer.
+    A drafter reading the target's states (EAGLE-3, MTP) would need them for the cached prefix, which no page
+    keeps."""
+    return setup.drafter is None or not setup.drafter.tap_layers
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
+def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, prompt_lens: jax.Array,
+                        cached_lens: jax.Array, key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array,
+                        sampling: SamplingArrays, row_ids: jax.Array, page_table: jax.Array, *,
+                        layout: PagedLayout, setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
+    """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
+    (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V through the
+    page table; the drafter (:func:`continues_from_cache`) prefills over the whole prompt. The cached pages are
+    read, never written (their page-table entries read as the null page when the view is written back), so rows
+    sharing them keep them bit for bit. -> (store, readout).
+
+    suffix_ids: i32[N, W] each prompt's tokens from cached_lens[b] on, right-padded (cached_lens[b] + W <= seq_len);
+    prompt_lens: i32[N] whole prompts; the other arguments as :func:`prefill_rows`.
+    """
+    if not continues_from_cache(setup):
+        raise ValueError(f"prefill_cached_rows: the drafter reads target layers {setup.drafter.tap_layers}, which "
+                         f"the page pool does not keep for a cached prefix")
+    small = setup.with_max_seq_len(seq_len)
+    with traced_on(setup.mesh):
+        view, _ = gather_view(layout, store, row_ids, page_table, seq_len)
+        batch, width = suffix_ids.shape
+        rows = jnp.arange(batch)[:, None]
+        positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        tokens = view.tokens.at[rows, positions].set(suffix_ids, mode="drop")
+        out = small.target_model().apply({"params": params_t}, suffix_ids, positions, view.cache, cached_lens,
+                                         logits_index=(prompt_lens - cached_lens - 1)[:, None])
+        keys = jax.random.wrap_key_data(key_data)
+        first = sample_tokens(out.logits[:, 0], sampling, keys_at(keys, prompt_lens))
+        zeros = jnp.zeros((batch,), jnp.int32)
+        state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
+                            done=jnp.zeros((batch,), bool), num_steps=zeros,
+                            accepted_hist=jnp.zeros_like(view.accepted_hist), step=view.step)
+        state, _ = commit_tokens(state, first[:, None], jnp.ones_like(zeros), max_new_tokens, stop_ids,
+                                 counts_as_step=False)
+        if small.drafter is not None:
+            state = state._replace(draft=small.drafter.prefill(
+                params_t, params_d, PrefillContext(tokens, prompt_lens, first, None)))
+        inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys)
+        cached_pages = cached_lens // layout.page_size
+        write_table = jnp.where(jnp.arange(page_table.shape[1])[None] < cached_pages[:, None], 0, page_table)
+        state = shard_state(state)
+        return scatter_view(layout, store, (state, inputs), row_ids, write_table, seq_len), _readout(state)
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate"),

@@ -121,6 +121,8 @@ class _Running:
     stops: frozenset[int]
     order: int              # admission order: the newest is preempted first
     context_len: int        # tokens prefilled (prompt, and after a preemption the tokens it had)
+    cached: int = 0         # of those, tokens whose K/V a prefix-cache hit brought (whole pages)
+    registered: int = 0     # pages whose tokens the block manager keys (``BlockManager.register``)
     generated: int = 0      # tokens committed since the prefill (the readout's num_generated)
     emitted: int = 0        # of those, handed to the sink
     steps_seen: int = 0     # verify steps already counted
@@ -150,7 +152,9 @@ class SlotEngine:
     speculative and plain steps (:mod:`jspec.serve.adapt`); max_stop_ids: stop token ids per request (EOS
     included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU,
     ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
-    ``CPU_MAX_TOTAL_TOKENS``); max_num_seqs: requests running at once (default: the engine's max_batch_size);
+    ``CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
+    starts with (vLLM's automatic prefix caching; for plain decoding and drafters that read no target states,
+    ``paged.continues_from_cache``; ignored, with a warning, for the others); max_num_seqs: requests running at once (default: the engine's max_batch_size);
     max_num_batched_tokens: prompt slots one prefill call takes (default: max(2048, max_seq_len)); row_buckets:
     the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
     max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
@@ -163,7 +167,7 @@ class SlotEngine:
                  adapt: bool = True, max_stop_ids: int = 8, block_size: int = 16,
                  max_total_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
-                 row_buckets: Sequence[int] | None = None, seq_buckets: Sequence[int] | None = None):
+                 enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None, seq_buckets: Sequence[int] | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         max_num_batched_tokens = (max(2048, max_seq_len) if max_num_batched_tokens is None
@@ -205,6 +209,10 @@ class SlotEngine:
         self.seq_buckets = compile_buckets("seq_buckets", seq_buckets, first=MIN_SEQ_BUCKET, last=max_seq_len,
                                            last_name="max_seq_len")
         self._max_total_tokens = max_total_tokens
+        self.prefix_caching = enable_prefix_caching and paged.continues_from_cache(self.setup)
+        if enable_prefix_caching and not self.prefix_caching:
+            logger.warning("prefix caching is off: the drafter reads target layers %s, which the KV pages do not "
+                           "keep", self.setup.drafter.tap_layers)
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
@@ -293,7 +301,7 @@ class SlotEngine:
                              f"{layout.pages_per_row * self.block_size} token slots, one request of max_seq_len="
                              f"{self.max_seq_len} with its lookahead")
         self.layout = layout = dataclasses.replace(layout, num_pages=num_pages)
-        self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=False)
+        self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=self.prefix_caching)
         self._tables = np.zeros((self.max_num_seqs + 1, layout.pages_per_row), np.int32)
         self._store = paged.empty_store(*args, layout, setup=self.setup, num_stop_ids=self.num_stop_ids)
         logger.info("KV pool: %d pages of %d token slots (%d tokens), %d rows", num_pages - 1, self.block_size,
@@ -306,6 +314,10 @@ class SlotEngine:
                 lowered["prefill", rows, width] = paged.prefill_rows.lower(
                     *args, self._store, *example, layout=layout, setup=self.setup,
                     seq_len=self._prefill_seq_len(width))
+                if self.prefix_caching:
+                    lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
+                        *args, self._store, *self._cached_arrays(example, [0] * rows), layout=layout,
+                        setup=self.setup, seq_len=self.max_seq_len)
         for speculate in ((True, False) if self.speculative else (True,)):
             for rows in self.row_buckets:
                 example = self._step_arrays([], rows)
@@ -416,39 +428,65 @@ class SlotEngine:
                 continue
             context = pending.context
             need = len(request.prompt_ids) + request.max_tokens
-            allocation = self.blocks.allocate(context[:-1], self._lookahead(len(context), need))
+            allocation = self._allocate(context, need)
             if allocation is None:
                 break  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
             params = request.sampling_params()
             running = _Running(pending, allocation.pages, frozenset(self.eos_token_ids + params.stop_token_ids),
-                               next(self._admitted), len(context))
+                               next(self._admitted), len(context), cached=allocation.cached_tokens,
+                               registered=allocation.cached_tokens // self.block_size)
             taken.append((free[len(taken)], running))
         self.metrics.waiting.set(len(self._waiting))
         return taken
 
+    def _allocate(self, context: list[int], need: int):
+        """The block manager's allocation for a request of ``context`` tokens (``need`` at most), reusing cached
+        pages of all but its last token; a hit is cut by whole pages while the rest of the prompt, padded to its
+        width bucket, would run past ``max_seq_len`` (the cached prefill's context). None: the pool is full."""
+        limit = len(context) - 1
+        while True:
+            queries, hits = self.blocks.prefix_queries_tokens, self.blocks.prefix_hits_tokens
+            allocation = self.blocks.allocate(context[:limit], self._lookahead(len(context), need))
+            if allocation is None or not allocation.cached_tokens:
+                break
+            width = prompt_bucket(len(context) - allocation.cached_tokens, self.max_prompt_width, half_steps=False)
+            if allocation.cached_tokens + width <= self.max_seq_len:
+                break
+            self.blocks.free(allocation.pages)
+            limit = allocation.cached_tokens - self.block_size
+        if allocation is not None:
+            self.metrics.prefix_queries.inc(self.blocks.prefix_queries_tokens - queries)
+            self.metrics.prefix_hits.inc(self.blocks.prefix_hits_tokens - hits)
+        return allocation
+
     def _admit(self, admitted: list[tuple[int, _Running]]) -> None:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes."""
-        by_width: dict[int, list[tuple[int, _Running]]] = collections.defaultdict(list)
+        groups: dict[tuple[str, int], list[tuple[int, _Running]]] = collections.defaultdict(list)
         for row, running in admitted:
             self._rows[row] = running
             self._set_table(row, running.pages)
-            by_width[prompt_bucket(running.context_len, self.max_prompt_width, half_steps=False)].append(
-                (row, running))
+            width = prompt_bucket(running.context_len - running.cached, self.max_prompt_width, half_steps=False)
+            groups["prefill_cached" if running.cached else "prefill", width].append((row, running))
             if not running.pending.generated:
                 self.metrics.prompt_tokens.inc(running.context_len)
         start = time.perf_counter()
-        for width, group in by_width.items():
+        for (program, width), group in groups.items():
             most = self._prefill_batches(width)[-1]
             for first in range(0, len(group), most):
                 part = group[first:first + most]
                 rows = next(n for n in self._prefill_batches(width) if n >= len(part))
-                items = [(r.pending.context, dataclasses.replace(r.request.sampling_params(),
-                                                                 max_new_tokens=r.pending.budget))
+                items = [(r.pending.context[r.cached:], dataclasses.replace(r.request.sampling_params(),
+                                                                            max_new_tokens=r.pending.budget))
                          for _, r in part]
                 arrays = self._prefill_arrays(items, width, rows, [row for row, _ in part])
-                self._store, out = self._compiled["prefill", rows, width](
+                if program == "prefill_cached":
+                    arrays = self._cached_arrays(arrays, [r.cached for _, r in part], [r.context_len for _, r in part])
+                self._store, out = self._compiled[program, rows, width](
                     self.engine.params, self.engine.drafter_params, self._store, *arrays)
+                for row, running in part:
+                    running.registered = self.blocks.register(running.pages, running.pending.context,
+                                                              running.registered)
                 self._emit([row for row, _ in part], out, speculated=None, chunk_start=start)
         self.metrics.running.set(self.num_running)
 
@@ -500,7 +538,14 @@ class SlotEngine:
         logger.info("preempted a request with %d tokens (the KV pool is full)", running.seq_len)
 
     def _release(self, row: int) -> None:
-        self.blocks.free(self._rows[row].pages)
+        """Frees a row and its pages; with prefix caching the pages of its committed tokens stay keyed for reuse
+        (all but the last step's: a drafter's cache may lag the target's by one step)."""
+        running = self._rows[row]
+        if self.prefix_caching:
+            tokens = running.pending.context
+            kept = max(len(tokens) - 1 - self.setup.tokens_per_step, running.registered * self.block_size)
+            self.blocks.register(running.pages, tokens[:kept], running.registered)
+        self.blocks.free(running.pages)
         self._rows[row] = None
         self._tables[row] = 0
 
@@ -577,6 +622,17 @@ class SlotEngine:
         ids = np.full((rows,), self.layout.null_row, np.int32)
         ids[:len(row_ids)] = row_ids
         return tuple(jax.tree.map(self._place, (*arrays, sampling, ids, self._tables[ids])))
+
+    def _cached_arrays(self, arrays: tuple, cached: list[int], lengths: list[int] | None = None) -> tuple:
+        """A cached prefill's arguments from :meth:`_prefill_arrays` over the prompts' uncached rest: the whole
+        prompts' lengths (``lengths``; default: as given) and the cached lengths inserted after them."""
+        rows = arrays[0].shape[0]
+        whole = np.asarray(jax.device_get(arrays[1])).copy()
+        if lengths is not None:
+            whole[:len(lengths)] = lengths
+        cached_lens = np.zeros((rows,), np.int32)
+        cached_lens[:len(cached)] = cached
+        return (arrays[0], self._place(whole), self._place(cached_lens), *arrays[2:])
 
     def _step_arrays(self, running: list[int], rows: int) -> tuple:
         """(row_ids, page_table, cancel) of a chunk over ``running`` rows padded to ``rows``."""

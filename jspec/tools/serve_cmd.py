@@ -37,9 +37,21 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
     server.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
-    server.add_argument("--max-batch-size", type=int, default=8, help="requests generated at once (slots)")
+    server.add_argument("--max-num-seqs", "--max-batch-size", dest="max_num_seqs", type=int, default=64,
+                        help="requests running at once (rows stepped together)")
+    server.add_argument("--block-size", type=int, default=16, help="token slots per page of the KV cache")
+    server.add_argument("--max-total-tokens", type=int, default=None,
+                        help="the KV cache in token slots, over all requests (default: on a GPU, "
+                             "--kv-cache-memory-fraction of device memory; on a CPU, 65536)")
+    server.add_argument("--kv-cache-memory-fraction", type=float, default=0.9,
+                        help="on a GPU, the fraction of device memory weights, programs and KV cache may fill")
+    server.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="prompt tokens prefilled in one program call (default: max(2048, --max-seq-len))")
+    server.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV pages of a prompt's prefix computed before (plain decoding and drafters "
+                             "that read no target states)")
     server.add_argument("--max-queue", type=int, default=256,
-                        help="requests waiting for a slot before new ones get 503")
+                        help="requests waiting for a row and pages before new ones get 503")
     server.add_argument("--steps-per-chunk", type=int, default=4,
                         help="steps between admissions and streamed pieces")
     server.add_argument("--no-adapt", action="store_true",
@@ -48,6 +60,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds running requests get to finish after SIGTERM")
     add_parallel_args(parser)
+
+
+def paged_kwargs(args: argparse.Namespace) -> dict:
+    """The SlotEngine arguments of the KV cache and scheduling flags."""
+    return dict(max_num_seqs=args.max_num_seqs, block_size=args.block_size, max_total_tokens=args.max_total_tokens,
+                kv_cache_memory_fraction=args.kv_cache_memory_fraction,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                enable_prefix_caching=args.enable_prefix_caching)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -61,10 +81,15 @@ def run_serve(args: argparse.Namespace) -> int:
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port {args.port}: expected 0 .. 65535")
-    for flag, value, low in (("--max-batch-size", args.max_batch_size, 1), ("--max-queue", args.max_queue, 0),
-                             ("--steps-per-chunk", args.steps_per_chunk, 1)):
+    for flag, value, low in (("--max-num-seqs", args.max_num_seqs, 1), ("--max-queue", args.max_queue, 0),
+                             ("--steps-per-chunk", args.steps_per_chunk, 1), ("--block-size", args.block_size, 1),
+                             ("--max-total-tokens", 1 if args.max_total_tokens is None else args.max_total_tokens, 1),
+                             ("--max-num-batched-tokens",
+                              1 if args.max_num_batched_tokens is None else args.max_num_batched_tokens, 1)):
         if value < low:
             raise ValueError(f"{flag} {value}: expected an integer >= {low}")
+    if not 0.0 < args.kv_cache_memory_fraction <= 1.0:
+        raise ValueError(f"--kv-cache-memory-fraction {args.kv_cache_memory_fraction}: expected a number in (0, 1]")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
     if args.data_parallel_size != 1:
@@ -103,10 +128,10 @@ def _run_serve(args: argparse.Namespace) -> int:
                                       os.path.basename(os.path.normpath(model_dir)))
     sock = _listen(args.host, args.port)
     engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
-                                              max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+                                              max_batch_size=min(args.max_num_seqs, 8), max_seq_len=args.max_seq_len,
                                               dtype=args.dtype, **mesh_kwargs(args))
     slots = SlotEngine(engine, max_queue=args.max_queue, steps_per_chunk=args.steps_per_chunk,
-                       adapt=not args.no_adapt)
+                       adapt=not args.no_adapt, **paged_kwargs(args))
     slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)
     slots.start()
     host, port = sock.getsockname()[:2]

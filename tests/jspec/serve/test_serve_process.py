@@ -103,7 +103,7 @@ def test_serve_answers_then_drains_on_sigterm(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--max-batch-size", "0"], "jspec: error: --max-batch-size 0: expected an integer >= 1"),
+    (["--max-num-seqs", "0"], "jspec: error: --max-num-seqs 0: expected an integer >= 1"),
     (["--port", "70000"], "jspec: error: --port 70000: expected 0 .. 65535"),
     (["--bogus"], "jspec: error: unrecognized arguments: --bogus"),
     (["--port", "eighty"], "jspec serve: error: argument --port: invalid int value: 'eighty'"),

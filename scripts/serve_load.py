@@ -1,0 +1,157 @@
+"""A mixed, sampled, ragged load against two `jspec serve` processes (speculative: the default drafter; plain:
+``--drafter none``) over HTTP, and offline ``SpecEngine.generate`` of the same prompts as one batch, in one run.
+
+    python scripts/serve_load.py --num-requests 64 --json load.json
+
+Each server gets ``--warmup`` requests first, then ``--num-requests`` concurrent ``/v1/completions`` requests:
+HumanEval prompts (their last 400 characters), ``max_tokens`` drawn from {8, 32, 64, 128}, every second request
+sampled (temperature 0.8, its own seed). Prints tokens/s, latency p50/p90, and the server's counters (chunks,
+preemptions, KV usage) for each, then the ratios. Extra ``jspec serve`` flags go after ``--``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+
+MAX_TOKENS = (8, 32, 64, 128)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load(num: int, seed: int) -> list[dict]:
+    from jspec.train.corpus import human_eval_prompts
+
+    prompts = [p["prompt"][-400:] for p in human_eval_prompts()]
+    rng = np.random.default_rng(seed)
+    return [dict(prompt=prompts[i % len(prompts)], max_tokens=int(rng.choice(MAX_TOKENS)),
+                 temperature=0.8 if i % 2 else 0.0, seed=seed + i) for i in range(num)]
+
+
+def counters(base: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith("jspec:") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            if any(key in name for key in ("chunks_total", "preemptions", "kv_cache_usage", "generation_tokens_total",
+                                           "prompt_tokens_total", "step_seconds_sum", "step_seconds_count")):
+                out[name] = float(value)
+    return out
+
+
+def fire(base: str, model: str, requests: list[dict]) -> tuple[float, list[float], int]:
+    """All requests at once -> (seconds, latency per request, completion tokens)."""
+    def one(body: dict) -> tuple[float, int]:
+        start = time.perf_counter()
+        reply = httpx.post(f"{base}/v1/completions", json=dict(model=model, **body), timeout=1200)
+        reply.raise_for_status()
+        return time.perf_counter() - start, reply.json()["usage"]["completion_tokens"]
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(one, requests))
+    return time.perf_counter() - start, [r[0] for r in results], sum(r[1] for r in results)
+
+
+def serve(name: str, flags: list[str], requests: list[dict], warmup: list[dict]) -> dict:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "jspec.tools.cli", "serve", "--port", str(port), *flags],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = time.perf_counter()
+    try:
+        for line in process.stdout:
+            sys.stdout.write(f"[{name}] {line}")
+            if "ready" in line:
+                break
+        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        ready_seconds = time.perf_counter() - started
+        fire(base, model, warmup)
+        before = counters(base)
+        seconds, latencies, tokens = fire(base, model, requests)
+        after = counters(base)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return dict(name=name, flags=flags, start_up_seconds=ready_seconds, seconds=seconds, tokens=tokens,
+                tokens_per_second=tokens / seconds, p50=float(np.percentile(latencies, 50)),
+                p90=float(np.percentile(latencies, 90)),
+                counters={k: after[k] - before.get(k, 0.0) for k in after})
+
+
+def offline(requests: list[dict], max_seq_len: int) -> dict:
+    """The default drafter's engine on every prompt as one batch (greedy, each prompt's own max_tokens is not
+    expressible in one call: the batch runs max(max_tokens) and counts each request's share)."""
+    import jax
+
+    import jspec
+    from jspec.tools.bundled import default_method
+
+    drafter, spec = default_method(jax.default_backend())
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec,
+                                              max_batch_size=len(requests), max_seq_len=max_seq_len)
+    prompts = [r["prompt"] for r in requests]
+    budget = max(r["max_tokens"] for r in requests)
+    engine.generate(prompts[:2], max_new_tokens=budget)  # compile
+    engine.generate(prompts, max_new_tokens=budget)
+    start = time.perf_counter()
+    out = engine.generate(prompts, max_new_tokens=budget)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(ids) for ids in out.token_ids)
+    return dict(drafter=drafter, seconds=seconds, tokens=tokens, tokens_per_second=tokens / seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--no-offline", action="store_true")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("serve_flags", nargs="*", help="extra jspec serve flags for both servers (after --)")
+    args = parser.parse_args(argv)
+    requests = load(args.num_requests, args.seed)
+    warmup = load(args.warmup, args.seed + 10_000)
+    common = ["--max-seq-len", str(args.max_seq_len), *args.serve_flags]
+    results = [serve("spec", common, requests, warmup), serve("plain", ["--drafter", "none", *common], requests,
+                                                              warmup)]
+    if not args.no_offline:
+        results.append(dict(name="offline", **offline(requests, args.max_seq_len)))
+    spec, plain = results[0], results[1]
+    print(f"{'':8} {'tokens/s':>9} {'p50 s':>7} {'p90 s':>7} {'seconds':>8}")
+    for r in results:
+        print(f"{r['name']:8} {r['tokens_per_second']:9.1f} {r.get('p50', float('nan')):7.2f} "
+              f"{r.get('p90', float('nan')):7.2f} {r['seconds']:8.2f}")
+    print(f"spec / plain tokens/s: {spec['tokens_per_second'] / plain['tokens_per_second']:.2f}x; "
+          f"p50 {spec['p50']:.2f} s vs {plain['p50']:.2f} s")
+    if not args.no_offline:
+        print(f"spec server / offline batch tokens/s: "
+              f"{spec['tokens_per_second'] / results[2]['tokens_per_second']:.2f}x")
+    for r in results[:2]:
+        print(r["name"], json.dumps(r["counters"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The scheduler over the paged KV cache: admission by pages holds more requests than static slots would, a pool
+too small for the load preempts and recomputes requests without losing or altering one, and the metrics count it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from jspec.serve.slots import Request, SlotEngine
+from tests import spec_fixtures as fx
+from tests.jspec.serve.test_slots import BUDGETS, MAX_SEQ_LEN, PROMPTS, Collector, make_engine, serve_all
+
+
+@pytest.fixture(scope="module")
+def params_t():
+    return fx.near_bigram_target()
+
+
+def metric(text: str, name: str) -> float:
+    """A sample's value in a /metrics body."""
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+class Watching(Collector):
+    """A sink that also records how many requests were running whenever it was called."""
+
+    def __init__(self, slots: SlotEngine, seen: list[int]):
+        super().__init__()
+        self.slots, self.seen = slots, seen
+
+    def __call__(self, tokens, reason):
+        self.seen.append(self.slots.num_running)
+        super().__call__(tokens, reason)
+
+
+def serve_watching(slots: SlotEngine, requests: list[dict]) -> tuple[list[Collector], int]:
+    seen: list[int] = []
+    sinks = [Watching(slots, seen) for _ in requests]
+    for sink, kwargs in zip(sinks, requests):
+        slots.submit(Request(sink=sink, **kwargs))
+    for sink in sinks:
+        assert sink.finished.wait(120), "a request did not finish"
+    return sinks, max(seen)
+
+
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic"])
+def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(params_t, name):
+    engine = make_engine(params_t, name)
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, block_size=8,
+                       max_num_seqs=4, row_buckets=(4,), max_total_tokens=1)
+    with pytest.raises(ValueError, match="max_total_tokens=1: expected at least") as refused:
+        slots.warm_up()
+    one_request = int(re.search(r"at least (\d+) token slots", str(refused.value)).group(1))
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, block_size=8,
+                       max_num_seqs=4, row_buckets=(4,), max_total_tokens=one_request + 16)
+    slots.warm_up()
+    slots.start()
+    try:
+        requests = [dict(prompt_ids=p, max_tokens=n, seed=i) for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))]
+        sinks = serve_all(slots, requests)
+        metrics = slots.metrics.render().decode()
+    finally:
+        slots.shutdown(10)
+    for prompt, budget, sink in zip(PROMPTS, BUDGETS, sinks):
+        assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0], (name, prompt)
+        assert sink.reason in ("stop", "length")
+    preempted = metric(metrics, "jspec:num_preemptions_total")
+    assert preempted > 0, metrics
+    assert slots.blocks.num_used_pages == 0 and slots.num_running == 0
+
+
+def test_pages_hold_more_requests_than_static_slots_would(params_t):
+    """A pool of two max_seq_len requests' worth of slots runs six short requests at once."""
+    engine = make_engine(params_t, "plain")
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, adapt=False, block_size=8,
+                       max_num_seqs=8, row_buckets=(8,), max_total_tokens=2 * MAX_SEQ_LEN + 16)
+    slots.warm_up()
+    slots.start()
+    try:
+        requests = [dict(prompt_ids=[3 + i, 5, 7], max_tokens=12) for i in range(8)]
+        sinks, most = serve_watching(slots, requests)
+    finally:
+        slots.shutdown(10)
+    assert most >= 6, most
+    for request, sink in zip(requests, sinks):
+        assert sink.tokens == engine.generate([request["prompt_ids"]], max_new_tokens=12).token_ids[0]
+
+
+@pytest.mark.parametrize("name", ["plain", "ngram"])
+def test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged(params_t, name):
+    """Requests sharing a 40-token prefix (five pages of 8): after the first, every later one finds its whole
+    pages in the cache (hits counted in tokens, as vLLM counts them) and still returns what it returns alone."""
+    engine = make_engine(params_t, name)
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, adapt=False, block_size=8,
+                       max_num_seqs=4, row_buckets=(4,))
+    slots.warm_up()
+    slots.start()
+    prefix = [(7 * i) % 60 + 1 for i in range(40)]
+    requests = [dict(prompt_ids=prefix + [i + 1, 2 * i + 3], max_tokens=10 + i) for i in range(5)]
+    try:
+        first = serve_all(slots, requests[:1])
+        rest = serve_all(slots, requests[1:])
+        metrics = slots.metrics.render().decode()
+    finally:
+        slots.shutdown(10)
+    for request, sink in zip(requests, first + rest):
+        alone = engine.generate([request["prompt_ids"]], max_new_tokens=request["max_tokens"]).token_ids[0]
+        assert sink.tokens == alone, request
+    hits = metric(metrics, "jspec:prefix_cache_hits_total")
+    queries = metric(metrics, "jspec:prefix_cache_queries_total")
+    assert hits == 4 * 40, metrics  # each later request: its five whole prefix pages
+    assert queries == 5 * 41  # every prompt but its last token
