@@ -48,7 +48,7 @@ def counters(base: str) -> dict[str, float]:
         if line.startswith("jspec:") and " " in line:
             name, value = line.rsplit(" ", 1)
             if any(key in name for key in ("chunks_total", "preemptions", "kv_cache_usage", "generation_tokens_total",
-                                           "prompt_tokens_total", "step_seconds_sum", "step_seconds_count")):
+                                           "prompt_tokens_total", "busy_seconds_total", "prefix_cache")):
                 out[name] = float(value)
     return out
 

@@ -76,10 +76,11 @@ class LoadAdapter:
 
     costs: the start-up table; acceptance: the starting estimate (tokens per verify step, >= 1); smoothing: the
     weight of a new chunk's acceptance in the running average; probe_every: speculate at least once in this many
-    chunks.
+    chunks; max_acceptance: the most tokens a verify step can commit (the tree's depth + 1), None: no bound.
     """
 
-    def __init__(self, costs: CostTable, acceptance: float, smoothing: float = 0.3, probe_every: int = 8):
+    def __init__(self, costs: CostTable, acceptance: float, smoothing: float = 0.3, probe_every: int = 8,
+                 max_acceptance: float | None = None):
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing={smoothing!r}: expected a number in (0, 1]")
         if not isinstance(probe_every, int) or probe_every < 1:
@@ -88,6 +89,7 @@ class LoadAdapter:
         self.acceptance = max(1.0, float(acceptance))
         self.smoothing = smoothing
         self.probe_every = probe_every
+        self.max_acceptance = max_acceptance
         self._plain_in_a_row = 0
 
     def speculative_rate(self, rows: int) -> float:
@@ -98,7 +100,12 @@ class LoadAdapter:
         return 1.0 / self.costs.plain_step_seconds[rows]
 
     def choose(self, rows: int) -> bool:
-        """True: the next chunk, over the occupancy bucket of ``rows`` slots, speculates."""
+        """True: the next chunk, over the occupancy bucket of ``rows`` slots, speculates. No probe where even
+        ``max_acceptance`` (every draft accepted) would commit fewer tokens per second than plain steps: there a
+        verify pass costs more than the most it can save."""
+        if (self.max_acceptance is not None
+                and self.max_acceptance / self.costs.spec_step_seconds[rows] < self.plain_rate(rows)):
+            return False
         if self.speculative_rate(rows) >= self.plain_rate(rows) or self._plain_in_a_row + 1 >= self.probe_every:
             self._plain_in_a_row = 0
             return True

@@ -40,6 +40,9 @@ class ServeMetrics:
                                       registry=r)
         self.prefix_hits = Counter("jspec:prefix_cache_hits", "Prompt tokens whose K/V the prefix cache held",
                                    registry=r)
+        self.busy_seconds = Counter("jspec:busy_seconds", "Scheduler seconds in program calls and their "
+                                    "readouts, by phase (prefill, step); the rest of its time is host work",
+                                    ["phase"], registry=r)
         self.chunks = Counter("jspec:chunks", "Chunks run, by step program", ["program"], registry=r)
 
     def observe_tokens(self, count: int, *, waited: float | None, chunk_seconds: float) -> None:

@@ -311,13 +311,14 @@ class SlotEngine:
             for rows in self._prefill_batches(width):
                 example = self._prefill_arrays([(list(range(1, 2)), SamplingParams(max_new_tokens=1))], width,
                                                rows, [layout.null_row])
-                lowered["prefill", rows, width] = paged.prefill_rows.lower(
-                    *args, self._store, *example, layout=layout, setup=self.setup,
-                    seq_len=self._prefill_seq_len(width))
-                if self.prefix_caching:
+                if self.prefix_caching:  # one prefill for prompts with and without a hit (cached_lens 0)
                     lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
                         *args, self._store, *self._cached_arrays(example, [0] * rows), layout=layout,
                         setup=self.setup, seq_len=self.max_seq_len)
+                else:
+                    lowered["prefill", rows, width] = paged.prefill_rows.lower(
+                        *args, self._store, *example, layout=layout, setup=self.setup,
+                        seq_len=self._prefill_seq_len(width))
         for speculate in ((True, False) if self.speculative else (True,)):
             for rows in self.row_buckets:
                 example = self._step_arrays([], rows)
@@ -329,7 +330,7 @@ class SlotEngine:
         if self.adapt:
             self.costs, acceptance = measure_costs(self._calibration_chunks(calibration_prompt), self.row_buckets,
                                                    self.steps_per_chunk)
-            self.adapter = LoadAdapter(self.costs, acceptance)
+            self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step)
             logger.info("cost table %s, starting acceptance %.2f", self.costs.to_dict(), acceptance)
         self.metrics.kv_cache_usage.set(0.0)
         self.ready = self._accepting = True
@@ -462,33 +463,45 @@ class SlotEngine:
 
     def _admit(self, admitted: list[tuple[int, _Running]]) -> None:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes."""
-        groups: dict[tuple[str, int], list[tuple[int, _Running]]] = collections.defaultdict(list)
+        groups: dict[int, list[tuple[int, _Running]]] = collections.defaultdict(list)
         for row, running in admitted:
             self._rows[row] = running
             self._set_table(row, running.pages)
             width = prompt_bucket(running.context_len - running.cached, self.max_prompt_width, half_steps=False)
-            groups["prefill_cached" if running.cached else "prefill", width].append((row, running))
+            groups[width].append((row, running))
             if not running.pending.generated:
                 self.metrics.prompt_tokens.inc(running.context_len)
         start = time.perf_counter()
-        for (program, width), group in groups.items():
+        for width, group in groups.items():
             most = self._prefill_batches(width)[-1]
             for first in range(0, len(group), most):
                 part = group[first:first + most]
-                rows = next(n for n in self._prefill_batches(width) if n >= len(part))
                 items = [(r.pending.context[r.cached:], dataclasses.replace(r.request.sampling_params(),
                                                                             max_new_tokens=r.pending.budget))
                          for _, r in part]
-                arrays = self._prefill_arrays(items, width, rows, [row for row, _ in part])
-                if program == "prefill_cached":
-                    arrays = self._cached_arrays(arrays, [r.cached for _, r in part], [r.context_len for _, r in part])
-                self._store, out = self._compiled[program, rows, width](
-                    self.engine.params, self.engine.drafter_params, self._store, *arrays)
+                began = time.perf_counter()
+                out = self._prefill(items, width, [row for row, _ in part], [r.cached for _, r in part],
+                                    [r.context_len for _, r in part])
                 for row, running in part:
                     running.registered = self.blocks.register(running.pages, running.pending.context,
                                                               running.registered)
                 self._emit([row for row, _ in part], out, speculated=None, chunk_start=start)
+                self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
+
+    def _prefill(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: list[int],
+                 cached: list[int], lengths: list[int]) -> paged.Readout:
+        """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``,
+        ``cached`` tokens of each already in its pages, ``lengths`` its whole prompt -> the readout (in flight)."""
+        size = next(n for n in self._prefill_batches(width) if n >= len(items))
+        arrays = self._prefill_arrays(items, width, size, rows)
+        if self.prefix_caching:
+            arrays, program = self._cached_arrays(arrays, cached, lengths), "prefill_cached"
+        else:
+            program = "prefill"
+        self._store, out = self._compiled[program, size, width](self.engine.params, self.engine.drafter_params,
+                                                                self._store, *arrays)
+        return out
 
     def _chunk(self) -> None:
         self._reserve()
@@ -507,6 +520,7 @@ class SlotEngine:
         steps = self._emit(running, out, speculated=speculate, chunk_start=start)
         self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain",
                                    time.perf_counter() - start, steps)
+        self.metrics.busy_seconds.labels("step").inc(time.perf_counter() - start)
 
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
@@ -597,12 +611,13 @@ class SlotEngine:
     # --- program arguments --------------------------------------------------------------------------------------
 
     def _prefill_batches(self, width: int) -> list[int]:
-        """The batch buckets of prefill programs at a prompt width: powers of two up to max_num_seqs, as many
-        prompts as ``max_num_batched_tokens`` slots hold (at least one)."""
+        """The batch buckets of prefill programs at a prompt width: powers of four (fewer programs to compile; a
+        padded prompt row costs a prefill row) up to as many prompts as ``max_num_batched_tokens`` slots and
+        max_num_seqs rows hold (at least one)."""
         most = max(1, min(self.max_num_seqs, self.max_num_batched_tokens // width))
         sizes = [1]
         while sizes[-1] < most:
-            sizes.append(min(2 * sizes[-1], most))
+            sizes.append(min(4 * sizes[-1], most))
         return sizes
 
     def _prefill_seq_len(self, width: int) -> int:
@@ -660,7 +675,7 @@ class SlotEngine:
         budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
         prompt = prompt[:self.max_seq_len - budget]
         width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
-        seq_len = next(n for n in self.seq_buckets if n >= len(prompt) + budget)
+        seq_len = self.seq_buckets[-1]  # a verify pass's cost grows with the context more than a plain step's
         params = SamplingParams(max_new_tokens=budget)
 
         def timed_chunk(speculate: bool, rows: int, steps: int) -> TimedChunk:
@@ -674,10 +689,7 @@ class SlotEngine:
             most = self._prefill_batches(width)[-1]
             for first in range(0, len(held), most):
                 part = [row for row, _ in held[first:first + most]]
-                size = next(n for n in self._prefill_batches(width) if n >= len(part))
-                self._store, _ = self._compiled["prefill", size, width](
-                    self.engine.params, self.engine.drafter_params, self._store,
-                    *self._prefill_arrays([(prompt, params)] * len(part), width, size, part))
+                self._prefill([(prompt, params)] * len(part), width, part, [0] * len(part), [len(prompt)] * len(part))
             arrays = self._step_arrays([], rows)
             ids = np.full((rows,), self.layout.null_row, np.int32)
             ids[:len(held)] = [row for row, _ in held]

@@ -26,6 +26,8 @@ from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_proc
 
 CALIBRATION_PROMPT = "def fibonacci(n):"  # the load adapter's cost table is measured on it (warm-up)
 BUNDLED_NAME = "jspec-code"
+GPU_MAX_NUM_SEQS = 256  # vLLM's default
+CPU_MAX_NUM_SEQS = 32   # a CPU steps rows one after another: more rows add latency, not throughput
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +39,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
     server.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
-    server.add_argument("--max-num-seqs", "--max-batch-size", dest="max_num_seqs", type=int, default=64,
-                        help="requests running at once (rows stepped together)")
+    server.add_argument("--max-num-seqs", "--max-batch-size", dest="max_num_seqs", type=int, default=None,
+                        help=f"requests running at once (rows stepped together; default {GPU_MAX_NUM_SEQS} on a GPU "
+                             f"or TPU, {CPU_MAX_NUM_SEQS} on a CPU)")
     server.add_argument("--block-size", type=int, default=16, help="token slots per page of the KV cache")
     server.add_argument("--max-total-tokens", type=int, default=None,
                         help="the KV cache in token slots, over all requests (default: on a GPU, "
@@ -81,7 +84,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port {args.port}: expected 0 .. 65535")
-    for flag, value, low in (("--max-num-seqs", args.max_num_seqs, 1), ("--max-queue", args.max_queue, 0),
+    for flag, value, low in (("--max-num-seqs", 1 if args.max_num_seqs is None else args.max_num_seqs, 1), ("--max-queue", args.max_queue, 0),
                              ("--steps-per-chunk", args.steps_per_chunk, 1), ("--block-size", args.block_size, 1),
                              ("--max-total-tokens", 1 if args.max_total_tokens is None else args.max_total_tokens, 1),
                              ("--max-num-batched-tokens",
@@ -122,6 +125,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     _check_args(args)
     start_processes(args)
     model_dir, drafter, _ = resolve_models(args)
+    if args.max_num_seqs is None:
+        import jax
+
+        args.max_num_seqs = CPU_MAX_NUM_SEQS if jax.default_backend() == "cpu" else GPU_MAX_NUM_SEQS
     args.max_seq_len = checked_max_seq_len(args.max_seq_len, model_dir)
     spec = draft_spec(args, drafter)
     name = args.served_model_name or (BUNDLED_NAME if is_bundled(model_dir) else

@@ -224,3 +224,10 @@ def test_the_adapter_picks_the_faster_program_and_probes():
         adapter.observe(True, tokens=10, steps=10)
     choices = [adapter.choose(8) for _ in range(8)]
     assert choices == [False, False, False, True] * 2  # plain, with a speculative probe every 4th chunk
+
+
+def test_the_adapter_never_probes_where_speculation_cannot_pay():
+    costs = CostTable({1: 0.012, 8: 0.03}, {1: 0.01, 8: 0.01})
+    adapter = LoadAdapter(costs, acceptance=2.5, probe_every=2, max_acceptance=2.9)
+    assert [adapter.choose(8) for _ in range(6)] == [False] * 6  # 2.9 / 0.03 < 1 / 0.01: no probe either
+    assert adapter.choose(1)
