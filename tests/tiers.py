@@ -90,6 +90,17 @@ SLOW: dict[str, str] = {
         "the slot engine with n-gram drafting equals generate alone; default: [eagle3-dynamic], test_app",
     "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[draft-model]":
         "the slot engine with a draft model equals generate alone; default: [eagle3-dynamic], test_app",
+    "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[plain]":
+        "rows in scattered pages equal generate alone without a drafter; default: [eagle3-dynamic], "
+        "test_paged_scheduler",
+    "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[ngram]":
+        "n-gram lookup's token buffer paged; default: [eagle3-dynamic], test_paged_scheduler's prefix test (ngram)",
+    "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[draft-model]":
+        "a draft model's whole KV cache paged; default: [eagle3-dynamic] (a drafter cache paged)",
+    "tests/jspec/serve/test_paged_scheduler.py::test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[plain]":
+        "preemption by recompute without a drafter; default: [eagle3-dynamic]",
+    "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[plain]":
+        "prefix caching without a drafter; default: [ngram]",
     "tests/jspec/serve/test_app.py::test_shutting_down_answers_503":
         "a draining server answers 503; default: test_before_warm_up_health_and_requests_answer_503",
     "tests/jspec/serve/test_sharded_serve.py":

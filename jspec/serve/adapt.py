@@ -76,11 +76,12 @@ class LoadAdapter:
 
     costs: the start-up table; acceptance: the starting estimate (tokens per verify step, >= 1); smoothing: the
     weight of a new chunk's acceptance in the running average; probe_every: speculate at least once in this many
-    chunks; max_acceptance: the most tokens a verify step can commit (the tree's depth + 1), None: no bound.
+    chunks; max_acceptance: the most tokens a verify step can commit (the tree's depth + 1), None: no bound;
+    probe_headroom: how much better than expected acceptance would have to be for a probe to be worth its cost.
     """
 
     def __init__(self, costs: CostTable, acceptance: float, smoothing: float = 0.3, probe_every: int = 8,
-                 max_acceptance: float | None = None):
+                 max_acceptance: float | None = None, probe_headroom: float = 1.5):
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing={smoothing!r}: expected a number in (0, 1]")
         if not isinstance(probe_every, int) or probe_every < 1:
@@ -90,23 +91,31 @@ class LoadAdapter:
         self.smoothing = smoothing
         self.probe_every = probe_every
         self.max_acceptance = max_acceptance
+        self.probe_headroom = probe_headroom
         self._plain_in_a_row = 0
 
-    def speculative_rate(self, rows: int) -> float:
-        """Expected tokens per second per running slot with speculative steps over ``rows`` slots."""
-        return self.acceptance / self.costs.spec_step_seconds[rows]
+    def speculative_rate(self, rows: int, acceptance: float | None = None) -> float:
+        """Expected tokens per second per running slot with speculative steps over ``rows`` slots, at
+        ``acceptance`` (default: the running estimate)."""
+        return (self.acceptance if acceptance is None else acceptance) / self.costs.spec_step_seconds[rows]
 
     def plain_rate(self, rows: int) -> float:
         return 1.0 / self.costs.plain_step_seconds[rows]
 
-    def choose(self, rows: int) -> bool:
-        """True: the next chunk, over the occupancy bucket of ``rows`` slots, speculates. No probe where even
-        ``max_acceptance`` (every draft accepted) would commit fewer tokens per second than plain steps: there a
-        verify pass costs more than the most it can save."""
-        if (self.max_acceptance is not None
-                and self.max_acceptance / self.costs.spec_step_seconds[rows] < self.plain_rate(rows)):
+    def choose(self, rows: int, acceptance: float | None = None) -> bool:
+        """True: the next chunk, over the occupancy bucket of ``rows`` slots, speculates. acceptance: what the
+        running requests are expected to accept (the mean of their own running averages; default: the running
+        estimate over all). A probe (every ``probe_every``-th chunk in a row of plain ones) only where
+        speculation would pay at ``probe_headroom`` times the expected acceptance, and never where even
+        ``max_acceptance`` (every draft accepted) would not: there a verify pass costs more than the most it can
+        save."""
+        expected = self.acceptance if acceptance is None else acceptance
+        plain = self.plain_rate(rows)
+        if self.max_acceptance is not None and self.speculative_rate(rows, self.max_acceptance) < plain:
             return False
-        if self.speculative_rate(rows) >= self.plain_rate(rows) or self._plain_in_a_row + 1 >= self.probe_every:
+        probe = (self._plain_in_a_row + 1 >= self.probe_every
+                 and self.speculative_rate(rows, self.probe_headroom * expected) >= plain)
+        if self.speculative_rate(rows, expected) >= plain or probe:
             self._plain_in_a_row = 0
             return True
         self._plain_in_a_row += 1

@@ -174,8 +174,11 @@ def gather_view(layout: PagedLayout, store: list, row_ids: jax.Array, page_table
 
 
 def scatter_view(layout: PagedLayout, store: list, view: Any, row_ids: jax.Array, page_table: jax.Array,
-                 seq_len: int) -> list:
-    """Writes a view (as :func:`gather_view` returns) back into the store -> the new store."""
+                 seq_len: int, *, since: jax.Array | None = None, write_pages: int | None = None) -> list:
+    """Writes a view (as :func:`gather_view` returns) back into the store -> the new store. since: i32[R], with
+    ``write_pages``: only the ``write_pages`` pages from the one holding position since[r] are written back (the
+    rest of each row is unchanged since the gather, so a chunk writes what its steps touched, not the whole
+    context)."""
     out = []
     for spec, stored, leaf in zip(layout.leaves, store, jax.tree.leaves(view)):
         if spec.kind == SHARED:
@@ -186,10 +189,21 @@ def scatter_view(layout: PagedLayout, store: list, view: Any, row_ids: jax.Array
             extent = seq_len + spec.extra_slots
             pages = math.ceil(extent / layout.page_size)
             rows = jnp.moveaxis(leaf, (spec.row_axis, spec.slot_axis), (0, 1))  # [R, extent, *rest]
+            table = page_table[:, :pages]
+            if since is not None:
+                first = since // layout.page_size
+                pages += write_pages  # room for a window that starts at the last page
+                table = jnp.pad(table, ((0, 0), (0, write_pages)))  # past the row's pages: the null page
+                table = jnp.take_along_axis(table, first[:, None] + jnp.arange(write_pages)[None], axis=1)
             widths = [(0, 0)] * rows.ndim
             widths[1] = (0, pages * layout.page_size - extent)
-            rows = jnp.pad(rows, widths).reshape((-1, layout.page_size) + rows.shape[2:])
-            updated = stored.at[page_table[:, :pages].reshape(-1)].set(rows.astype(stored.dtype))
+            rows = jnp.pad(rows, widths)
+            if since is not None:
+                span = write_pages * layout.page_size
+                rows = jax.vmap(lambda row, at: jax.lax.dynamic_slice_in_dim(row, at, span, axis=0))(
+                    rows, first * layout.page_size)
+            rows = rows.reshape((-1, layout.page_size) + rows.shape[2:])
+            updated = stored.at[table.reshape(-1)].set(rows.astype(stored.dtype))
             out.append(constrain(updated, POOL_KV) if spec.kv else updated)
     return out
 
@@ -283,19 +297,37 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
         return scatter_view(layout, store, (state, inputs), row_ids, write_table, seq_len), _readout(state)
 
 
-@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate"),
+def rewritten_margin(setup: GenerateSetup) -> int:
+    """Positions before a row's committed length a chunk may still rewrite: a drafter may redo the slots of its last
+    step's tokens (EAGLE-3 writes their K/V once the target's states for them are known); two steps' worth."""
+    return 2 * setup.tokens_per_step
+
+
+def write_pages(layout: PagedLayout, setup: GenerateSetup, steps: int) -> int:
+    """Pages a chunk of at most ``steps`` steps writes back per row (``step_rows``'s ``write_pages``): from
+    :func:`rewritten_margin` before the committed length to every slot its steps and their windows may reach."""
+    extra = max((leaf.extra_slots for leaf in layout.leaves if leaf.kind == SLOT), default=0)
+    reach = rewritten_margin(setup) + 1 + steps * setup.tokens_per_step + extra
+    return math.ceil(reach / layout.page_size) + 1
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate", "write_pages"),
                    donate_argnames=("store",))
 def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
               max_steps: jax.Array, *, layout: PagedLayout, setup: GenerateSetup, seq_len: int,
-              speculate: bool = True) -> tuple[list, Readout]:
+              speculate: bool = True, write_pages: int | None = None) -> tuple[list, Readout]:
     """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
     ``row_ids`` (i32[R], padding: the null row) at context ``seq_len`` (>= prompt + max_tokens of every row) ->
     (store, readout). speculate: as ``programs.run_chunk``. page_table: i32[R, pages_per_row]; a row's pages must
     cover every position the steps may write (its committed tokens, max_steps steps' worth of new ones and the
-    tree window): the scheduler allocates them before the call."""
+    tree window): the scheduler allocates them before the call. write_pages: None writes every page of the rows
+    back; else (``write_pages(layout, setup, steps)`` for chunks of at most ``steps`` steps) only the pages the
+    steps may have touched."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len)
+        since = None if write_pages is None else jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
         state = run_loop(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len),
                          max_steps=max_steps, speculate=speculate)
-        return scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len), _readout(state)
+        return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
+                             write_pages=write_pages), _readout(state))

@@ -127,6 +127,7 @@ class _Running:
     emitted: int = 0        # of those, handed to the sink
     steps_seen: int = 0     # verify steps already counted
     hist_seen: np.ndarray | int = 0  # accepted_hist already counted
+    acceptance: float | None = None  # its own running tokens per verify step (None: none measured yet)
 
     @property
     def request(self) -> Request:
@@ -325,11 +326,18 @@ class SlotEngine:
                 for seq_len in self.seq_buckets:
                     lowered["step", speculate, rows, seq_len] = paged.step_rows.lower(
                         *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
-                        layout=layout, setup=self.setup, seq_len=seq_len, speculate=speculate)
+                        layout=layout, setup=self.setup, seq_len=seq_len, speculate=speculate,
+                        write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk))
         self._compiled.update({name: program.compile() for name, program in lowered.items()})
         if self.adapt:
-            self.costs, acceptance = measure_costs(self._calibration_chunks(calibration_prompt), self.row_buckets,
-                                                   self.steps_per_chunk)
+            real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
+            # Costs on a prompt repeated until every drafter drafts its whole tree (a lookup drafter without a
+            # match skips the verify pass, which would price speculation at a plain step); the starting acceptance
+            # on the prompt itself, one row.
+            repeated = real * (64 // len(real) + 1)
+            self.costs, _ = measure_costs(self._calibration_chunks(repeated), self.row_buckets, self.steps_per_chunk)
+            sample = self._calibration_chunks(real)(True, 1, 3 * self.steps_per_chunk)
+            acceptance = sample.tokens / max(sample.verify_steps, 1)
             self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step)
             logger.info("cost table %s, starting acceptance %.2f", self.costs.to_dict(), acceptance)
         self.metrics.kv_cache_usage.set(0.0)
@@ -511,7 +519,11 @@ class SlotEngine:
         rows = next(r for r in self.row_buckets if r >= len(running))
         need = max(self._rows[i].need for i in running)
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        speculate = self.adapter.choose(rows) if self.adapter is not None else True
+        speculate = True  # a plain server has one program per bucket
+        if self.adapter is not None:
+            own = [self._rows[i].acceptance for i in running]
+            expected = np.mean([self.adapter.acceptance if a is None else a for a in own])
+            speculate = self.adapter.choose(rows, float(expected))
         start = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._compiled["step", speculate, rows, seq_len](
@@ -582,6 +594,9 @@ class SlotEngine:
                 chunk_steps += steps
                 if speculated:  # hist is cumulative per row: observe this chunk's steps
                     self.metrics.observe_acceptance(hist[k] - running.hist_seen)
+                    if self.adapter is not None:
+                        mine = self.adapter.acceptance if running.acceptance is None else running.acceptance
+                        running.acceptance = mine + self.adapter.smoothing * (len(new) / steps - mine)
             running.steps_seen, running.hist_seen = int(num_steps[k]), hist[k].copy()
             if new:
                 waited = None

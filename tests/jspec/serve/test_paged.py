@@ -60,7 +60,7 @@ def serve_paged(engine, prompts, budgets, *, rows_per_step: int, speculate: bool
         ids[:len(group)] = [row_of[i] for i in group]
         store, out = paged.step_rows(*args, store, ids, tables[ids], np.zeros(rows_per_step, bool),
                                      np.int32(2), layout=layout, setup=setup, seq_len=SEQ_LEN,
-                                     speculate=speculate)
+                                     speculate=speculate, write_pages=paged.write_pages(layout, setup, 2))
         out = jax.device_get(out)
         for k, i in enumerate(group):
             n = int(out.num_generated[k])

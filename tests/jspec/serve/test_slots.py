@@ -129,11 +129,11 @@ def test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd(servers, na
 
 
 class AlwaysPlain(LoadAdapter):
-    """Chooses the plain program except on probes, to exercise switching."""
+    """Chooses the plain program except on probes (allowed whatever they cost), to exercise switching."""
 
     def __init__(self):
         super().__init__(CostTable({r: 1.0 for r in (1, 4)}, {r: 0.01 for r in (1, 4)}), acceptance=1.0,
-                         probe_every=3)
+                         probe_every=3, probe_headroom=1000.0)
 
 
 def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptive):

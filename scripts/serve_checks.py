@@ -1,0 +1,190 @@
+"""The paged server's capacity, preemption and prefix caching, through the official openai client against
+`jspec serve` processes (bundled model), each against offline greedy decoding of the same prompts.
+
+    python scripts/serve_checks.py capacity     # --max-seq-len 2048 --max-total-tokens 8192, 48 requests at once
+    python scripts/serve_checks.py preemption   # a pool too small for the load
+    python scripts/serve_checks.py prefix       # 16 requests sharing a 500-token prefix, cache on and off
+
+Prints one line per figure and exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `jspec serve` process on a free port, stopped by SIGTERM at the end of the block."""
+
+    def __init__(self, flags: list[str]):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "jspec.tools.cli", "serve", "--port", str(self.port),
+                                         *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self) -> "Server":
+        for line in self.process.stdout:
+            print(f"  [serve] {line.rstrip()}")
+            if "ready" in line:
+                break
+        else:
+            raise RuntimeError("jspec serve exited before it was ready")
+        threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=f"{self.base}/v1", api_key="unused", timeout=1200)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.base}/metrics", timeout=30).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+    def complete(self, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
+        """Streams a greedy completion -> (its token ids, seconds to the first token)."""
+        start = time.perf_counter()
+        first, ids = None, []
+        stream = self.client.completions.create(model="jspec-code", prompt=prompt, max_tokens=max_tokens,
+                                                temperature=0.0, stream=True,
+                                                extra_body={"return_token_ids": True})
+        for chunk in stream:
+            if first is None:
+                first = time.perf_counter() - start
+            ids += getattr(chunk.choices[0], "token_ids", None) or [] if chunk.choices else []
+        return ids, first
+
+    def complete_all(self, prompts: list[list[int]], max_tokens: int, watch: bool = False):
+        """Every prompt at once -> (token ids each, TTFT each, the most requests seen running)."""
+        most, stop = [0], threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                most[0] = max(most[0], int(self.metric("jspec:num_requests_running")))
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        if watch:
+            poller.start()
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            results = list(pool.map(lambda p: self.complete(p, max_tokens), prompts))
+        stop.set()
+        return [r[0] for r in results], [r[1] for r in results], most[0]
+
+
+def offline(prompts: list[list[int]], max_tokens: int, max_seq_len: int) -> list[list[int]]:
+    import jspec
+
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=len(prompts),
+                                              max_seq_len=max_seq_len)
+    return engine.generate(prompts, max_new_tokens=max_tokens).token_ids
+
+
+def humaneval_ids(count: int, length: int, offset: int = 0) -> list[list[int]]:
+    """``count`` prompts of ``length`` tokens: HumanEval prompts' tokens (the bundled tokenizer), cut."""
+    import jspec
+    from jspec.tokenizer import load_tokenizer
+    from jspec.train.corpus import human_eval_prompts
+
+    tokenizer = load_tokenizer(jspec.bundled_model())
+    texts = [p["prompt"] for p in human_eval_prompts()]
+    ids = [tokenizer.encode(t).ids for t in texts]
+    ids = [i for i in ids if len(i) >= length]
+    return [i[-length:] for i in ids[offset:offset + count]]
+
+
+def check(name: str, ok: bool, failures: list[str]) -> None:
+    print(f"  {'PASS' if ok else 'FAIL'}: {name}")
+    if not ok:
+        failures.append(name)
+
+
+def capacity(failures: list[str], pool_tokens: int = 8192, name: str = "capacity") -> None:
+    prompts, budget = humaneval_ids(48, 60), 64
+    flags = ["--drafter", "none", "--max-seq-len", "2048", "--max-total-tokens", str(pool_tokens)]
+    with Server(flags) as server:
+        server.complete_all(prompts[:4], 4)  # warm
+        before = server.metric("jspec:num_preemptions_total")
+        outputs, _, most = server.complete_all(prompts, budget, watch=True)
+        preempted = server.metric("jspec:num_preemptions_total") - before
+    expected = offline(prompts, budget, 2048)
+    equal = sum(a == b for a, b in zip(outputs, expected))
+    print(f"  {name}: pool {pool_tokens} tokens, 48 requests of 60 + {budget} tokens: at most {most} running, "
+          f"{preempted:.0f} preemptions, {equal}/48 equal to offline greedy")
+    check(f"{name}: every output equals offline", equal == 48, failures)
+    if name == "capacity":
+        check("capacity: at least 32 running at once", most >= 32, failures)
+    else:
+        check("preemption: preemptions counted", preempted > 0, failures)
+
+
+def prefix(failures: list[str]) -> None:
+    shared = humaneval_ids(1, 500)[0]
+    tails = humaneval_ids(16, 12, offset=20)
+    prompts = [shared + tail for tail in tails]
+    budget = 16
+    figures = {}
+    for caching in (True, False):
+        flags = ["--drafter", "none", "--max-seq-len", "1024"] + ([] if caching else ["--no-enable-prefix-caching"])
+        with Server(flags) as server:
+            server.complete_all([humaneval_ids(1, 40, offset=40)[0]], 2)  # warm, shares nothing
+            first, _ = server.complete(prompts[0], budget)
+            queries, hits = (server.metric("jspec:prefix_cache_queries_total"),
+                             server.metric("jspec:prefix_cache_hits_total"))
+            outputs, ttfts, _ = server.complete_all(prompts[1:], budget)
+            hit_tokens = server.metric("jspec:prefix_cache_hits_total") - hits
+            figures[caching] = dict(outputs=[first] + outputs, ttft=float(np.median(ttfts)), hits=hit_tokens,
+                                    queries=server.metric("jspec:prefix_cache_queries_total") - queries)
+    on, off = figures[True], figures[False]
+    shared_tokens = 15 * len(shared)
+    print(f"  prefix: 15 requests after the first: {on['hits']:.0f} of {shared_tokens} shared prompt tokens hit "
+          f"({on['hits'] / shared_tokens:.0%}); TTFT p50 {on['ttft'] * 1e3:.0f} ms cached vs {off['ttft'] * 1e3:.0f} "
+          f"ms uncached ({off['ttft'] / on['ttft']:.1f}x)")
+    expected = offline(prompts, budget, 1024)
+    check("prefix: hits >= 90% of the shared tokens", on["hits"] >= 0.9 * shared_tokens, failures)
+    check("prefix: TTFT p50 at least 3x lower", off["ttft"] >= 3 * on["ttft"], failures)
+    check("prefix: outputs equal offline, cached and not",
+          on["outputs"] == expected and off["outputs"] == expected, failures)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checks", nargs="+", choices=("capacity", "preemption", "prefix"))
+    args = parser.parse_args(argv)
+    failures: list[str] = []
+    for name in args.checks:
+        print(name)
+        if name == "capacity":
+            capacity(failures)
+        elif name == "preemption":
+            capacity(failures, pool_tokens=2560, name="preemption")
+        else:
+            prefix(failures)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
