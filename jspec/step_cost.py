@@ -1,5 +1,6 @@
-"""Seconds per step of a compiled step program: the one estimator jspec times steps with (``jspec.auto`` choosing a
-drafter and tree, the server's load adaptation choosing a step program per chunk).
+"""Seconds per step of a compiled step program, the marginal cost of one more step: the estimator ``jspec.auto``
+times its candidates with (the server's load adaptation prices whole chunks instead, what it pays once per chunk
+included: ``jspec.serve.adapt``).
 
 A run of n steps costs what it pays once (prefill, dispatch, a host sync) plus n times the step; so the step is the
 difference between a long run and a short one over their difference in steps. Each is the fastest of a few runs,

@@ -1,26 +1,23 @@
 """Load adaptation: per chunk, speculative steps or plain steps (that keep the drafter current), whichever
 commits more tokens per second.
 
-A chunk steps the slots of its occupancy bucket (the next power of two over the highest busy slot; the
-scheduler fills the lowest free slots first), and every step of a bucket costs the same whatever its rows hold,
-so the choice per chunk reduces to comparing, per running slot,
+A chunk steps the running rows of its occupancy bucket (the next bucket over their count), and every step of a
+bucket costs about the same whatever its rows hold, so the choice per chunk reduces to comparing, per row,
 
     speculative: acceptance / spec_step_seconds[rows]     against     plain: 1 / plain_step_seconds[rows]
 
-with step seconds per bucket from a cost table measured at start-up (:func:`measure_costs`, by the estimator
-``jspec.auto`` times its candidates with: ``jspec.step_cost``) and the acceptance
-(tokens committed per verify step) as the running average of recent speculative chunks. Where a step is bound by
-memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and speculation wins; where it is
-bound by compute (many rows) it costs up to T plain steps and plain decoding can win. While plain steps run nothing
-measures the acceptance, so every ``probe_every``-th chunk in a row of plain ones speculates again to refresh it.
+with step seconds per bucket from a cost table measured at start-up (:func:`measure_costs`) and kept current by
+every chunk the scheduler times, and the acceptance the running requests' own running averages of tokens committed
+per verify step (new ones start from the average over all). Where a step is bound by memory (few rows, a GPU) a
+verify pass of T tokens costs about one plain step and speculation wins; where it is bound by compute (many rows)
+it costs up to T plain steps and plain decoding wins. While plain steps run nothing measures the acceptance, so
+every ``probe_every``-th chunk in a row of plain ones speculates again where that could pay.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable, Sequence
-
-from jspec.step_cost import step_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,28 +44,19 @@ class TimedChunk:
 
 
 def measure_costs(run_chunk: Callable[[bool, int, int], TimedChunk], row_buckets: Sequence[int],
-                  steps_per_chunk: int, repeats: int = 2) -> tuple[CostTable, float]:
-    """-> (the start-up cost table, the starting acceptance). Per step program and occupancy bucket, seconds per
-    step by ``jspec.step_cost.step_seconds`` over chunks of ``steps_per_chunk`` and twice as many steps, each
-    ``run_chunk(speculate, rows, steps)`` over ``rows`` freshly admitted slots (one context length stands for all:
-    the ratio of the two programs' costs is what matters); the acceptance: tokens per verify step of the
-    speculative chunks over the largest bucket."""
+                  steps_per_chunk: int, repeats: int = 2) -> CostTable:
+    """The start-up cost table: per step program and occupancy bucket, seconds per step of a chunk of
+    ``steps_per_chunk`` steps as the scheduler runs them (what a chunk pays once, gathering its rows' pages and
+    writing them back, included), the fastest of ``repeats`` after one warm run, each
+    ``run_chunk(speculate, rows, steps)`` over ``rows`` freshly admitted slots. The adapter corrects it with every
+    chunk it times (:meth:`LoadAdapter.observe`)."""
     seconds: dict[tuple[bool, int], float] = {}
-    gained = verified = 0
     for speculate in (True, False):
         for rows in row_buckets:
-            def run(steps: int, speculate: bool = speculate, rows: int = rows) -> tuple[float, int]:
-                nonlocal gained, verified
-                chunk = run_chunk(speculate, rows, steps)
-                if speculate and rows == row_buckets[-1]:
-                    gained, verified = gained + chunk.tokens, verified + chunk.verify_steps
-                return chunk.seconds, chunk.steps
-
-            seconds[speculate, rows] = step_seconds(run, short=steps_per_chunk, long=2 * steps_per_chunk,
-                                                    repeats=repeats)
-    costs = CostTable({rows: seconds[True, rows] for rows in row_buckets},
-                      {rows: seconds[False, rows] for rows in row_buckets})
-    return costs, gained / max(verified, 1)
+            runs = [run_chunk(speculate, rows, steps_per_chunk) for _ in range(repeats + 1)][1:]
+            seconds[speculate, rows] = min(chunk.seconds / max(chunk.steps, 1) for chunk in runs)
+    return CostTable({rows: seconds[True, rows] for rows in row_buckets},
+                     {rows: seconds[False, rows] for rows in row_buckets})
 
 
 class LoadAdapter:
@@ -121,7 +109,13 @@ class LoadAdapter:
         self._plain_in_a_row += 1
         return False
 
-    def observe(self, speculated: bool, tokens: int, steps: int) -> None:
-        """A chunk's outcome: ``tokens`` committed by ``steps`` verify steps over all running slots."""
+    def observe(self, speculated: bool, tokens: int, steps: int, *, rows: int | None = None,
+                seconds: float = 0.0, loop_steps: int = 0) -> None:
+        """A chunk's outcome: ``tokens`` committed by ``steps`` verify steps over all running slots; with ``rows``
+        (its occupancy bucket), its ``seconds`` over ``loop_steps`` steps move that bucket's cost (a running
+        average, as the acceptance's: the start-up table is only where the costs begin)."""
         if speculated and steps > 0:
             self.acceptance += self.smoothing * (tokens / steps - self.acceptance)
+        if rows is not None and loop_steps > 0:
+            table = self.costs.spec_step_seconds if speculated else self.costs.plain_step_seconds
+            table[rows] += self.smoothing * (seconds / loop_steps - table[rows])

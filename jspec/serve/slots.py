@@ -335,7 +335,7 @@ class SlotEngine:
             # match skips the verify pass, which would price speculation at a plain step); the starting acceptance
             # on the prompt itself, one row.
             repeated = real * (64 // len(real) + 1)
-            self.costs, _ = measure_costs(self._calibration_chunks(repeated), self.row_buckets, self.steps_per_chunk)
+            self.costs = measure_costs(self._calibration_chunks(repeated), self.row_buckets, self.steps_per_chunk)
             sample = self._calibration_chunks(real)(True, 1, 3 * self.steps_per_chunk)
             acceptance = sample.tokens / max(sample.verify_steps, 1)
             self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step)
@@ -529,10 +529,12 @@ class SlotEngine:
         self._store, out = self._compiled["step", speculate, rows, seq_len](
             self.engine.params, self.engine.drafter_params, self._store, *arrays,
             self._place(np.asarray(self.steps_per_chunk, np.int32)))
-        steps = self._emit(running, out, speculated=speculate, chunk_start=start)
-        self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain",
-                                   time.perf_counter() - start, steps)
-        self.metrics.busy_seconds.labels("step").inc(time.perf_counter() - start)
+        steps, (tokens, verify_steps) = self._emit(running, out, speculated=speculate, chunk_start=start)
+        seconds = time.perf_counter() - start
+        self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain", seconds, steps)
+        self.metrics.busy_seconds.labels("step").inc(seconds)
+        if self.adapter is not None:
+            self.adapter.observe(speculate, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps)
 
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
@@ -577,8 +579,8 @@ class SlotEngine:
 
     def _emit(self, rows: list[int], out: paged.Readout, *, speculated: bool | None, chunk_start: float) -> int:
         """Reads a program's readout (waiting for it), hands each request its new tokens, frees finished rows.
-        rows: the program's rows in order; speculated: the chunk's step kind (None: a prefill) -> the loop steps
-        the program ran."""
+        rows: the program's rows in order; speculated: the chunk's step kind (None: a prefill) -> (the loop steps
+        the program ran, (tokens the rows gained, verify steps they took))."""
         tokens, num_generated, num_steps, done, hist, step = jax.device_get(out)
         now = time.perf_counter()
         chunk_seconds = 0.0 if speculated is None else now - chunk_start
@@ -616,12 +618,10 @@ class SlotEngine:
                 self.metrics.requests.labels(reason).inc()
             if new or reason is not None:
                 _safe_sink(request, new, reason)
-        if speculated is not None and self.adapter is not None:
-            self.adapter.observe(speculated and self.speculative, chunk_tokens, chunk_steps)
         self.metrics.running.set(self.num_running)
         self.metrics.kv_cache_usage.set(self.blocks.usage)
         ran, self._host_step = int(step) - self._host_step, int(step)
-        return ran
+        return ran, (chunk_tokens, chunk_steps)
 
     # --- program arguments --------------------------------------------------------------------------------------
 
