@@ -30,9 +30,11 @@ fall changes the draws).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
@@ -328,18 +330,25 @@ class SlotEngine:
                         *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
                         layout=layout, setup=self.setup, seq_len=seq_len, speculate=speculate,
                         write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk))
-        self._compiled.update({name: program.compile() for name, program in lowered.items()})
+        began = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # XLA compiles without the GIL
+            compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
+        self._compiled.update(compiled)
+        logger.info("compiled %d programs in %.1f s", len(compiled), time.perf_counter() - began)
         if self.adapt:
             real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
             # Costs on a prompt repeated until every drafter drafts its whole tree (a lookup drafter without a
             # match skips the verify pass, which would price speculation at a plain step); the starting acceptance
             # on the prompt itself, one row.
             repeated = real * (64 // len(real) + 1)
-            self.costs = measure_costs(self._calibration_chunks(repeated), self.row_buckets, self.steps_per_chunk)
+            began = time.perf_counter()
+            self.costs = measure_costs(self._calibration_chunks(repeated), self.row_buckets, self.steps_per_chunk,
+                                       repeats=1)
             sample = self._calibration_chunks(real)(True, 1, 3 * self.steps_per_chunk)
             acceptance = sample.tokens / max(sample.verify_steps, 1)
             self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step)
-            logger.info("cost table %s, starting acceptance %.2f", self.costs.to_dict(), acceptance)
+            logger.info("cost table %s, starting acceptance %.2f (%.1f s)", self.costs.to_dict(), acceptance,
+                        time.perf_counter() - began)
         self.metrics.kv_cache_usage.set(0.0)
         self.ready = self._accepting = True
         return self.costs
