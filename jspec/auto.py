@@ -42,6 +42,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from jspec.calibration_prompts import CALIBRATION_PROMPTS
 from jspec.config import SpecConfig
 from jspec.step_cost import step_seconds
 
@@ -51,18 +52,6 @@ PROFILE_FILE = "acceptance_profile.json"
 STEP_COST_FILE = "step_costs.json"
 # A drafter must be expected to beat plain decoding by this ratio (the step-cost timings' noise is a few %).
 MIN_GAIN = 1.05
-# Calibration prompts: openings of functions in the Python standard library (the bundled model's training
-# source, held-out files or not: it only sets the acceptance estimate). Not HumanEval, which evaluates.
-CALIBRATION_PROMPTS = (
-    "def _splitext(p, sep, altsep, extsep):\n    \"\"\"Split the extension from a pathname.",
-    "class Counter(dict):\n    '''Dict subclass for counting hashable items.",
-    "def dedent(text):\n    \"\"\"Remove any common leading whitespace from every line in `text`.",
-    "import os\nimport sys\n\n\ndef main(args=None):\n    parser = argparse.ArgumentParser(",
-    "    def __repr__(self):\n        return '%s(%r)' % (self.__class__.__name__,",
-    "def isabs(s):\n    \"\"\"Test whether a path is absolute\"\"\"\n    s = os.fspath(s)\n",
-    "class Queue:\n    '''Create a queue object with a given maximum size.\n\n    If maxsize is <= 0,",
-    "def commonprefix(m):\n    \"Given a list of pathnames, returns the longest common leading component\"\n",
-)
 # Tokens generated per calibration prompt: `jspec generate`'s default --max-new-tokens. Acceptance grows along a
 # completion (a small model repeats itself more as it goes, and prompt lookup finds more), so a shorter
 # calibration undercounts it: on the bundled model the n-gram chain of 4 accepted 0.55 drafts per step over 64

@@ -97,8 +97,9 @@ def serve(name: str, flags: list[str], requests: list[dict], warmup: list[dict])
 
 
 def offline(requests: list[dict], max_seq_len: int) -> dict:
-    """The default drafter's engine on every prompt as one batch (greedy, each prompt's own max_tokens is not
-    expressible in one call: the batch runs max(max_tokens) and counts each request's share)."""
+    """The server's default drafter in ``SpecEngine.generate`` over every prompt as one batch, greedy. One call
+    takes one max_new_tokens: it runs the largest, and each request counts the tokens its own max_tokens keeps (a
+    batch steps until its longest row is done, every row at the same cost, so ragged budgets take as long)."""
     import jax
 
     import jspec
@@ -114,7 +115,7 @@ def offline(requests: list[dict], max_seq_len: int) -> dict:
     start = time.perf_counter()
     out = engine.generate(prompts, max_new_tokens=budget)
     seconds = time.perf_counter() - start
-    tokens = sum(len(ids) for ids in out.token_ids)
+    tokens = sum(min(len(ids), r["max_tokens"]) for ids, r in zip(out.token_ids, requests))
     return dict(drafter=drafter, seconds=seconds, tokens=tokens, tokens_per_second=tokens / seconds)
 
 

@@ -20,11 +20,14 @@ import threading
 
 import uvicorn
 
+from jspec.calibration_prompts import CALIBRATION_PROMPTS
 from jspec.tools.generate_cmd import (checked_max_seq_len, resolve_models, add_model_args, add_tree_args, as_flags,
                                      draft_spec)
 from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_processes
 
-CALIBRATION_PROMPT = "def fibonacci(n):"  # the load adapter's cost table is measured on it (warm-up)
+# The load adapter's cost table and starting acceptance are measured on it at warm-up: code a drafter drafts on as
+# it would on a request (openings of standard-library functions).
+CALIBRATION_PROMPT = "\n\n".join(CALIBRATION_PROMPTS)
 BUNDLED_NAME = "jspec-code"
 GPU_MAX_NUM_SEQS = 256  # vLLM's default
 CPU_MAX_NUM_SEQS = 32   # a CPU steps rows one after another: more rows add latency, not throughput
