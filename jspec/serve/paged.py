@@ -242,7 +242,16 @@ def prefill_rows(params_t, params_d, store: list, prompt_ids: jax.Array, prompt_
                                     sampling, setup=setup.with_max_seq_len(seq_len))
         step_index = [i for i, spec in enumerate(layout.leaves) if spec.kind == SHARED]
         state = state._replace(step=store[step_index[0]] if step_index else state.step)
-        return scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len), _readout(state)
+        since = jnp.zeros_like(prompt_lens)
+        return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
+                             write_pages=prefill_pages(layout, prompt_ids.shape[1])), _readout(state))
+
+
+def prefill_pages(layout: PagedLayout, width: int) -> int:
+    """Pages a prefill of ``width`` tokens writes per row, from the page of its first uncached token: the prompt,
+    its first new token and the widest slot leaf's extra slots past them."""
+    extra = max((leaf.extra_slots for leaf in layout.leaves if leaf.kind == SLOT), default=0)
+    return math.ceil((width + 1 + extra) / layout.page_size) + 1
 
 
 def continues_from_cache(setup: GenerateSetup) -> bool:
@@ -261,8 +270,8 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
     (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V through the
     page table; the drafter (:func:`continues_from_cache`) prefills over the whole prompt. The cached pages are
-    read, never written (their page-table entries read as the null page when the view is written back), so rows
-    sharing them keep them bit for bit. -> (store, readout).
+    read, never written, so rows sharing them keep them bit for bit (the write-back starts at the page of position cached_lens[b], a whole
+    page). -> (store, readout).
 
     suffix_ids: i32[N, W] each prompt's tokens from cached_lens[b] on, right-padded (cached_lens[b] + W <= seq_len);
     prompt_lens: i32[N] whole prompts; the other arguments as :func:`prefill_rows`.
@@ -291,10 +300,9 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
             state = state._replace(draft=small.drafter.prefill(
                 params_t, params_d, PrefillContext(tokens, prompt_lens, first, None)))
         inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys)
-        cached_pages = cached_lens // layout.page_size
-        write_table = jnp.where(jnp.arange(page_table.shape[1])[None] < cached_pages[:, None], 0, page_table)
         state = shard_state(state)
-        return scatter_view(layout, store, (state, inputs), row_ids, write_table, seq_len), _readout(state)
+        return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=cached_lens,
+                             write_pages=prefill_pages(layout, width)), _readout(state))
 
 
 def rewritten_margin(setup: GenerateSetup) -> int:

@@ -314,14 +314,13 @@ class SlotEngine:
             for rows in self._prefill_batches(width):
                 example = self._prefill_arrays([(list(range(1, 2)), SamplingParams(max_new_tokens=1))], width,
                                                rows, [layout.null_row])
-                if self.prefix_caching:  # one prefill for prompts with and without a hit (cached_lens 0)
+                lowered["prefill", rows, width] = paged.prefill_rows.lower(
+                    *args, self._store, *example, layout=layout, setup=self.setup,
+                    seq_len=self._prefill_seq_len(width))
+                if self.prefix_caching:  # a hit's prefill reads its cached pages at any context length
                     lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
                         *args, self._store, *self._cached_arrays(example, [0] * rows), layout=layout,
                         setup=self.setup, seq_len=self.max_seq_len)
-                else:
-                    lowered["prefill", rows, width] = paged.prefill_rows.lower(
-                        *args, self._store, *example, layout=layout, setup=self.setup,
-                        seq_len=self._prefill_seq_len(width))
         for speculate in ((True, False) if self.speculative else (True,)):
             for rows in self.row_buckets:
                 example = self._step_arrays([], rows)
@@ -337,14 +336,12 @@ class SlotEngine:
         logger.info("compiled %d programs in %.1f s", len(compiled), time.perf_counter() - began)
         if self.adapt:
             real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
-            # Costs on a prompt repeated until every drafter drafts its whole tree (a lookup drafter without a
-            # match skips the verify pass, which would price speculation at a plain step); the starting acceptance
-            # on the prompt itself, one row.
-            repeated = real * (64 // len(real) + 1)
             began = time.perf_counter()
-            self.costs = measure_costs(self._calibration_chunks(repeated), self.row_buckets, self.steps_per_chunk,
-                                       repeats=1)
-            sample = self._calibration_chunks(real)(True, 1, 3 * self.steps_per_chunk)
+            # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
+            # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
+            self.costs = measure_costs(self._calibration_chunks(real, rotate=True), self.row_buckets,
+                                       self.steps_per_chunk, repeats=1)
+            sample = self._calibration_chunks(real)(True, self.row_buckets[0], 3 * self.steps_per_chunk)
             acceptance = sample.tokens / max(sample.verify_steps, 1)
             self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step)
             logger.info("cost table %s, starting acceptance %.2f (%.1f s)", self.costs.to_dict(), acceptance,
@@ -480,16 +477,16 @@ class SlotEngine:
 
     def _admit(self, admitted: list[tuple[int, _Running]]) -> None:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes."""
-        groups: dict[int, list[tuple[int, _Running]]] = collections.defaultdict(list)
+        groups: dict[tuple[int, bool], list[tuple[int, _Running]]] = collections.defaultdict(list)
         for row, running in admitted:
             self._rows[row] = running
             self._set_table(row, running.pages)
             width = prompt_bucket(running.context_len - running.cached, self.max_prompt_width, half_steps=False)
-            groups[width].append((row, running))
+            groups[width, running.cached > 0].append((row, running))
             if not running.pending.generated:
                 self.metrics.prompt_tokens.inc(running.context_len)
         start = time.perf_counter()
-        for width, group in groups.items():
+        for (width, hit), group in groups.items():
             most = self._prefill_batches(width)[-1]
             for first in range(0, len(group), most):
                 part = group[first:first + most]
@@ -497,8 +494,8 @@ class SlotEngine:
                                                                             max_new_tokens=r.pending.budget))
                          for _, r in part]
                 began = time.perf_counter()
-                out = self._prefill(items, width, [row for row, _ in part], [r.cached for _, r in part],
-                                    [r.context_len for _, r in part])
+                out = self._prefill(items, width, [row for row, _ in part], [r.cached for _, r in part] if hit
+                                    else None, [r.context_len for _, r in part])
                 for row, running in part:
                     running.registered = self.blocks.register(running.pages, running.pending.context,
                                                               running.registered)
@@ -507,15 +504,15 @@ class SlotEngine:
         self.metrics.running.set(self.num_running)
 
     def _prefill(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: list[int],
-                 cached: list[int], lengths: list[int]) -> paged.Readout:
-        """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``,
-        ``cached`` tokens of each already in its pages, ``lengths`` its whole prompt -> the readout (in flight)."""
+                 cached: list[int] | None, lengths: list[int]) -> paged.Readout:
+        """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``;
+        ``cached``: None, or the tokens of each already in its pages (prefix-cache hits), ``lengths`` its whole
+        prompt -> the readout (in flight)."""
         size = next(n for n in self._prefill_batches(width) if n >= len(items))
         arrays = self._prefill_arrays(items, width, size, rows)
-        if self.prefix_caching:
+        program = "prefill"
+        if cached is not None:
             arrays, program = self._cached_arrays(arrays, cached, lengths), "prefill_cached"
-        else:
-            program = "prefill"
         self._store, out = self._compiled[program, size, width](self.engine.params, self.engine.drafter_params,
                                                                 self._store, *arrays)
         return out
@@ -691,13 +688,13 @@ class SlotEngine:
             return jnp.asarray(array)
         return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
 
-    def _calibration_chunks(self, prompt: Sequence[int] | None) -> Callable[[bool, int, int], TimedChunk]:
+    def _calibration_chunks(self, prompt: Sequence[int], rotate: bool = False) -> Callable[[bool, int, int],
+                                                                                            TimedChunk]:
         """The timed chunks ``adapt.measure_costs`` calls: each admits ``prompt`` (greedy, a budget of three
-        chunks at full acceptance) into ``rows`` rows, runs one chunk at the length bucket holding prompt and
-        budget, and frees every row and page."""
-        prompt = list(prompt) if prompt else list(range(1, 17))
+        chunks at full acceptance; with ``rotate``, row r gets the prompt rotated by 37 r tokens) into ``rows``
+        rows, runs one chunk at the longest length bucket, and frees every row and page."""
         budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
-        prompt = prompt[:self.max_seq_len - budget]
+        prompt = list(prompt)[:self.max_seq_len - budget]
         width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
         seq_len = self.seq_buckets[-1]  # a verify pass's cost grows with the context more than a plain step's
         params = SamplingParams(max_new_tokens=budget)
@@ -713,7 +710,9 @@ class SlotEngine:
             most = self._prefill_batches(width)[-1]
             for first in range(0, len(held), most):
                 part = [row for row, _ in held[first:first + most]]
-                self._prefill([(prompt, params)] * len(part), width, part, [0] * len(part), [len(prompt)] * len(part))
+                turns = [(37 * row) % len(prompt) if rotate else 0 for row in part]
+                self._prefill([(prompt[k:] + prompt[:k], params) for k in turns], width, part, None,
+                              [len(prompt)] * len(part))
             arrays = self._step_arrays([], rows)
             ids = np.full((rows,), self.layout.null_row, np.int32)
             ids[:len(held)] = [row for row, _ in held]
