@@ -270,8 +270,8 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
     (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V through the
     page table; the drafter (:func:`continues_from_cache`) prefills over the whole prompt. The cached pages are
-    read, never written, so rows sharing them keep them bit for bit (the write-back starts at the page of position cached_lens[b], a whole
-    page). -> (store, readout).
+    read, never written (the write-back starts at the page of position cached_lens[b], a whole page), so rows
+    sharing them keep them bit for bit. -> (store, readout).
 
     suffix_ids: i32[N, W] each prompt's tokens from cached_lens[b] on, right-padded (cached_lens[b] + W <= seq_len);
     prompt_lens: i32[N] whole prompts; the other arguments as :func:`prefill_rows`.
@@ -326,9 +326,10 @@ def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: j
               speculate: bool = True, write_pages: int | None = None) -> tuple[list, Readout]:
     """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
     ``row_ids`` (i32[R], padding: the null row) at context ``seq_len`` (>= prompt + max_tokens of every row) ->
-    (store, readout). speculate: as ``programs.run_chunk``. page_table: i32[R, pages_per_row]; a row's pages must
-    cover every position the steps may write (its committed tokens, max_steps steps' worth of new ones and the
-    tree window): the scheduler allocates them before the call. write_pages: None writes every page of the rows
+    (store, readout). speculate=False: plain steps that keep the drafter current (``jspec.step.root_step``; a
+    plain server ignores it). page_table: i32[R, pages_per_row]; a row's pages must cover every position the
+    steps may write (its committed tokens, max_steps steps' worth of new ones and the tree window): the
+    scheduler allocates them before the call. write_pages: None writes every page of the rows
     back; else (``write_pages(layout, setup, steps)`` for chunks of at most ``steps`` steps) only the pages the
     steps may have touched."""
     with traced_on(setup.mesh):

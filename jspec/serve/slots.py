@@ -157,8 +157,9 @@ class SlotEngine:
     ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
     ``CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
     starts with (vLLM's automatic prefix caching; for plain decoding and drafters that read no target states,
-    ``paged.continues_from_cache``; ignored, with a warning, for the others); max_num_seqs: requests running at once (default: the engine's max_batch_size);
-    max_num_batched_tokens: prompt slots one prefill call takes (default: max(2048, max_seq_len)); row_buckets:
+    ``paged.continues_from_cache``; ignored, with a warning, for the others); max_num_seqs: requests running at
+    once (default: the engine's max_batch_size); max_num_batched_tokens: prompt slots one prefill call takes
+    (default: max(2048, max_seq_len)); row_buckets:
     the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
     max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
     this part); seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
@@ -170,7 +171,8 @@ class SlotEngine:
                  adapt: bool = True, max_stop_ids: int = 8, block_size: int = 16,
                  max_total_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
-                 enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None, seq_buckets: Sequence[int] | None = None):
+                 enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
+                 seq_buckets: Sequence[int] | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         max_num_batched_tokens = (max(2048, max_seq_len) if max_num_batched_tokens is None

@@ -1,6 +1,6 @@
-"""The paged decode state against the offline engine: rows prefilled together into scattered pages and stepped
-in any order over any row set, in pages holding stale values, return exactly what ``SpecEngine.generate([prompt])`` returns alone, for plain
-decoding and every drafter kind with a cache (the drafters' caches are paged like the target's)."""
+"""The paged decode state against the offline engine: rows prefilled together into scattered pages holding stale
+values and stepped in any order over any row set return exactly what ``SpecEngine.generate([prompt])`` returns
+alone, for plain decoding and every drafter kind with a cache (the drafters' caches are paged like the target's)."""
 
 from __future__ import annotations
 
