@@ -51,26 +51,34 @@ def _per_row(value: jax.Array, logits: jax.Array) -> jax.Array:
 def filtered_logits(logits: jax.Array, params: SamplingArrays) -> jax.Array:
     """logits: f32[B, ..., V] -> temperature-scaled logits with tokens outside top-k/top-p set to -inf.
 
-    Greedy rows (temperature 0) keep only their argmax.
+    Greedy rows (temperature 0) keep only their argmax; rows with top-k and top-p off keep every token (the sort
+    that top-k and top-p need runs only when some row has one on).
     """
     logits = logits.astype(jnp.float32)
-    vocab = logits.shape[-1]
     greedy = _per_row(params.temperature <= 0.0, logits)
     scaled = logits / jnp.where(greedy, 1.0, _per_row(params.temperature, logits))
+    is_max = jnp.arange(logits.shape[-1]) == jnp.argmax(logits, axis=-1, keepdims=True)
+    argmax_only = jnp.where(is_max, 0.0, -jnp.inf)
+    unfiltered = (params.top_k <= 0) & (params.top_p >= 1.0)
+    kept = jax.lax.cond(jnp.all(unfiltered), lambda: scaled,
+                        lambda: jnp.where(_per_row(unfiltered, logits), scaled, _top_k_top_p(scaled, params)))
+    return jnp.where(greedy, argmax_only, kept)
+
+
+def _top_k_top_p(scaled: jax.Array, params: SamplingArrays) -> jax.Array:
+    """Temperature-scaled logits f32[B, ..., V] with the tokens outside each row's top-k, then top-p, at -inf."""
+    vocab = scaled.shape[-1]
     sorted_desc = -jnp.sort(-scaled, axis=-1)
     k = jnp.where(params.top_k <= 0, vocab, jnp.minimum(params.top_k, vocab))
-    kth_index = jnp.broadcast_to(_per_row(k - 1, logits), sorted_desc.shape[:-1] + (1,))
+    kth_index = jnp.broadcast_to(_per_row(k - 1, scaled), sorted_desc.shape[:-1] + (1,))
     kth = jnp.take_along_axis(sorted_desc, kth_index, axis=-1)
     sorted_desc = jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf)
     probs_desc = jax.nn.softmax(sorted_desc, axis=-1)
     mass_before = jnp.cumsum(probs_desc, axis=-1) - probs_desc
-    keep_sorted = (mass_before < _per_row(params.top_p, logits)) & (sorted_desc > -jnp.inf)
+    keep_sorted = (mass_before < _per_row(params.top_p, scaled)) & (sorted_desc > -jnp.inf)
     keep_sorted = keep_sorted.at[..., 0].set(True)
     threshold = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    sampled = jnp.where(scaled >= threshold, scaled, -jnp.inf)
-    is_max = jnp.arange(vocab) == jnp.argmax(logits, axis=-1, keepdims=True)
-    argmax_only = jnp.where(is_max, 0.0, -jnp.inf)
-    return jnp.where(greedy, argmax_only, sampled)
+    return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
 def sampling_probs(logits: jax.Array, params: SamplingArrays) -> jax.Array:

@@ -2,7 +2,9 @@
 commits more tokens per second.
 
 A chunk steps the running rows of its occupancy bucket (the next bucket over their count), and every step of a
-bucket costs about the same whatever its rows hold, so the choice per chunk reduces to comparing, per row,
+bucket costs about the same whatever its rows hold, but for one thing: a step where every row is greedy skips the
+sampling path (``jspec.sampling``'s and ``jspec.accept``'s ``lax.cond``), so each bucket has a cost for chunks of
+greedy rows only and one for chunks with a sampled row. The choice per chunk reduces to comparing, per row,
 
     speculative: acceptance / spec_step_seconds[rows]     against     plain: 1 / plain_step_seconds[rows]
 
@@ -10,8 +12,9 @@ with step seconds per bucket from a cost table measured at start-up (:func:`meas
 every chunk the scheduler times, and the acceptance the running requests' own running averages of tokens committed
 per verify step (new ones start from the average over all). Where a step is bound by memory (few rows, a GPU) a
 verify pass of T tokens costs about one plain step and speculation wins; where it is bound by compute (many rows)
-it costs up to T plain steps and plain decoding wins. While plain steps run nothing measures the acceptance, so
-every ``probe_every``-th chunk in a row of plain ones speculates again where that could pay.
+it costs up to T plain steps and plain decoding wins. While plain steps run nothing measures the acceptance, and
+while one program runs nothing corrects the other's cost, so every ``probe_every``-th chunk in a row of one kind
+runs the other where that could pay.
 """
 
 from __future__ import annotations
@@ -23,10 +26,18 @@ from typing import Callable, Sequence
 @dataclasses.dataclass(frozen=True)
 class CostTable:
     """Seconds per step of each compiled step program, per occupancy bucket (rows stepped), measured at
-    start-up."""
+    start-up: with greedy rows only, and (``sampled_*``; None: as the greedy ones) with a sampled row."""
 
     spec_step_seconds: dict[int, float]
     plain_step_seconds: dict[int, float]
+    sampled_spec_step_seconds: dict[int, float] | None = None
+    sampled_plain_step_seconds: dict[int, float] | None = None
+
+    def seconds(self, speculate: bool, sampled: bool = False) -> dict[int, float]:
+        """The table of a step program (speculate) over rows of which some are sampled (sampled)."""
+        if sampled and self.sampled_spec_step_seconds is not None:
+            return self.sampled_spec_step_seconds if speculate else self.sampled_plain_step_seconds
+        return self.spec_step_seconds if speculate else self.plain_step_seconds
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -43,29 +54,33 @@ class TimedChunk:
     verify_steps: int
 
 
-def measure_costs(run_chunk: Callable[[bool, int, int], TimedChunk], row_buckets: Sequence[int],
-                  steps_per_chunk: int, repeats: int = 2) -> CostTable:
+def measure_costs(run_chunk: Callable[[bool, int, int, bool], TimedChunk], row_buckets: Sequence[int],
+                  steps_per_chunk: int, repeats: int = 2, sampled: bool = True) -> CostTable:
     """The start-up cost table: per step program and occupancy bucket, seconds per step of a chunk of
     ``steps_per_chunk`` steps as the scheduler runs them (what a chunk pays once, gathering its rows' pages and
     writing them back, included), the fastest of ``repeats`` after one warm run, each
-    ``run_chunk(speculate, rows, steps)`` over ``rows`` freshly admitted slots. The adapter corrects it with every
-    chunk it times (:meth:`LoadAdapter.observe`)."""
-    seconds: dict[tuple[bool, int], float] = {}
-    for speculate in (True, False):
-        for rows in row_buckets:
-            runs = [run_chunk(speculate, rows, steps_per_chunk) for _ in range(repeats + 1)][1:]
-            seconds[speculate, rows] = min(chunk.seconds / max(chunk.steps, 1) for chunk in runs)
-    return CostTable({rows: seconds[True, rows] for rows in row_buckets},
-                     {rows: seconds[False, rows] for rows in row_buckets})
+    ``run_chunk(speculate, rows, steps, sampled)`` over ``rows`` freshly admitted slots, greedy or (sampled) with
+    a sampled one; ``sampled=False`` measures greedy rows only. The adapter corrects it with every chunk it times
+    (:meth:`LoadAdapter.observe`)."""
+    seconds: dict[tuple[bool, bool, int], float] = {}
+    for kind in ((False, True) if sampled else (False,)):
+        for speculate in (True, False):
+            for rows in row_buckets:
+                runs = [run_chunk(speculate, rows, steps_per_chunk, kind) for _ in range(repeats + 1)][1:]
+                seconds[kind, speculate, rows] = min(chunk.seconds / max(chunk.steps, 1) for chunk in runs)
+    tables = [{rows: seconds[kind, speculate, rows] for rows in row_buckets}
+              for kind in ((False, True) if sampled else (False,)) for speculate in (True, False)]
+    return CostTable(*tables)
 
 
 class LoadAdapter:
     """Chooses the step program of each chunk; see the module docstring.
 
     costs: the start-up table; acceptance: the starting estimate (tokens per verify step, >= 1); smoothing: the
-    weight of a new chunk's acceptance in the running average; probe_every: speculate at least once in this many
-    chunks; max_acceptance: the most tokens a verify step can commit (the tree's depth + 1), None: no bound;
-    probe_headroom: how much better than expected acceptance would have to be for a probe to be worth its cost.
+    weight of a new chunk's acceptance in the running average; probe_every: run the other program at least once
+    in this many chunks (where it could pay); max_acceptance: the most tokens a verify step can commit (the tree's
+    depth + 1), None: no bound; probe_headroom: how far off the expected rates may be (the acceptance, or the
+    faster program's cost) for a probe to be worth its cost.
     """
 
     def __init__(self, costs: CostTable, acceptance: float, smoothing: float = 0.3, probe_every: int = 8,
@@ -80,42 +95,47 @@ class LoadAdapter:
         self.probe_every = probe_every
         self.max_acceptance = max_acceptance
         self.probe_headroom = probe_headroom
-        self._plain_in_a_row = 0
+        self._streak = 0    # chunks in a row that ran the same program
+        self._last: bool | None = None
 
-    def speculative_rate(self, rows: int, acceptance: float | None = None) -> float:
-        """Expected tokens per second per running slot with speculative steps over ``rows`` slots, at
-        ``acceptance`` (default: the running estimate)."""
-        return (self.acceptance if acceptance is None else acceptance) / self.costs.spec_step_seconds[rows]
+    def speculative_rate(self, rows: int, acceptance: float | None = None, sampled: bool = False) -> float:
+        """Expected tokens per second per running slot with speculative steps over ``rows`` slots (``sampled``:
+        some of them sampled), at ``acceptance`` (default: the running estimate)."""
+        return (self.acceptance if acceptance is None else acceptance) / self.costs.seconds(True, sampled)[rows]
 
-    def plain_rate(self, rows: int) -> float:
-        return 1.0 / self.costs.plain_step_seconds[rows]
+    def plain_rate(self, rows: int, sampled: bool = False) -> float:
+        return 1.0 / self.costs.seconds(False, sampled)[rows]
 
-    def choose(self, rows: int, acceptance: float | None = None) -> bool:
-        """True: the next chunk, over the occupancy bucket of ``rows`` slots, speculates. acceptance: what the
-        running requests are expected to accept (the mean of their own running averages; default: the running
-        estimate over all). A probe (every ``probe_every``-th chunk in a row of plain ones) only where
-        speculation would pay at ``probe_headroom`` times the expected acceptance, and never where even
-        ``max_acceptance`` (every draft accepted) would not: there a verify pass costs more than the most it can
-        save."""
+    def choose(self, rows: int, acceptance: float | None = None, sampled: bool = False) -> bool:
+        """True: the next chunk, over the occupancy bucket of ``rows`` slots (``sampled``: some of them sampled),
+        speculates. acceptance: what the running requests are expected to accept (the mean of their own running
+        averages; default: the running estimate over all). The faster program by the table, but every
+        ``probe_every``-th chunk in a row of one kind a probe of the other, where it would pay at ``probe_headroom``
+        times the expected acceptance (a speculative probe) or at the faster program's cost over
+        ``probe_headroom`` (a plain one); never speculative where even ``max_acceptance`` (every draft accepted)
+        would not pay: there a verify pass costs more than the most it can save."""
         expected = self.acceptance if acceptance is None else acceptance
-        plain = self.plain_rate(rows)
-        if self.max_acceptance is not None and self.speculative_rate(rows, self.max_acceptance) < plain:
+        plain = self.plain_rate(rows, sampled)
+        if self.max_acceptance is not None and self.speculative_rate(rows, self.max_acceptance, sampled) < plain:
             return False
-        probe = (self._plain_in_a_row + 1 >= self.probe_every
-                 and self.speculative_rate(rows, self.probe_headroom * expected) >= plain)
-        if self.speculative_rate(rows, expected) >= plain or probe:
-            self._plain_in_a_row = 0
-            return True
-        self._plain_in_a_row += 1
-        return False
+        speculative = self.speculative_rate(rows, expected, sampled)
+        choice = speculative >= plain
+        if self._streak + 1 >= self.probe_every:
+            other_could_pay = (plain * self.probe_headroom >= speculative if choice else
+                               self.speculative_rate(rows, self.probe_headroom * expected, sampled) >= plain)
+            choice ^= other_could_pay
+        self._streak = self._streak + 1 if choice == self._last else 1
+        self._last = choice
+        return choice
 
     def observe(self, speculated: bool, tokens: int, steps: int, *, rows: int | None = None,
-                seconds: float = 0.0, loop_steps: int = 0) -> None:
+                seconds: float = 0.0, loop_steps: int = 0, sampled: bool = False) -> None:
         """A chunk's outcome: ``tokens`` committed by ``steps`` verify steps over all running slots; with ``rows``
-        (its occupancy bucket), its ``seconds`` over ``loop_steps`` steps move that bucket's cost (a running
-        average, as the acceptance's: the start-up table is only where the costs begin)."""
+        (its occupancy bucket; ``sampled``: some of them sampled), its ``seconds`` over ``loop_steps`` steps move
+        that bucket's cost (a running average, as the acceptance's: the start-up table is only where the costs
+        begin)."""
         if speculated and steps > 0:
             self.acceptance += self.smoothing * (tokens / steps - self.acceptance)
         if rows is not None and loop_steps > 0:
-            table = self.costs.spec_step_seconds if speculated else self.costs.plain_step_seconds
+            table = self.costs.seconds(speculated, sampled)
             table[rows] += self.smoothing * (seconds / loop_steps - table[rows])

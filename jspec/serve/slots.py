@@ -343,7 +343,7 @@ class SlotEngine:
             # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
             self.costs = measure_costs(self._calibration_chunks(real, rotate=True), self.row_buckets,
                                        self.steps_per_chunk, repeats=1)
-            sample = self._calibration_chunks(real)(True, self.row_buckets[0], 3 * self.steps_per_chunk)
+            sample = self._calibration_chunks(real)(True, self.row_buckets[0], 3 * self.steps_per_chunk, False)
             acceptance = sample.tokens / max(sample.verify_steps, 1)
             self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step)
             logger.info("cost table %s, starting acceptance %.2f (%.1f s)", self.costs.to_dict(), acceptance,
@@ -528,10 +528,11 @@ class SlotEngine:
         need = max(self._rows[i].need for i in running)
         seq_len = next(n for n in self.seq_buckets if n >= need)
         speculate = True  # a plain server has one program per bucket
+        sampled = any(self._rows[i].request.temperature > 0.0 for i in running)
         if self.adapter is not None:
             own = [self._rows[i].acceptance for i in running]
             expected = np.mean([self.adapter.acceptance if a is None else a for a in own])
-            speculate = self.adapter.choose(rows, float(expected))
+            speculate = self.adapter.choose(rows, float(expected), sampled)
         start = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._compiled["step", speculate, rows, seq_len](
@@ -542,7 +543,8 @@ class SlotEngine:
         self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain", seconds, steps)
         self.metrics.busy_seconds.labels("step").inc(seconds)
         if self.adapter is not None:
-            self.adapter.observe(speculate, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps)
+            self.adapter.observe(speculate, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps,
+                                 sampled=sampled)
 
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
@@ -690,18 +692,33 @@ class SlotEngine:
             return jnp.asarray(array)
         return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
 
-    def _calibration_chunks(self, prompt: Sequence[int], rotate: bool = False) -> Callable[[bool, int, int],
-                                                                                            TimedChunk]:
+    def _calibration_chunks(self, prompt: Sequence[int],
+                            rotate: bool = False) -> Callable[[bool, int, int, bool], TimedChunk]:
         """The timed chunks ``adapt.measure_costs`` calls: each admits ``prompt`` (greedy, a budget of three
-        chunks at full acceptance; with ``rotate``, row r gets the prompt rotated by 37 r tokens) into ``rows``
-        rows, runs one chunk at the longest length bucket, and frees every row and page."""
+        chunks at full acceptance) into ``rows`` rows, runs one chunk at the longest length bucket, and frees
+        every row and page; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the prompt rotated by 37 r tokens and row 0 distinct
+        random tokens, which no lookup drafter matches: under load some row always drafts with the drafter's
+        model and some row always needs the whole verify pass, and a step costs what its costliest row makes it
+        (``jspec.step``'s and the hybrid drafter's ``lax.cond`` skip work only where every row can)."""
         budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
         prompt = list(prompt)[:self.max_seq_len - budget]
+        vocab = self.engine.config.vocab_size
+        unmatched = np.random.default_rng(0).permutation(vocab)[:len(prompt)].tolist() if len(prompt) <= vocab \
+            else prompt
         width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
         seq_len = self.seq_buckets[-1]  # a verify pass's cost grows with the context more than a plain step's
         params = SamplingParams(max_new_tokens=budget)
+        drawn = SamplingParams(max_new_tokens=budget, temperature=0.8)
 
-        def timed_chunk(speculate: bool, rows: int, steps: int) -> TimedChunk:
+        def text(row: int) -> list[int]:
+            if not rotate:
+                return prompt
+            if row == 0:
+                return unmatched
+            turn = (37 * row) % len(prompt)
+            return prompt[turn:] + prompt[:turn]
+
+        def timed_chunk(speculate: bool, rows: int, steps: int, sampled: bool) -> TimedChunk:
             held = []
             for row in range(rows):
                 allocation = self.blocks.allocate([], self._lookahead(len(prompt), len(prompt) + budget))
@@ -712,9 +729,8 @@ class SlotEngine:
             most = self._prefill_batches(width)[-1]
             for first in range(0, len(held), most):
                 part = [row for row, _ in held[first:first + most]]
-                turns = [(37 * row) % len(prompt) if rotate else 0 for row in part]
-                self._prefill([(prompt[k:] + prompt[:k], params) for k in turns], width, part, None,
-                              [len(prompt)] * len(part))
+                self._prefill([(text(row), drawn if sampled and row == 0 else params) for row in part], width, part,
+                              None, [len(prompt)] * len(part))
             arrays = self._step_arrays([], rows)
             ids = np.full((rows,), self.layout.null_row, np.int32)
             ids[:len(held)] = [row for row, _ in held]

@@ -42,6 +42,17 @@ def test_probs_match_transformers_warpers():
         np.testing.assert_allclose(got[row], hf_probs(logits[row], t, k, p), atol=1e-6)
 
 
+def test_unfiltered_rows_take_the_same_distribution_whatever_their_neighbours():
+    """A row with top-k and top-p off gets the softmax of its scaled logits exactly, alone (the sort skipped) and
+    beside a row that filters (the sort run): its tokens never depend on who else is in the batch."""
+    logits = jnp.asarray(np.random.default_rng(1).normal(size=(2, 4096)).astype(np.float32) * 4)
+    alone = np.asarray(sampling_probs(logits[:1], arrays([(0.8, 0, 1.0)])))
+    beside = np.asarray(sampling_probs(logits, arrays([(0.8, 0, 1.0), (0.8, 0, 0.5)])))
+    np.testing.assert_array_equal(alone[0], beside[0])
+    np.testing.assert_allclose(alone[0], np.asarray(jax.nn.softmax(logits[0] / 0.8)), rtol=1e-6)
+    assert (beside[1] == 0).sum() > 0
+
+
 def test_greedy_rows_are_one_hot_and_extra_axes_broadcast():
     logits = np.random.default_rng(1).normal(size=(2, 3, 9)).astype(np.float32)
     probs = np.asarray(sampling_probs(jnp.asarray(logits), arrays([(0.0, 0, 1.0), (0.8, 3, 1.0)])))

@@ -226,6 +226,17 @@ def test_the_adapter_picks_the_faster_program_and_probes():
     assert choices == [False, False, False, True] * 2  # plain, with a speculative probe every 4th chunk
 
 
+def test_the_adapter_probes_plain_steps_while_it_speculates_and_keeps_costs_by_sampling():
+    # speculation wins by 20% on the table: every 4th chunk a plain probe corrects the plain cost; chunks with a
+    # sampled row have their own table, where plain wins
+    costs = CostTable({8: 0.02}, {8: 0.01}, sampled_spec_step_seconds={8: 0.05}, sampled_plain_step_seconds={8: 0.01})
+    adapter = LoadAdapter(costs, acceptance=2.4, probe_every=4)
+    assert [adapter.choose(8) for _ in range(8)] == [True, True, True, False] * 2
+    adapter.observe(False, tokens=8, steps=8, rows=8, seconds=0.004, loop_steps=4, sampled=True)
+    assert costs.plain_step_seconds[8] == 0.01 and costs.sampled_plain_step_seconds[8] < 0.01
+    assert not adapter.choose(8, sampled=True)
+
+
 def test_the_adapter_never_probes_where_speculation_cannot_pay():
     costs = CostTable({1: 0.012, 8: 0.03}, {1: 0.01, 8: 0.01})
     adapter = LoadAdapter(costs, acceptance=2.5, probe_every=2, max_acceptance=2.9)
