@@ -311,7 +311,7 @@ class SlotEngine:
         self._store = paged.empty_store(*args, layout, setup=self.setup, num_stop_ids=self.num_stop_ids)
         logger.info("KV pool: %d pages of %d token slots (%d tokens), %d rows", num_pages - 1, self.block_size,
                     (num_pages - 1) * self.block_size, self.max_num_seqs)
-        lowered = {}
+        lowered, examples = {}, {}
         for width in self.widths:
             for rows in self._prefill_batches(width):
                 example = self._prefill_arrays([(list(range(1, 2)), SamplingParams(max_new_tokens=1))], width,
@@ -319,9 +319,11 @@ class SlotEngine:
                 lowered["prefill", rows, width] = paged.prefill_rows.lower(
                     *args, self._store, *example, layout=layout, setup=self.setup,
                     seq_len=self._prefill_seq_len(width))
+                examples["prefill", rows, width] = example
                 if self.prefix_caching:  # a hit's prefill reads its cached pages at any context length
+                    examples["prefill_cached", rows, width] = self._cached_arrays(example, [0] * rows)
                     lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
-                        *args, self._store, *self._cached_arrays(example, [0] * rows), layout=layout,
+                        *args, self._store, *examples["prefill_cached", rows, width], layout=layout,
                         setup=self.setup, seq_len=self.max_seq_len)
         for speculate in ((True, False) if self.speculative else (True,)):
             for rows in self.row_buckets:
@@ -336,8 +338,11 @@ class SlotEngine:
             compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
         self._compiled.update(compiled)
         logger.info("compiled %d programs in %.1f s", len(compiled), time.perf_counter() - began)
+        real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
+        began = time.perf_counter()
+        self._first_runs(real, examples)
+        logger.info("ran every program once in %.1f s", time.perf_counter() - began)
         if self.adapt:
-            real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
             began = time.perf_counter()
             # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
             # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
@@ -692,21 +697,38 @@ class SlotEngine:
             return jnp.asarray(array)
         return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
 
-    def _calibration_chunks(self, prompt: Sequence[int],
-                            rotate: bool = False) -> Callable[[bool, int, int, bool], TimedChunk]:
+    def _first_runs(self, prompt: list[int], examples: dict) -> None:
+        """Runs every program once before serving: on a CPU the first run of a program costs several times the
+        next ones (its buffers and kernels are set up then), which would fall on the first requests of each
+        bucket. Prefills run on padding rows; each step program runs one step over rows of ``prompt`` as the
+        cost table's, so its loop body, both sides of its verify and sampling paths, and the drafter's run."""
+        for key, arrays in examples.items():
+            self._store, out = self._compiled[key](self.engine.params, self.engine.drafter_params, self._store,
+                                                   *arrays)
+            jax.block_until_ready(out)
+        for seq_len in self.seq_buckets:
+            chunk = self._calibration_chunks(prompt, rotate=True, seq_len=seq_len)
+            for speculate in ((True, False) if self.speculative else (True,)):
+                for rows in self.row_buckets:
+                    chunk(speculate, rows, 1, True)
+
+    def _calibration_chunks(self, prompt: Sequence[int], rotate: bool = False,
+                            seq_len: int | None = None) -> Callable[[bool, int, int, bool], TimedChunk]:
         """The timed chunks ``adapt.measure_costs`` calls: each admits ``prompt`` (greedy, a budget of three
-        chunks at full acceptance) into ``rows`` rows, runs one chunk at the longest length bucket, and frees
-        every row and page; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the prompt rotated by 37 r tokens and row 0 distinct
-        random tokens, which no lookup drafter matches: under load some row always drafts with the drafter's
-        model and some row always needs the whole verify pass, and a step costs what its costliest row makes it
-        (``jspec.step``'s and the hybrid drafter's ``lax.cond`` skip work only where every row can)."""
-        budget = max(1, min(self.max_seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
-        prompt = list(prompt)[:self.max_seq_len - budget]
+        chunks at full acceptance) into ``rows`` rows, runs one chunk at context ``seq_len`` (default: the
+        longest bucket; a verify pass's cost grows with the context more than a plain step's), and frees every
+        row and page; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the
+        prompt rotated by 37 r tokens and row 0 distinct random tokens, which no lookup drafter matches: under
+        load some row always drafts with the drafter's model and some row always needs the whole verify pass,
+        and a step costs what its costliest row makes it (``jspec.step``'s and the hybrid drafter's
+        ``lax.cond`` skip work only where every row can)."""
+        seq_len = self.seq_buckets[-1] if seq_len is None else seq_len
+        budget = max(1, min(seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
+        prompt = list(prompt)[:seq_len - budget]
         vocab = self.engine.config.vocab_size
         unmatched = np.random.default_rng(0).permutation(vocab)[:len(prompt)].tolist() if len(prompt) <= vocab \
             else prompt
         width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
-        seq_len = self.seq_buckets[-1]  # a verify pass's cost grows with the context more than a plain step's
         params = SamplingParams(max_new_tokens=budget)
         drawn = SamplingParams(max_new_tokens=budget, temperature=0.8)
 
