@@ -101,6 +101,10 @@ SLOW: dict[str, str] = {
         "preemption by recompute without a drafter; default: [eagle3-dynamic]",
     "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[plain]":
         "prefix caching without a drafter; default: [ngram]",
+    "tests/jspec/serve/test_paged_scheduler.py::test_pages_hold_more_requests_than_static_slots_would":
+        "admission by pages lets more requests run than static slots would; default: "
+        "test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[eagle3-dynamic] (admission and "
+        "preemption by pages)",
     "tests/jspec/serve/test_app.py::test_shutting_down_answers_503":
         "a draining server answers 503; default: test_before_warm_up_health_and_requests_answer_503",
     "tests/jspec/serve/test_sharded_serve.py":
