@@ -101,6 +101,13 @@ SLOW: dict[str, str] = {
         "preemption by recompute without a drafter; default: [eagle3-dynamic]",
     "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[plain]":
         "prefix caching without a drafter; default: [ngram]",
+    "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[eagle3-dynamic]":
+        "the scheduler's prefix hits for EAGLE-3 (last page recomputed); default: test_paged's "
+        "test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic], test_block_manager's drop_last_hit test",
+    "tests/jspec/serve/test_paged.py::test_a_cached_prefix_continues_as_a_whole_prefill[hybrid]":
+        "the hybrid's head and lookup continue from a cached prefix; default: [eagle3-dynamic]",
+    "tests/jspec/serve/test_paged.py::test_a_cached_prefix_continues_as_a_whole_prefill[plain]":
+        "the target alone from a cached prefix; default: [eagle3-dynamic] (the target's K/V checked there too)",
     "tests/jspec/serve/test_paged_scheduler.py::test_pages_hold_more_requests_than_static_slots_would":
         "admission by pages lets more requests run than static slots would; default: "
         "test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[eagle3-dynamic] (admission and "

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from jspec.config import SpecConfig, static_choices
+from jspec.drafters.base import PrefillContext
 from jspec.sharding import replicated_specs
 from jspec.drafters.tree_search import dynamic_window_size
 from jspec.trees import StaticTree, build_static_tree
@@ -22,6 +23,25 @@ class DrafterBase:
     @property
     def tap_layers(self) -> tuple[int, ...]:
         return ()
+
+    @property
+    def caches_prefix(self) -> bool:
+        """Whether :meth:`prefill_cached` can start this drafter from a cached prefix: a drafter that reads no
+        target states reruns its prefill over the whole prompt; one that does must override both."""
+        return not self.tap_layers
+
+    def prefill_cached(self, params_t: Any, params_d: Any, state: Any, ctx: PrefillContext,
+                       cached_lens: Any) -> Any:
+        """The state after a prefill whose first ``cached_lens[b]`` (i32[B]) prompt positions were computed before:
+        a prefix-cache hit, their slots already in ``state`` (the server's paged view of the row; its other
+        leaves stale). ctx.prompt_ids: i32[B, S] the row's token buffer, the whole prompt from position 0;
+        ctx.taps: the target's taps at the uncached positions only, [len(tap_layers), B, W, H] (tap j of row b
+        at position cached_lens[b] + j), or None. This default reruns :meth:`prefill` over the whole prompt."""
+        del state, cached_lens
+        if self.tap_layers:
+            raise NotImplementedError(f"{type(self).__name__} reads target layers {self.tap_layers} and does not "
+                                      f"continue from a cached prefix (caches_prefix is False)")
+        return self.prefill(params_t, params_d, ctx)
 
     @property
     def short_chain_nodes(self) -> int | None:

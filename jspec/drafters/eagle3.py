@@ -109,6 +109,25 @@ class Eagle3Drafter(DrafterBase):
                         jnp.zeros((batch,), jnp.int32), output_at=_last_row(ctx.prompt_lens, width))
         return Eagle3State(pad_slots(out.cache, self.model_cache_slots), out.logits[:, 0], out.hidden[:, 0])
 
+    @property
+    def caches_prefix(self) -> bool:
+        return True
+
+    def prefill_cached(self, params_t: Any, params_d: Any, state: Eagle3State, ctx: PrefillContext,
+                       cached_lens: jax.Array) -> Eagle3State:
+        """Slots from cached_lens[b] on, as :meth:`prefill` writes them, over the cached ones in ``state.cache``
+        (``DrafterBase.prefill_cached`` has the shapes). Slot cached_lens[b] - 1 pairs its feature with the token
+        at cached_lens[b]: the server reuses a page only when the next page matched too
+        (``BlockManager.allocate(drop_last_hit=True)``)."""
+        batch, width = ctx.taps.shape[1:3]
+        positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        buffer = ctx.prompt_ids
+        following = jnp.take_along_axis(buffer, jnp.minimum(positions + 1, buffer.shape[1] - 1), axis=1)
+        following = jnp.where(positions + 1 == ctx.prompt_lens[:, None], ctx.first_token[:, None], following)
+        out = self._run(params_t, params_d, state.cache, following, self._features(ctx.taps), positions,
+                        cached_lens, output_at=_last_row(ctx.prompt_lens - cached_lens, width))
+        return Eagle3State(out.cache, out.logits[:, 0], out.hidden[:, 0])
+
     def propose(self, params_t: Any, params_d: Any, state: Eagle3State, root: jax.Array, cache_len: jax.Array,
                 *, sampling: Any = None, key: jax.Array | None = None) -> tuple[Eagle3State, DraftTree]:
         del sampling, key  # top-k drafts: deterministic, verified as such

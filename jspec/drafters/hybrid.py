@@ -98,6 +98,15 @@ class LookupThenModelDrafter(DrafterBase):
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> HybridState:
         return HybridState(self.model.prefill(params_t, params_d, ctx), self.lookup.prefill(params_t, {}, ctx))
 
+    @property
+    def caches_prefix(self) -> bool:
+        return getattr(self.model, "caches_prefix", False) and self.lookup.caches_prefix
+
+    def prefill_cached(self, params_t: Any, params_d: Any, state: HybridState, ctx: PrefillContext,
+                       cached_lens: jax.Array) -> HybridState:
+        return HybridState(self.model.prefill_cached(params_t, params_d, state.model, ctx, cached_lens),
+                           self.lookup.prefill_cached(params_t, {}, state.lookup, ctx, cached_lens))
+
     def propose(self, params_t: Any, params_d: Any, state: HybridState, root: jax.Array, cache_len: jax.Array,
                 *, sampling: Any = None, key: jax.Array | None = None) -> tuple[HybridState, DraftTree]:
         lookup_state, found = self.lookup.propose(params_t, {}, state.lookup, root, cache_len)

@@ -115,14 +115,16 @@ class BlockManager:
         """Sequences holding ``page`` now."""
         return self._ref[page]
 
-    def allocate(self, tokens: Sequence[int], num_slots: int) -> Allocation | None:
+    def allocate(self, tokens: Sequence[int], num_slots: int, *, drop_last_hit: bool = False) -> Allocation | None:
         """Pages for a new sequence of ``num_slots`` token slots, reusing cached pages for a prefix of ``tokens``.
 
         tokens: the token ids whose KV may be reused, positions 0..len(tokens)-1. Pass the prompt without its last
         token: the last prompt token must be run again to get the logits of the first new token. With prefix
         caching on, the full pages of ``tokens`` are looked up by chained key and reused in order up to the first
-        miss; the rest of the ``pages_for(num_slots, page_size)`` pages are fresh. The caller computes KV from
-        position ``cached_tokens`` on. Counts
+        miss; the rest of the ``pages_for(num_slots, page_size)`` pages are fresh. drop_last_hit: the last page
+        found is not reused but computed again (vLLM's rule for EAGLE: a drafter whose slot p pairs the token at
+        p + 1 wrote the last slot of a page with a next token its key does not cover; the next page's hit vouches
+        for that token in the pages before it). The caller computes KV from position ``cached_tokens`` on. Counts
         ``prefix_queries_tokens += len(tokens)`` and ``prefix_hits_tokens += cached_tokens``.
 
         Returns None, changing nothing (no refcount, no counter), when too few pages can be handed out.
@@ -131,6 +133,8 @@ class BlockManager:
         if num_slots < len(tokens):
             raise ValueError(f"num_slots={num_slots}: expected at least len(tokens)={len(tokens)}")
         cached = self._lookup(tokens) if self.enable_prefix_caching else []
+        if drop_last_hit:
+            cached = cached[:-1]
         revived = sum(self._ref[page] == 0 for page in cached)  # evictable hits leave the pool of free pages too
         num_fresh = pages_for(num_slots, self.page_size) - len(cached)
         if num_fresh > self.num_free_pages - revived:

@@ -41,7 +41,7 @@ from jspec.commit import commit_tokens
 from jspec.drafters.base import PrefillContext
 from jspec.sampling import SamplingArrays, keys_at, sample_tokens
 from jspec.serve.programs import idle_slots, start_state
-from jspec.sharding import constrain, traced_on
+from jspec.sharding import TAPS, constrain, traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs
 
@@ -255,11 +255,24 @@ def prefill_pages(layout: PagedLayout, width: int) -> int:
 
 
 def continues_from_cache(setup: GenerateSetup) -> bool:
-    """Whether :func:`prefill_cached_rows` serves this setup: plain decoding, or a drafter that reads no target
-    hidden states (n-gram lookup, a draft model), whose prefill reruns over the whole prompt from the token buffer.
-    A drafter reading the target's states (EAGLE-3, MTP) would need them for the cached prefix, which no page
-    keeps."""
-    return setup.drafter is None or not setup.drafter.tap_layers
+    """Whether :func:`prefill_cached_rows` serves this setup: plain decoding, or a drafter that continues from a
+    cached prefix (``DrafterBase.caches_prefix``: n-gram lookup and a draft model rerun over the whole prompt
+    from the token buffer; EAGLE-3 and the hybrid run their head over the uncached positions only). MTP, whose
+    state at a position needs the target's states of the cached prefix (no page keeps them), does not."""
+    drafter = setup.drafter
+    return drafter is None or getattr(drafter, "caches_prefix", not drafter.tap_layers)
+
+
+def recomputes_last_hit(setup: GenerateSetup) -> bool:
+    """Whether a prefix hit's last page is computed again (``BlockManager.allocate(drop_last_hit=True)``): for a
+    drafter reading target states, whose slot p pairs the token at p + 1."""
+    return setup.drafter is not None and bool(setup.drafter.tap_layers)
+
+
+def _drafter_prefill_cached(drafter, params_t, params_d, state, ctx: PrefillContext, cached_lens):
+    if hasattr(drafter, "prefill_cached"):
+        return drafter.prefill_cached(params_t, params_d, state, ctx, cached_lens)
+    return drafter.prefill(params_t, params_d, ctx)  # a protocol drafter reading no target states
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
@@ -277,8 +290,8 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
     prompt_lens: i32[N] whole prompts; the other arguments as :func:`prefill_rows`.
     """
     if not continues_from_cache(setup):
-        raise ValueError(f"prefill_cached_rows: the drafter reads target layers {setup.drafter.tap_layers}, which "
-                         f"the page pool does not keep for a cached prefix")
+        raise ValueError(f"prefill_cached_rows: the drafter reads target layers {setup.drafter.tap_layers} and "
+                         f"does not continue from a cached prefix")
     small = setup.with_max_seq_len(seq_len)
     with traced_on(setup.mesh):
         view, _ = gather_view(layout, store, row_ids, page_table, seq_len)
@@ -287,7 +300,8 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
         positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
         tokens = view.tokens.at[rows, positions].set(suffix_ids, mode="drop")
         out = small.target_model().apply({"params": params_t}, suffix_ids, positions, view.cache, cached_lens,
-                                         logits_index=(prompt_lens - cached_lens - 1)[:, None])
+                                         logits_index=(prompt_lens - cached_lens - 1)[:, None],
+                                         tap_layers=small.tap_layers)
         keys = jax.random.wrap_key_data(key_data)
         first = sample_tokens(out.logits[:, 0], sampling, keys_at(keys, prompt_lens))
         zeros = jnp.zeros((batch,), jnp.int32)
@@ -297,8 +311,10 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
         state, _ = commit_tokens(state, first[:, None], jnp.ones_like(zeros), max_new_tokens, stop_ids,
                                  counts_as_step=False)
         if small.drafter is not None:
-            state = state._replace(draft=small.drafter.prefill(
-                params_t, params_d, PrefillContext(tokens, prompt_lens, first, None)))
+            taps = constrain(small.drafter_taps(out.taps), TAPS) if small.drafter.tap_layers else None
+            state = state._replace(draft=_drafter_prefill_cached(
+                small.drafter, params_t, params_d, view.draft, PrefillContext(tokens, prompt_lens, first, taps),
+                cached_lens))
         inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys)
         state = shard_state(state)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=cached_lens,

@@ -156,8 +156,8 @@ class SlotEngine:
     included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU,
     ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
     ``CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
-    starts with (vLLM's automatic prefix caching; for plain decoding and drafters that read no target states,
-    ``paged.continues_from_cache``; ignored, with a warning, for the others); max_num_seqs: requests running at
+    starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
+    cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning); max_num_seqs: requests running at
     once (default: the engine's max_batch_size); max_num_batched_tokens: prompt slots one prefill call takes
     (default: max(2048, max_seq_len)); row_buckets:
     the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
@@ -215,9 +215,10 @@ class SlotEngine:
                                            last_name="max_seq_len")
         self._max_total_tokens = max_total_tokens
         self.prefix_caching = enable_prefix_caching and paged.continues_from_cache(self.setup)
+        self._drop_last_hit = paged.recomputes_last_hit(self.setup)
         if enable_prefix_caching and not self.prefix_caching:
-            logger.warning("prefix caching is off: the drafter reads target layers %s, which the KV pages do not "
-                           "keep", self.setup.drafter.tap_layers)
+            logger.warning("prefix caching is off: the drafter reads target layers %s and does not continue from a "
+                           "cached prefix", self.setup.drafter.tap_layers)
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
@@ -469,7 +470,8 @@ class SlotEngine:
         limit = len(context) - 1
         while True:
             queries, hits = self.blocks.prefix_queries_tokens, self.blocks.prefix_hits_tokens
-            allocation = self.blocks.allocate(context[:limit], self._lookahead(len(context), need))
+            allocation = self.blocks.allocate(context[:limit], self._lookahead(len(context), need),
+                                              drop_last_hit=self._drop_last_hit)
             if allocation is None or not allocation.cached_tokens:
                 break
             width = prompt_bucket(len(context) - allocation.cached_tokens, self.max_prompt_width, half_steps=False)

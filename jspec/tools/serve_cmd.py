@@ -54,8 +54,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="prompt tokens prefilled in one program call (default: max(2048, --max-seq-len))")
     server.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                        help="reuse the KV pages of a prompt's prefix computed before (plain decoding and drafters "
-                             "that read no target states)")
+                        help="reuse the KV pages of a prompt's prefix computed before (every drafter but MTP)")
     server.add_argument("--max-queue", type=int, default=256,
                         help="requests waiting for a row and pages before new ones get 503")
     server.add_argument("--steps-per-chunk", type=int, default=4,

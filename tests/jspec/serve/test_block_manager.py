@@ -88,6 +88,20 @@ def test_prefix_hit_shares_full_pages_only():
     check_accounting(bm, [b.pages])
 
 
+def test_dropping_the_last_hit_recomputes_that_page():
+    """EAGLE's rule: of the pages found, the last is handed out fresh (its K/V computed again); no hit, nothing."""
+    bm = BlockManager(16, 4)
+    prompt = list(range(10, 22))  # 3 full pages
+    a = bm.allocate(prompt[:-1], 12)
+    assert bm.register(a.pages, prompt) == 3
+    b = bm.allocate(prompt + [30], 16, drop_last_hit=True)
+    assert b.cached_tokens == 8 and b.pages[:2] == a.pages[:2] and a.pages[2] not in b.pages
+    assert bm.prefix_hits_tokens == 8
+    c = bm.allocate([1, 2, 3, 4, 5], 8, drop_last_hit=True)
+    assert c.cached_tokens == 0
+    check_accounting(bm, [a.pages, b.pages, c.pages])
+
+
 def test_registering_as_the_sequence_grows_hashes_each_page_once(monkeypatch):
     calls, real = [], bm_module.chain_key
     monkeypatch.setattr(bm_module, "chain_key", lambda parent, toks: calls.append(1) or real(parent, toks))

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+import jspec
 from jspec.config import SamplingParams
 from jspec.serve import paged
 from jspec.serve.programs import admit_row
@@ -84,3 +85,58 @@ def test_paged_rows_equal_generate_alone(params_t, name):
     got = serve_paged(engine, prompts, budgets, rows_per_step=2)
     for prompt, budget, tokens in zip(prompts, budgets, got):
         assert tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0], (name, prompt)
+
+
+def engine_with(params_t, name: str):
+    if name == "hybrid":
+        from tests.jspec.test_hybrid import hybrid_drafter
+        return jspec.SpecEngine(fx.TARGET, params_t, drafter=hybrid_drafter(), drafter_params=fx.random_head(),
+                                max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN)
+    return make_engine(params_t, name)
+
+
+@pytest.mark.parametrize("name", ["eagle3-dynamic", "hybrid", "plain"])
+def test_a_cached_prefix_continues_as_a_whole_prefill(params_t, name):
+    """A prompt prefilled whole into row 1, then the same prompt into row 2 from row 1's first three pages (its
+    fourth recomputed, as the server does for a head pairing slot p with token p + 1): row 2's state (the target's
+    K/V, the tokens, and the drafter's: the head's K/V slots, its last logits and feature) equals row 1's."""
+    engine = engine_with(params_t, name)
+    setup = engine.setup.with_max_seq_len(SEQ_LEN)
+    args = (engine.params, engine.drafter_params)
+    layout = paged.paged_layout(*args, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=PAGE, num_pages=40,
+                                max_rows=3)
+    store = [stale(leaf, i) if spec.kind == paged.SLOT else leaf
+             for i, (spec, leaf) in enumerate(zip(layout.leaves, paged.empty_store(
+                 *args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS)))]
+    prompt = [(5 * i) % 60 + 1 for i in range(29)]
+    tables = np.zeros((4, layout.pages_per_row), np.int32)
+    tables[1] = np.arange(1, 1 + layout.pages_per_row)
+    tables[2, :3] = tables[1, :3]
+    tables[2, 3:] = np.arange(20, 20 + layout.pages_per_row - 3)
+    whole = admit_row(prompt, SamplingParams(max_new_tokens=8), engine.eos_token_ids, width=32,
+                      num_stop_ids=NUM_STOP_IDS)
+    store, _ = paged.prefill_rows(*args, store, *whole, np.asarray([1], np.int32), tables[[1]], layout=layout,
+                                  setup=setup, seq_len=SEQ_LEN)
+    cached = 3 * PAGE
+    rest = admit_row(prompt[cached:], SamplingParams(max_new_tokens=8), engine.eos_token_ids, width=8,
+                     num_stop_ids=NUM_STOP_IDS)
+    store, _ = paged.prefill_cached_rows(*args, store, rest[0], np.asarray([len(prompt)], np.int32),
+                                         np.asarray([cached], np.int32), *rest[2:], np.asarray([2], np.int32),
+                                         tables[[2]], layout=layout, setup=setup, seq_len=SEQ_LEN)
+    (state, _) = paged.gather_view(layout, store, np.asarray([1, 2], np.int32), tables[[1, 2]], SEQ_LEN)
+    assert state.tokens[0, :len(prompt) + 1].tolist() == state.tokens[1, :len(prompt) + 1].tolist()
+    assert state.seq_len.tolist() == [len(prompt) + 1] * 2
+    for k in (state.cache.k, state.cache.v):
+        for layer in k:
+            np.testing.assert_allclose(layer[1, :len(prompt)], layer[0, :len(prompt)], atol=2e-5)
+    if name == "plain":
+        return
+    head = state.draft.model if name == "hybrid" else state.draft
+    np.testing.assert_allclose(head.logits[1], head.logits[0], atol=2e-5)
+    np.testing.assert_allclose(head.hidden[1], head.hidden[0], atol=2e-5)
+    for k in (head.cache.k, head.cache.v):  # [1, B, S, Hkv, D]: slots 0 .. P-1 hold pairs (token p + 1, feature p)
+        np.testing.assert_allclose(k[:, 1, :len(prompt)], k[:, 0, :len(prompt)], atol=2e-5)
+    if name == "hybrid":  # lookup's buffer: slots past its length are padding
+        lookup = state.draft.lookup
+        assert lookup.length.tolist() == [len(prompt) + 1] * 2
+        assert lookup.tokens[1, :len(prompt) + 1].tolist() == lookup.tokens[0, :len(prompt) + 1].tolist()
