@@ -6,7 +6,8 @@ hands pages out. One scheduler thread loops:
 
 1. **admit**: waiting requests, first come first served, while a row (``--max-num-seqs``) and the pages for the
    request's prompt plus one chunk's lookahead are free; all of them prefilled together, one program call per
-   prompt-width bucket (at most ``--max-num-batched-tokens`` prompt slots a call);
+   prompt-width bucket (at most ``--max-num-batched-tokens`` prompt slots a call); requests arriving meanwhile
+   are admitted the same way before the next chunk, up to ``--max-num-batched-tokens`` prompt tokens in all;
 2. **reserve**: every running request's pages for one more chunk (its committed tokens, ``steps_per_chunk``
    full steps and the tree window). When the pool runs out, the newest running request is preempted: its pages
    are freed and it goes back to the head of the queue with the tokens it already has, to be prefilled again
@@ -411,8 +412,16 @@ class SlotEngine:
                     if self._stopping and not self.num_running and not self._waiting:
                         return
                     admitted = self._take_waiting()
-                if admitted:
-                    self._admit(admitted)
+                prefilled = 0
+                while admitted:
+                    prefilled += self._admit(admitted)
+                    if prefilled >= self.max_num_batched_tokens:
+                        break
+                    # Requests that arrived during that prefill are prefilled before the next chunk (a burst's
+                    # later arrivals would otherwise wait a whole chunk for their first token), within one
+                    # --max-num-batched-tokens budget so the running rows are not held back longer.
+                    with self._lock:
+                        admitted = self._take_waiting()
                 if self.num_running:
                     self._chunk()
                 with self._lock:
@@ -484,8 +493,9 @@ class SlotEngine:
             self.metrics.prefix_hits.inc(self.blocks.prefix_hits_tokens - hits)
         return allocation
 
-    def _admit(self, admitted: list[tuple[int, _Running]]) -> None:
-        """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes."""
+    def _admit(self, admitted: list[tuple[int, _Running]]) -> int:
+        """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes ->
+        the prompt tokens computed (cached ones not counted)."""
         groups: dict[tuple[int, bool], list[tuple[int, _Running]]] = collections.defaultdict(list)
         for row, running in admitted:
             self._rows[row] = running
@@ -511,6 +521,7 @@ class SlotEngine:
                 self._emit([row for row, _ in part], out, speculated=None, chunk_start=start)
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
+        return sum(running.context_len - running.cached for _, running in admitted)
 
     def _prefill(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: list[int],
                  cached: list[int] | None, lengths: list[int]) -> paged.Readout:

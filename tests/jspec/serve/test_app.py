@@ -28,7 +28,7 @@ from jspec.tools.serve_cmd import CALIBRATION_PROMPT, DrainingServer
 
 pytestmark = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 
-MAX_SEQ_LEN = 256
+MAX_SEQ_LEN = 128
 NAME = "jspec-code"
 CODE = '''import os
 
@@ -95,9 +95,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server():
-    """8 slots, load adaptation on (the default); two occupancy buckets (fewer programs to compile than the
-    default four)."""
-    served = Server(max_batch_size=8, row_buckets=(2, 8))
+    """8 slots, load adaptation and prefix caching on (the defaults); two occupancy buckets (fewer programs to
+    compile than the default four) and prefills of at most 128 prompt slots (fewer batch sizes per width)."""
+    served = Server(max_batch_size=8, row_buckets=(2, 8), max_num_batched_tokens=MAX_SEQ_LEN)
     yield served
     served.stop()
 
@@ -184,6 +184,21 @@ def test_stop_token_ids_and_return_token_ids(server, tokenizer):
     chunks = [json.loads(event)["choices"][0] for event in events[:-1]]
     assert sum((c["token_ids"] for c in chunks), []) == choice["token_ids"]
     assert "".join(c["text"] for c in chunks) == choice["text"] and chunks[-1]["finish_reason"] == "stop"
+
+
+def test_a_shared_prefix_is_found_in_the_cache_and_changes_nothing(server, tokenizer):
+    """The default server (the bundled model's default drafter, n-gram + EAGLE-3, prefix caching on): a second
+    prompt sharing the first's 48 tokens (three pages) finds the first two in the KV cache (the third is computed
+    again for the head) and both return what generate returns alone."""
+    shared = prompt_ids(tokenizer, 48)
+    assert len(shared) == 48
+    prompts = [shared + prompt_ids(tokenizer, 5, offset=60), shared + prompt_ids(tokenizer, 9, offset=50)]
+    hits = server.metric("jspec:prefix_cache_hits_total")
+    for ids in prompts:
+        out = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 16,
+                                                        "return_token_ids": True}).json()
+        assert out["choices"][0]["token_ids"] == server.engine.generate([ids], max_new_tokens=16).token_ids[0]
+    assert server.metric("jspec:prefix_cache_hits_total") - hits >= 32
 
 
 def test_models_health_metrics(server):

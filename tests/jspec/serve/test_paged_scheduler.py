@@ -48,12 +48,14 @@ def serve_watching(slots: SlotEngine, requests: list[dict]) -> tuple[list[Collec
 def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(params_t, name):
     engine = make_engine(params_t, name)
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, block_size=8,
-                       max_num_seqs=4, row_buckets=(4,), max_total_tokens=1)
+                       max_num_seqs=4, row_buckets=(4,), max_total_tokens=1,
+                       enable_prefix_caching=False)
     with pytest.raises(ValueError, match="max_total_tokens=1: expected at least") as refused:
         slots.warm_up()
     one_request = int(re.search(r"at least (\d+) token slots", str(refused.value)).group(1))
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, block_size=8,
-                       max_num_seqs=4, row_buckets=(4,), max_total_tokens=one_request + 16)
+                       max_num_seqs=4, row_buckets=(4,), max_total_tokens=one_request + 16,
+                       enable_prefix_caching=False)
     slots.warm_up()
     slots.start()
     try:
@@ -74,7 +76,8 @@ def test_pages_hold_more_requests_than_static_slots_would(params_t):
     """A pool of two max_seq_len requests' worth of slots runs six short requests at once."""
     engine = make_engine(params_t, "plain")
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, adapt=False, block_size=8,
-                       max_num_seqs=8, row_buckets=(8,), max_total_tokens=2 * MAX_SEQ_LEN + 16)
+                       max_num_seqs=8, row_buckets=(8,), max_total_tokens=2 * MAX_SEQ_LEN + 16,
+                       enable_prefix_caching=False)
     slots.warm_up()
     slots.start()
     try:

@@ -69,6 +69,12 @@ def serve_all(slots: SlotEngine, requests: list[dict]) -> list[Collector]:
     return sinks
 
 
+# One step program, one occupancy bucket, no prefix caching (its programs are not what these tests check): the
+# fewest programs to compile; tests of the same drafter with these settings share them (the compile cache).
+ONE_PROGRAM = dict(max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, row_buckets=(4,),
+                   enable_prefix_caching=False)
+
+
 @pytest.fixture(scope="module")
 def servers(params_t):
     """name -> (offline engine, started SlotEngine with one step program and one occupancy bucket), built on first
@@ -78,7 +84,7 @@ def servers(params_t):
     def get(name):
         if name not in built:
             engine = make_engine(params_t, name)
-            slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, row_buckets=(4,))
+            slots = SlotEngine(engine, **ONE_PROGRAM)
             slots.warm_up()
             slots.start()
             built[name] = engine, slots
@@ -95,7 +101,7 @@ def adaptive(params_t):
     prompt + max_tokens fall on both sides of 32)."""
     engine = make_engine(params_t, "eagle3-dynamic")
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, row_buckets=(1, 4),
-                       seq_buckets=(32, MAX_SEQ_LEN))
+                       seq_buckets=(32, MAX_SEQ_LEN), enable_prefix_caching=False)
     slots.warm_up(PROMPTS[0])
     slots.start()
     yield engine, slots
@@ -173,19 +179,19 @@ def test_nothing_compiles_after_warm_up(adaptive):
 
 def test_a_cancelled_request_frees_its_slot_and_the_queue_is_bounded(params_t):
     engine = make_engine(params_t, "plain")
-    slots = SlotEngine(engine, max_queue=1, steps_per_chunk=1, row_buckets=(4,))  # one bucket: fewer compiles
+    slots = SlotEngine(engine, max_queue=1, **ONE_PROGRAM)
     with pytest.raises(NotAccepting):
         slots.submit(Request([1, 2], 4, Collector()))  # not warm yet
     slots.warm_up()
-    running = slots.submit(Request([1, 2, 3], 120, Collector()))
+    running = slots.submit(Request([1, 2, 3], 60, Collector()))
     with pytest.raises(QueueFull):  # the scheduler has not started: the first one still waits
-        slots.submit(Request([1, 2, 3], 120, Collector()))
+        slots.submit(Request([1, 2, 3], 60, Collector()))
     slots.start()
     try:
         assert _wait_until(lambda: slots.num_running == 1 and running.sink.tokens)
         running.cancel()
         assert running.sink.finished.wait(30) and running.sink.reason == "abort"
-        assert len(running.sink.tokens) < 120
+        assert len(running.sink.tokens) < 60
         assert _wait_until(lambda: slots.num_running == 0)
     finally:
         slots.shutdown(10)
