@@ -5,6 +5,9 @@
     python scripts/serve_checks.py preemption   # a pool too small for the load
     python scripts/serve_checks.py prefix       # 16 requests sharing a 500-token prefix, cache on and off
 
+The prefix check serves plain decoding (--drafter none); ``--drafter default`` runs it on the default server
+(the bundled model's default drafter), any other name with that drafter.
+
 Prints one line per figure and exits 1 when a check fails.
 """
 
@@ -141,14 +144,15 @@ def capacity(failures: list[str], pool_tokens: int = 8192, name: str = "capacity
         check("preemption: preemptions counted", preempted > 0, failures)
 
 
-def prefix(failures: list[str]) -> None:
+def prefix(failures: list[str], drafter: str = "none") -> None:
     shared = humaneval_ids(1, 500)[0]
     tails = humaneval_ids(16, 12, offset=20)
     prompts = [shared + tail for tail in tails]
     budget = 16
     figures = {}
     for caching in (True, False):
-        flags = ["--drafter", "none", "--max-seq-len", "1024"] + ([] if caching else ["--no-enable-prefix-caching"])
+        flags = (["--max-seq-len", "1024"] + ([] if drafter == "default" else ["--drafter", drafter])
+                 + ([] if caching else ["--no-enable-prefix-caching"]))
         with Server(flags) as server:
             server.complete_all([humaneval_ids(1, 40, offset=40)[0]], 2)  # warm, shares nothing
             first, _ = server.complete(prompts[0], budget)
@@ -173,6 +177,8 @@ def prefix(failures: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checks", nargs="+", choices=("capacity", "preemption", "prefix"))
+    parser.add_argument("--drafter", default="none",
+                        help="the prefix check's drafter: none (plain decoding), default (the server's), or a name")
     args = parser.parse_args(argv)
     failures: list[str] = []
     for name in args.checks:
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "preemption":
             capacity(failures, pool_tokens=2560, name="preemption")
         else:
-            prefix(failures)
+            prefix(failures, args.drafter)
     return 1 if failures else 0
 
 

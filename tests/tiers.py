@@ -94,13 +94,22 @@ SLOW: dict[str, str] = {
         "rows in scattered pages equal generate alone without a drafter; default: [eagle3-dynamic], "
         "test_paged_scheduler",
     "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[ngram]":
-        "n-gram lookup's token buffer paged; default: [eagle3-dynamic], test_paged_scheduler's prefix test (ngram)",
+        "n-gram lookup's token buffer paged; default: [eagle3-dynamic], test_app (the n-gram server)",
     "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[draft-model]":
         "a draft model's whole KV cache paged; default: [eagle3-dynamic] (a drafter cache paged)",
-    "tests/jspec/serve/test_paged_scheduler.py::test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[plain]":
-        "preemption by recompute without a drafter; default: [eagle3-dynamic]",
+    "tests/jspec/serve/test_paged_scheduler.py::test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[eagle3-dynamic]":
+        "preemption by recompute with a drafter cache paged; default: [plain], test_paged's [eagle3-dynamic] rows",
+    "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[ngram]":
+        "the scheduler's prefix hits with n-gram lookup; default: test_app's shared-prefix test (the CPU default "
+        "drafter, n-gram, over HTTP), test_paged's cached-prefix test, test_block_manager",
+    "tests/jspec/serve/test_slots.py::test_switching_between_step_programs_and_buckets_keeps_greedy_output":
+        "adaptive switching between step programs and length buckets keeps greedy output; default: the adapter's "
+        "unit tests in this module, test_app's adaptive server",
+    "tests/jspec/serve/test_slots.py::test_nothing_compiles_after_warm_up":
+        "every occupancy and length bucket of an adaptive slot engine compiles nothing; default: test_app's "
+        "test_the_scheduler_compiles_nothing_while_serving",
     "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[plain]":
-        "prefix caching without a drafter; default: [ngram]",
+        "prefix caching without a drafter; default: test_app's shared-prefix test, test_paged's cached-prefix test",
     "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[eagle3-dynamic]":
         "the scheduler's prefix hits for EAGLE-3 (last page recomputed); default: test_paged's "
         "test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic], test_block_manager's drop_last_hit test",
@@ -110,7 +119,7 @@ SLOW: dict[str, str] = {
         "the target alone from a cached prefix; default: [eagle3-dynamic] (the target's K/V checked there too)",
     "tests/jspec/serve/test_paged_scheduler.py::test_pages_hold_more_requests_than_static_slots_would":
         "admission by pages lets more requests run than static slots would; default: "
-        "test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[eagle3-dynamic] (admission and "
+        "test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[plain] (admission and "
         "preemption by pages)",
     "tests/jspec/serve/test_app.py::test_shutting_down_answers_503":
         "a draining server answers 503; default: test_before_warm_up_health_and_requests_answer_503",
