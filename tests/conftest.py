@@ -12,6 +12,12 @@ SESSION_COMPILE_CACHE = os.path.join(REPO, ".pytest_cache", "jax-compile-cache")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", SESSION_COMPILE_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+# Off a GPU, programs are compiled without LLVM's optimisations: most of the suite's time on a fresh clone is XLA:CPU
+# compiling programs that then run a few steps, and this cuts it by about a third (the programs compute the same
+# values; speed is measured by `jspec bench`, never here). The test processes inherit it (tests/virtual_devices.py).
+if not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")) and \
+        "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
