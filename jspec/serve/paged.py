@@ -270,9 +270,11 @@ def recomputes_last_hit(setup: GenerateSetup) -> bool:
 
 
 def _drafter_prefill_cached(drafter, params_t, params_d, state, ctx: PrefillContext, cached_lens):
+    """``DrafterBase.prefill_cached``, or ``prefill`` for a protocol drafter without it (one reading no target
+    states: :func:`continues_from_cache` admits no other)."""
     if hasattr(drafter, "prefill_cached"):
         return drafter.prefill_cached(params_t, params_d, state, ctx, cached_lens)
-    return drafter.prefill(params_t, params_d, ctx)  # a protocol drafter reading no target states
+    return drafter.prefill(params_t, params_d, ctx)
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))

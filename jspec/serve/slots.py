@@ -158,9 +158,9 @@ class SlotEngine:
     ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
     ``CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
     starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
-    cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning); max_num_seqs: requests running at
-    once (default: the engine's max_batch_size); max_num_batched_tokens: prompt slots one prefill call takes
-    (default: max(2048, max_seq_len)); row_buckets:
+    cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning);
+    max_num_seqs: requests running at once (default: the engine's max_batch_size); max_num_batched_tokens: prompt
+    slots one prefill call takes (default: max(2048, max_seq_len)); row_buckets:
     the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
     max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
     this part); seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
