@@ -8,8 +8,12 @@ greedy rows only and one for chunks with a sampled row. The choice per chunk red
 
     speculative: acceptance / spec_step_seconds[rows]     against     plain: 1 / plain_step_seconds[rows]
 
-with step seconds per bucket from a cost table measured at start-up (:func:`measure_costs`) and kept current by
-every chunk the scheduler times, and the acceptance the running requests' own running averages of tokens committed
+with step seconds per bucket from a cost table measured at start-up (:func:`measure_costs`, at the longest context)
+and kept current by every chunk the scheduler times, and per context length bucket too: a step's cost falls with
+its context, a plain step's faster than a verify pass's (its gathered pages and attention are most of it), so
+the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in (the
+other program is probed there at once, so both are timed early). The
+acceptance is the running requests' own running averages of tokens committed
 per verify step (new ones start from the average over all). Where a step is bound by memory (few rows, a GPU) a
 verify pass of T tokens costs about one plain step and speculation wins; where it is bound by compute (many rows)
 it costs up to T plain steps and plain decoding wins. While plain steps run nothing measures the acceptance, and
@@ -97,45 +101,66 @@ class LoadAdapter:
         self.probe_headroom = probe_headroom
         self._streak = 0    # chunks in a row that ran the same program
         self._last: bool | None = None
+        self._by_context: dict[tuple[bool, bool, int, int], float] = {}  # (speculate, sampled, rows, seq_len)
 
-    def speculative_rate(self, rows: int, acceptance: float | None = None, sampled: bool = False) -> float:
+    def step_seconds(self, speculate: bool, rows: int, sampled: bool = False, seq_len: int | None = None) -> float:
+        """Seconds per step of a step program over the bucket of ``rows`` (``sampled``: some of them sampled) at
+        context ``seq_len``: as timed there, else the start-up table's (kept current over all contexts)."""
+        side = sampled and self.costs.sampled_spec_step_seconds is not None
+        timed = None if seq_len is None else self._by_context.get((speculate, side, rows, seq_len))
+        return self.costs.seconds(speculate, sampled)[rows] if timed is None else timed
+
+    def speculative_rate(self, rows: int, acceptance: float | None = None, sampled: bool = False,
+                         seq_len: int | None = None) -> float:
         """Expected tokens per second per running slot with speculative steps over ``rows`` slots (``sampled``:
-        some of them sampled), at ``acceptance`` (default: the running estimate)."""
-        return (self.acceptance if acceptance is None else acceptance) / self.costs.seconds(True, sampled)[rows]
+        some of them sampled) at context ``seq_len``, at ``acceptance`` (default: the running estimate)."""
+        expected = self.acceptance if acceptance is None else acceptance
+        return expected / self.step_seconds(True, rows, sampled, seq_len)
 
-    def plain_rate(self, rows: int, sampled: bool = False) -> float:
-        return 1.0 / self.costs.seconds(False, sampled)[rows]
+    def plain_rate(self, rows: int, sampled: bool = False, seq_len: int | None = None) -> float:
+        return 1.0 / self.step_seconds(False, rows, sampled, seq_len)
 
-    def choose(self, rows: int, acceptance: float | None = None, sampled: bool = False) -> bool:
-        """True: the next chunk, over the occupancy bucket of ``rows`` slots (``sampled``: some of them sampled),
-        speculates. acceptance: what the running requests are expected to accept (the mean of their own running
+    def choose(self, rows: int, acceptance: float | None = None, sampled: bool = False,
+               seq_len: int | None = None) -> bool:
+        """True: the next chunk, over the occupancy bucket of ``rows`` slots (``sampled``: some of them sampled)
+        at context ``seq_len`` (None: costs as in the start-up table), speculates. acceptance: what the running requests are expected to accept (the mean of their own running
         averages; default: the running estimate over all). The faster program by the table, but every
         ``probe_every``-th chunk in a row of one kind a probe of the other, where it would pay at ``probe_headroom``
         times the expected acceptance (a speculative probe) or at the faster program's cost over
-        ``probe_headroom`` (a plain one); never speculative where even ``max_acceptance`` (every draft accepted)
+        ``probe_headroom`` (a plain one), and such a probe at once where the other program was never timed at this
+        bucket and context; never speculative where even ``max_acceptance`` (every draft accepted)
         would not pay: there a verify pass costs more than the most it can save."""
         expected = self.acceptance if acceptance is None else acceptance
-        plain = self.plain_rate(rows, sampled)
-        if self.max_acceptance is not None and self.speculative_rate(rows, self.max_acceptance, sampled) < plain:
+        plain = self.plain_rate(rows, sampled, seq_len)
+        if (self.max_acceptance is not None
+                and self.speculative_rate(rows, self.max_acceptance, sampled, seq_len) < plain):
             return False
-        speculative = self.speculative_rate(rows, expected, sampled)
+        speculative = self.speculative_rate(rows, expected, sampled, seq_len)
         choice = speculative >= plain
-        if self._streak + 1 >= self.probe_every:
+        side = sampled and self.costs.sampled_spec_step_seconds is not None
+        untimed = seq_len is not None and (not choice, side, rows, seq_len) not in self._by_context
+        if untimed or self._streak + 1 >= self.probe_every:
             other_could_pay = (plain * self.probe_headroom >= speculative if choice else
-                               self.speculative_rate(rows, self.probe_headroom * expected, sampled) >= plain)
+                               self.speculative_rate(rows, self.probe_headroom * expected, sampled, seq_len) >= plain)
             choice ^= other_could_pay
         self._streak = self._streak + 1 if choice == self._last else 1
         self._last = choice
         return choice
 
     def observe(self, speculated: bool, tokens: int, steps: int, *, rows: int | None = None,
-                seconds: float = 0.0, loop_steps: int = 0, sampled: bool = False) -> None:
+                seconds: float = 0.0, loop_steps: int = 0, sampled: bool = False,
+                seq_len: int | None = None) -> None:
         """A chunk's outcome: ``tokens`` committed by ``steps`` verify steps over all running slots; with ``rows``
         (its occupancy bucket; ``sampled``: some of them sampled), its ``seconds`` over ``loop_steps`` steps move
         that bucket's cost (a running average, as the acceptance's: the start-up table is only where the costs
-        begin)."""
+        begin), and with ``seq_len`` (its context bucket) set the cost there at first, then move it."""
         if speculated and steps > 0:
             self.acceptance += self.smoothing * (tokens / steps - self.acceptance)
         if rows is not None and loop_steps > 0:
+            measured = seconds / loop_steps
             table = self.costs.seconds(speculated, sampled)
-            table[rows] += self.smoothing * (seconds / loop_steps - table[rows])
+            table[rows] += self.smoothing * (measured - table[rows])
+            if seq_len is not None:
+                key = (speculated, sampled and self.costs.sampled_spec_step_seconds is not None, rows, seq_len)
+                timed = self._by_context.get(key)
+                self._by_context[key] = measured if timed is None else timed + self.smoothing * (measured - timed)

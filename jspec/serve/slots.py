@@ -550,7 +550,7 @@ class SlotEngine:
         if self.adapter is not None:
             own = [self._rows[i].acceptance for i in running]
             expected = np.mean([self.adapter.acceptance if a is None else a for a in own])
-            speculate = self.adapter.choose(rows, float(expected), sampled)
+            speculate = self.adapter.choose(rows, float(expected), sampled, seq_len)
         start = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._compiled["step", speculate, rows, seq_len](
@@ -562,7 +562,7 @@ class SlotEngine:
         self.metrics.busy_seconds.labels("step").inc(seconds)
         if self.adapter is not None:
             self.adapter.observe(speculate, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps,
-                                 sampled=sampled)
+                                 sampled=sampled, seq_len=seq_len)
 
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool

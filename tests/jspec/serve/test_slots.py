@@ -243,6 +243,18 @@ def test_the_adapter_probes_plain_steps_while_it_speculates_and_keeps_costs_by_s
     assert not adapter.choose(8, sampled=True)
 
 
+def test_the_adapter_times_each_context_and_probes_an_untimed_one_at_once():
+    # the start-up table (the longest context) has speculation winning at 8 rows; at a shorter context a plain
+    # step costs a third of the table's and a verify pass what the table says
+    adapter = LoadAdapter(CostTable({8: 0.02}, {8: 0.015}), acceptance=2.0, probe_every=8)
+    assert adapter.choose(8, seq_len=256)  # by the table: 2 / 0.02 > 1 / 0.015
+    adapter.observe(True, tokens=16, steps=8, rows=8, seconds=0.08, loop_steps=4, seq_len=256)
+    assert not adapter.choose(8, seq_len=256)  # plain steps never timed at this context: a probe at once
+    adapter.observe(False, tokens=8, steps=8, rows=8, seconds=0.02, loop_steps=4, seq_len=256)
+    assert adapter.step_seconds(False, 8, seq_len=256) == 0.005  # the first timing replaces the table's
+    assert [adapter.choose(8, seq_len=256) for _ in range(3)] == [False] * 3  # 1 / 0.005 > 2 / 0.02
+
+
 def test_the_adapter_never_probes_where_speculation_cannot_pay():
     costs = CostTable({1: 0.012, 8: 0.03}, {1: 0.01, 8: 0.01})
     adapter = LoadAdapter(costs, acceptance=2.5, probe_every=2, max_acceptance=2.9)
