@@ -245,14 +245,16 @@ def test_the_adapter_probes_plain_steps_while_it_speculates_and_keeps_costs_by_s
 
 def test_the_adapter_times_each_context_and_probes_an_untimed_one_at_once():
     # the start-up table (the longest context) has speculation winning at 8 rows; at a shorter context a plain
-    # step costs a third of the table's and a verify pass what the table says
+    # step costs a third of the table's
     adapter = LoadAdapter(CostTable({8: 0.02}, {8: 0.015}), acceptance=2.0, probe_every=8)
-    assert adapter.choose(8, seq_len=256)  # by the table: 2 / 0.02 > 1 / 0.015
-    adapter.observe(True, tokens=16, steps=8, rows=8, seconds=0.08, loop_steps=4, seq_len=256)
+    assert adapter.choose(8)  # by the table: 2 / 0.02 > 1 / 0.015
     assert not adapter.choose(8, seq_len=256)  # plain steps never timed at this context: a probe at once
     adapter.observe(False, tokens=8, steps=8, rows=8, seconds=0.02, loop_steps=4, seq_len=256)
     assert adapter.step_seconds(False, 8, seq_len=256) == 0.005  # the first timing replaces the table's
-    assert [adapter.choose(8, seq_len=256) for _ in range(3)] == [False] * 3  # 1 / 0.005 > 2 / 0.02
+    assert adapter.step_seconds(False, 8) == pytest.approx(0.012)  # which moves too (smoothing 0.3)
+    # plain now wins at 256 even at 1.5x the acceptance (1 / 0.005 > 3 / 0.02): no speculative probe there
+    assert [adapter.choose(8, seq_len=256) for _ in range(3)] == [False] * 3
+    assert adapter.choose(8, seq_len=1024) is False  # untimed there too: plain probed first, by the moved table
 
 
 def test_the_adapter_never_probes_where_speculation_cannot_pay():
