@@ -11,8 +11,8 @@ greedy rows only and one for chunks with a sampled row. The choice per chunk red
 with step seconds per bucket from a cost table measured at start-up (:func:`measure_costs`, at the longest context)
 and kept current by every chunk the scheduler times, and per context length bucket too: a step's cost falls with
 its context, a plain step's faster than a verify pass's (its gathered pages and attention are most of it), so
-the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in (the
-other program is probed there at once, so both are timed early). The
+the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in (each
+program runs once at a (bucket, context) before the two are compared there). The
 acceptance is the running requests' own running averages of tokens committed
 per verify step (new ones start from the average over all). Where a step is bound by memory (few rows, a GPU) a
 verify pass of T tokens costs about one plain step and speculation wins; where it is bound by compute (many rows)
@@ -127,8 +127,8 @@ class LoadAdapter:
         averages; default: the running estimate over all). The faster program by the table, but every
         ``probe_every``-th chunk in a row of one kind a probe of the other, where it would pay at ``probe_headroom``
         times the expected acceptance (a speculative probe) or at the faster program's cost over
-        ``probe_headroom`` (a plain one), and such a probe at once where the other program was never timed at this
-        bucket and context; never speculative where even ``max_acceptance`` (every draft accepted)
+        ``probe_headroom`` (a plain one), and the other program at once, whatever it would pay, where it was never
+        timed at this bucket and context (each is timed there before the two are compared); never speculative where even ``max_acceptance`` (every draft accepted)
         would not pay: there a verify pass costs more than the most it can save."""
         expected = self.acceptance if acceptance is None else acceptance
         plain = self.plain_rate(rows, sampled, seq_len)
@@ -138,8 +138,9 @@ class LoadAdapter:
         speculative = self.speculative_rate(rows, expected, sampled, seq_len)
         choice = speculative >= plain
         side = sampled and self.costs.sampled_spec_step_seconds is not None
-        untimed = seq_len is not None and (not choice, side, rows, seq_len) not in self._by_context
-        if untimed or self._streak + 1 >= self.probe_every:
+        if seq_len is not None and (not choice, side, rows, seq_len) not in self._by_context:
+            choice = not choice  # the other program, never timed here: its table cost is the longest context's
+        elif self._streak + 1 >= self.probe_every:
             other_could_pay = (plain * self.probe_headroom >= speculative if choice else
                                self.speculative_rate(rows, self.probe_headroom * expected, sampled, seq_len) >= plain)
             choice ^= other_could_pay
