@@ -12,11 +12,10 @@ with step seconds per bucket from a cost table measured at start-up (:func:`meas
 and kept current by every chunk the scheduler times, and per context length bucket too: a step's cost falls with
 its context, a plain step's faster than a verify pass's (its gathered pages and attention are most of it), so
 the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in (each
-program runs once at a (bucket, context) before the two are compared there). The
-acceptance is the running requests' own running averages of tokens committed
-per verify step (new ones start from the average over all). Where a step is bound by memory (few rows, a GPU) a
-verify pass of T tokens costs about one plain step and speculation wins; where it is bound by compute (many rows)
-it costs up to T plain steps and plain decoding wins. While plain steps run nothing measures the acceptance, and
+program runs once at a (bucket, context) before the two are compared there). The acceptance is the running
+requests' own running averages of tokens committed per verify step (new ones start from the average over all).
+Where a step is bound by memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and
+speculation wins; where it is bound by compute (many rows) it costs up to T plain steps and plain decoding wins. While plain steps run nothing measures the acceptance, and
 while one program runs nothing corrects the other's cost, so every ``probe_every``-th chunk in a row of one kind
 runs the other where that could pay.
 """
@@ -103,11 +102,15 @@ class LoadAdapter:
         self._last: bool | None = None
         self._by_context: dict[tuple[bool, bool, int, int], float] = {}  # (speculate, sampled, rows, seq_len)
 
+    def _context_key(self, speculate: bool, rows: int, sampled: bool, seq_len: int) -> tuple[bool, bool, int, int]:
+        """The key of a (program, table side, bucket, context) timing: chunks with a sampled row have their own
+        side only where the start-up table has one."""
+        return speculate, sampled and self.costs.sampled_spec_step_seconds is not None, rows, seq_len
+
     def step_seconds(self, speculate: bool, rows: int, sampled: bool = False, seq_len: int | None = None) -> float:
         """Seconds per step of a step program over the bucket of ``rows`` (``sampled``: some of them sampled) at
         context ``seq_len``: as timed there, else the start-up table's (kept current over all contexts)."""
-        side = sampled and self.costs.sampled_spec_step_seconds is not None
-        timed = None if seq_len is None else self._by_context.get((speculate, side, rows, seq_len))
+        timed = None if seq_len is None else self._by_context.get(self._context_key(speculate, rows, sampled, seq_len))
         return self.costs.seconds(speculate, sampled)[rows] if timed is None else timed
 
     def speculative_rate(self, rows: int, acceptance: float | None = None, sampled: bool = False,
@@ -123,12 +126,14 @@ class LoadAdapter:
     def choose(self, rows: int, acceptance: float | None = None, sampled: bool = False,
                seq_len: int | None = None) -> bool:
         """True: the next chunk, over the occupancy bucket of ``rows`` slots (``sampled``: some of them sampled)
-        at context ``seq_len`` (None: costs as in the start-up table), speculates. acceptance: what the running requests are expected to accept (the mean of their own running
+        at context ``seq_len`` (None: costs as in the start-up table), speculates. acceptance: what the running
+        requests are expected to accept (the mean of their own running
         averages; default: the running estimate over all). The faster program by the table, but every
         ``probe_every``-th chunk in a row of one kind a probe of the other, where it would pay at ``probe_headroom``
         times the expected acceptance (a speculative probe) or at the faster program's cost over
         ``probe_headroom`` (a plain one), and the other program at once, whatever it would pay, where it was never
-        timed at this bucket and context (each is timed there before the two are compared); never speculative where even ``max_acceptance`` (every draft accepted)
+        timed at this bucket and context (each is timed there before the two are compared); never speculative
+        where even ``max_acceptance`` (every draft accepted)
         would not pay: there a verify pass costs more than the most it can save."""
         expected = self.acceptance if acceptance is None else acceptance
         plain = self.plain_rate(rows, sampled, seq_len)
@@ -137,8 +142,7 @@ class LoadAdapter:
             return False
         speculative = self.speculative_rate(rows, expected, sampled, seq_len)
         choice = speculative >= plain
-        side = sampled and self.costs.sampled_spec_step_seconds is not None
-        if seq_len is not None and (not choice, side, rows, seq_len) not in self._by_context:
+        if seq_len is not None and self._context_key(not choice, rows, sampled, seq_len) not in self._by_context:
             choice = not choice  # the other program, never timed here: its table cost is the longest context's
         elif self._streak + 1 >= self.probe_every:
             other_could_pay = (plain * self.probe_headroom >= speculative if choice else
@@ -162,6 +166,6 @@ class LoadAdapter:
             table = self.costs.seconds(speculated, sampled)
             table[rows] += self.smoothing * (measured - table[rows])
             if seq_len is not None:
-                key = (speculated, sampled and self.costs.sampled_spec_step_seconds is not None, rows, seq_len)
+                key = self._context_key(speculated, rows, sampled, seq_len)
                 timed = self._by_context.get(key)
                 self._by_context[key] = measured if timed is None else timed + self.smoothing * (measured - timed)
