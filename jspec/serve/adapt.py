@@ -15,9 +15,9 @@ the first chunk timed at a (bucket, context) replaces the start-up figure there 
 program runs once at a (bucket, context) before the two are compared there). The acceptance is the running
 requests' own running averages of tokens committed per verify step (new ones start from the average over all).
 Where a step is bound by memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and
-speculation wins; where it is bound by compute (many rows) it costs up to T plain steps and plain decoding wins. While plain steps run nothing measures the acceptance, and
-while one program runs nothing corrects the other's cost, so every ``probe_every``-th chunk in a row of one kind
-runs the other where that could pay.
+speculation wins; where it is bound by compute (many rows) it costs up to T plain steps and plain decoding wins.
+While plain steps run nothing measures the acceptance, and while one program runs nothing corrects the other's cost,
+so every ``probe_every``-th chunk in a row of one kind runs the other where that could pay.
 """
 
 from __future__ import annotations
