@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jspec.sharding import KV_CACHE, per_shard
 from models.attention import dense_attention
+from models.paged_kv import PagedKV, paged_attention
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.tree_attention import tree_attention
 
@@ -38,8 +39,12 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
 
     impl: the tree kernel's lowering for verify passes: "auto" (Pallas on a GPU, dense attention elsewhere),
     "pallas", "interpret" (the kernel in the Pallas interpreter: tests on CPU), or "reference" (dense attention).
-    Calls that are not verify passes go dense whatever impl says.
+    Calls that are not verify passes go dense whatever impl says. A paged cache (``models.paged_kv.PagedKV``:
+    the server's step programs) goes to ``paged_attention``, the prefix read through the page table (its jnp form;
+    a paged kernel is the kernel issue's).
     """
+    if isinstance(k_cache, PagedKV):
+        return paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
     if is_verify_pass(q, local_mask, write_offset) and resolve_impl(impl) is not Impl.REFERENCE:
         # On a mesh each device runs the kernel on its rows and its heads (KV heads split as its query heads are).
         kernel = per_shard(lambda *a: tree_attention(*a, scale=scale, impl=impl),

@@ -25,11 +25,12 @@ from jspec.compile_options import setup_jit
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
-from jspec.sharding import KV_CACHE, TAPS, constrain, constrain_rows, traced_on
+from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState, write_hidden_states
 from jspec.step import StepInputs, last_tokens, plain_step, root_step, spec_step
 from models.attention import KVCache, pad_slots
 from models.llama import unstack_layers
+from models.paged_kv import PagedKV
 
 
 class GenerateResult(NamedTuple):
@@ -84,7 +85,18 @@ def shard_state(state: DecodeState) -> DecodeState:
     one device."""
     cache, draft, hidden = state.cache, state.draft, state.hidden_states
     state = constrain_rows(state._replace(cache=None, draft=None, hidden_states=None))
-    return state._replace(cache=constrain(cache, KV_CACHE), draft=draft, hidden_states=constrain(hidden, TAPS))
+    return state._replace(cache=constrain_cache(cache), draft=draft, hidden_states=constrain(hidden, TAPS))
+
+
+def constrain_cache(cache: KVCache) -> KVCache:
+    """The target cache split as :func:`shard_state` splits it: dense buffers by rows and KV heads, a paged
+    cache's pages by KV heads (its page tables left to the partitioner)."""
+    def one(buffer):
+        if isinstance(buffer, PagedKV):
+            return buffer._replace(pages=constrain(buffer.pages, KV_POOL))
+        return constrain(buffer, KV_CACHE)
+
+    return jax.tree.map(one, cache, is_leaf=lambda x: isinstance(x, PagedKV))
 
 
 def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,

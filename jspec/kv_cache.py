@@ -16,12 +16,14 @@ import jax
 import jax.numpy as jnp
 
 from models.attention import KVCache
+from models.paged_kv import PagedKV, move_paged
 
 
 def commit_path(cache: KVCache, accept_index: jax.Array, cache_len: jax.Array) -> KVCache:
     """Moves the accepted path's K/V to cache[b, cache_len[b] : cache_len[b] + D + 1] in every layer.
 
-    cache: per layer (``KVCache.k``, ``KVCache.v``: tuples of num_layers arrays [B, S, Hkv, D]);
+    cache: per layer (``KVCache.k``, ``KVCache.v``: tuples of num_layers arrays [B, S, Hkv, D], or of
+    ``models.paged_kv.PagedKV``: the move goes through each row's page table);
     accept_index: i32[B, D + 1] local node ids of the accepted path, root first, -1 padded; cache_len: i32[B].
     Slots before cache_len are untouched; padded (-1) entries copy the root's row into the garbage region.
     """
@@ -33,7 +35,9 @@ def commit_path(cache: KVCache, accept_index: jax.Array, cache_len: jax.Array) -
     source = cache_len[:, None] + jnp.maximum(accept_index, 0)
     target = cache_len[:, None] + jnp.arange(width)[None]
 
-    def move(buffer: jax.Array) -> jax.Array:  # [B, S, Hkv, D]
+    def move(buffer: jax.Array | PagedKV) -> jax.Array | PagedKV:  # [B, S, Hkv, D] or pages
+        if isinstance(buffer, PagedKV):
+            return move_paged(buffer, source, target)
         return buffer.at[rows, target].set(buffer[rows, source])
 
-    return jax.tree.map(move, cache)
+    return jax.tree.map(move, cache, is_leaf=lambda x: isinstance(x, PagedKV))

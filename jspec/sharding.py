@@ -51,6 +51,7 @@ from models.config import ModelConfig
 MESH_AXES = ("data", "model")
 ROWS = P("data")                          # [B, ...] arrays: batch rows over "data"
 KV_CACHE = P("data", None, "model", None)  # [B, S, Hkv, D]
+KV_POOL = P(None, None, "model", None)  # [num_pages, page_size, Hkv, D]: pages shared by every row
 TAPS = P(None, "data")                     # [K, B, T, H] the target's hidden states a drafter reads: whole rows
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # output features split

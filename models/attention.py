@@ -31,6 +31,8 @@ from typing import NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
+from models.paged_kv import PagedKV, write_paged
+
 
 class KVCache(NamedTuple):
     """Key and value buffers of every layer, in one of two layouts:
@@ -168,11 +170,14 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return out.reshape(batch, num_new, num_heads, head_dim).astype(q.dtype)
 
 
-def write_new_tokens(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """Writes new: [B, T, H, D] into cache: [B, S, H, D] at slots start[b] .. start[b] + T - 1.
+def write_new_tokens(cache: jax.Array | PagedKV, new: jax.Array, start: jax.Array) -> jax.Array | PagedKV:
+    """Writes new: [B, T, H, D] into cache: [B, S, H, D] (or its pages) at slots start[b] .. start[b] + T - 1.
 
     The caller guarantees start[b] + T <= S (dynamic_update_slice would clamp, not fail).
     """
+    if isinstance(cache, PagedKV):
+        return write_paged(cache, new, start)
+
     def one(c, n, start):
         return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (start, 0, 0))
 

@@ -41,12 +41,12 @@ from jspec.commit import commit_tokens
 from jspec.drafters.base import PrefillContext
 from jspec.sampling import SamplingArrays, keys_at, sample_tokens
 from jspec.serve.programs import idle_slots, start_state
-from jspec.sharding import TAPS, constrain, traced_on
+from jspec.sharding import KV_POOL, TAPS, constrain, traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs
+from models.paged_kv import PagedKV
 
 SLOT, ROW, SHARED = "slot", "row", "shared"
-POOL_KV = P(None, None, "model", None)  # [num_pages, page_size, Hkv, D]: KV heads over "model", as the dense cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +141,7 @@ def empty_store(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup
         else:
             value = leaf
         if setup.mesh is not None:
-            value = jax.device_put(value, NamedSharding(setup.mesh, POOL_KV if spec.kv else P()))
+            value = jax.device_put(value, NamedSharding(setup.mesh, KV_POOL if spec.kv else P()))
         store.append(value)
     return store
 
@@ -155,15 +155,19 @@ def bytes_per_slot(params_t, params_d, layout: PagedLayout, *, setup: GenerateSe
                for spec, leaf in zip(layout.leaves, jax.tree.leaves(idle)) if spec.kind == SLOT)
 
 
-def gather_view(layout: PagedLayout, store: list, row_ids: jax.Array, page_table: jax.Array, seq_len: int) -> Any:
+def gather_view(layout: PagedLayout, store: list, row_ids: jax.Array, page_table: jax.Array, seq_len: int, *,
+                paged_kv: bool = False) -> Any:
     """The dense (state, inputs) of rows ``row_ids`` (i32[R]) at context ``seq_len``; page_table: i32[R, >= pages
-    of the view] (0: the null page)."""
+    of the view] (0: the null page). paged_kv: the target's K/V stay in their pools, each layer's a
+    ``models.paged_kv.PagedKV`` over the view's page table (the step reads them through it), not a dense copy."""
     leaves = []
     for spec, stored in zip(layout.leaves, store):
         if spec.kind == SHARED:
             leaves.append(stored)
         elif spec.kind == ROW:
             leaves.append(jnp.moveaxis(stored[row_ids], 0, spec.row_axis))
+        elif spec.kv and paged_kv:
+            leaves.append(PagedKV(stored, page_table[:, :layout.pages_in_view(seq_len)]))
         else:
             extent = seq_len + spec.extra_slots
             pages = math.ceil(extent / layout.page_size)
@@ -178,10 +182,12 @@ def scatter_view(layout: PagedLayout, store: list, view: Any, row_ids: jax.Array
     """Writes a view (as :func:`gather_view` returns) back into the store -> the new store. since: i32[R], with
     ``write_pages``: only the ``write_pages`` pages from the one holding position since[r] are written back (the
     rest of each row is unchanged since the gather, so a chunk writes what its steps touched, not the whole
-    context)."""
+    context). A target K/V kept in pages (:func:`gather_view`'s ``paged_kv``) is stored as the step left it."""
     out = []
-    for spec, stored, leaf in zip(layout.leaves, store, jax.tree.leaves(view)):
-        if spec.kind == SHARED:
+    for spec, stored, leaf in zip(layout.leaves, store, jax.tree.leaves(view, is_leaf=_is_paged)):
+        if isinstance(leaf, PagedKV):
+            out.append(constrain(leaf.pages, KV_POOL))
+        elif spec.kind == SHARED:
             out.append(leaf.astype(stored.dtype))
         elif spec.kind == ROW:
             out.append(stored.at[row_ids].set(jnp.moveaxis(leaf, spec.row_axis, 0).astype(stored.dtype)))
@@ -204,8 +210,12 @@ def scatter_view(layout: PagedLayout, store: list, view: Any, row_ids: jax.Array
                     rows, first * layout.page_size)
             rows = rows.reshape((-1, layout.page_size) + rows.shape[2:])
             updated = stored.at[table.reshape(-1)].set(rows.astype(stored.dtype))
-            out.append(constrain(updated, POOL_KV) if spec.kv else updated)
+            out.append(constrain(updated, KV_POOL) if spec.kv else updated)
     return out
+
+
+def _is_paged(x: Any) -> bool:
+    return isinstance(x, PagedKV)
 
 
 class Readout(NamedTuple):
@@ -351,7 +361,7 @@ def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: j
     back; else (``write_pages(layout, setup, steps)`` for chunks of at most ``steps`` steps) only the pages the
     steps may have touched."""
     with traced_on(setup.mesh):
-        state, inputs = gather_view(layout, store, row_ids, page_table, seq_len)
+        state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         since = None if write_pages is None else jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
         state = run_loop(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len),
