@@ -14,13 +14,16 @@ comparing the shapes of idle states (``programs.idle_slots``) of one and two row
   (done) forever.
 - **shared leaves** have no row axis (the loop's step counter): stored as they are.
 
-A program over R rows at context ``seq_len`` gathers the state those rows have in a dense engine of
-``max_seq_len = seq_len`` (their pages through the page table, their row-store rows), runs the unchanged prefill or
-step loop on it (``jspec.generate``), and scatters the result back into the pages and rows. A page shared by
-several rows (a cached prefix) holds committed tokens no step changes, so every row writes it back unchanged.
-The pool is the persistent memory (sized by ``--max-total-tokens``); the gathered view lives only inside one
-program. Reading the committed prefix through the page table inside attention itself, with no dense view, is the
-kernel's job (docs/serving.md).
+A program over R rows at context ``seq_len`` builds the state those rows have in an engine of
+``max_seq_len = seq_len`` and runs the unchanged prefill or step loop on it (``jspec.generate``). The target's K/V,
+by far the largest leaves, stay in their pools: each layer's is a ``models.paged_kv.PagedKV`` over the rows' page
+table, which the model writes through and ``models.paged_kv.paged_attention`` reads (the committed prefix under a
+length mask, the new tokens under their tree or causal mask, merged by log-sum-exp), so a step reads a row's
+prefix where it lies and the accepted path's K/V goes straight into its pages. The other slot leaves (the token
+buffer, a drafter's cache) are gathered into a dense view of the rows' pages and the pages a program may have
+touched written back; row leaves likewise. A page shared by several rows (a cached prefix) holds committed tokens
+no step changes: a row writes only from its committed length on, in pages of its own. The pool is the persistent
+memory (sized by ``--max-total-tokens``). A fresh prompt's prefill computes its K/V densely and writes its pages.
 """
 
 from __future__ import annotations
@@ -293,8 +296,8 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
                         sampling: SamplingArrays, row_ids: jax.Array, page_table: jax.Array, *,
                         layout: PagedLayout, setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
-    (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V through the
-    page table; the drafter (:func:`continues_from_cache`) prefills over the whole prompt. The cached pages are
+    (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V in their pages
+    (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) prefills over the whole prompt. The cached pages are
     read, never written (the write-back starts at the page of position cached_lens[b], a whole page), so rows
     sharing them keep them bit for bit. -> (store, readout).
 
@@ -306,7 +309,7 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
                          f"does not continue from a cached prefix")
     small = setup.with_max_seq_len(seq_len)
     with traced_on(setup.mesh):
-        view, _ = gather_view(layout, store, row_ids, page_table, seq_len)
+        view, _ = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         batch, width = suffix_ids.shape
         rows = jnp.arange(batch)[:, None]
         positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
