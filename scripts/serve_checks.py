@@ -4,9 +4,10 @@
     python scripts/serve_checks.py capacity     # --max-seq-len 2048 --max-total-tokens 8192, 48 requests at once
     python scripts/serve_checks.py preemption   # a pool too small for the load
     python scripts/serve_checks.py prefix       # 16 requests sharing a 500-token prefix, cache on and off
+    python scripts/serve_checks.py chunked      # a 900-token prompt arriving while 8 requests stream
 
-The prefix check serves plain decoding (--drafter none); ``--drafter default`` runs it on the default server
-(the bundled model's default drafter), any other name with that drafter.
+The prefix and chunked checks serve plain decoding (--drafter none); ``--drafter default`` runs them on the
+default server (the bundled model's default drafter), any other name with that drafter.
 
 Prints one line per figure and exits 1 when a check fails.
 """
@@ -79,6 +80,19 @@ class Server:
                 first = time.perf_counter() - start
             ids += getattr(chunk.choices[0], "token_ids", None) or [] if chunk.choices else []
         return ids, first
+
+    def stream(self, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+        """Streams a greedy completion -> (its token ids, the perf_counter time each piece with tokens came)."""
+        times, ids = [], []
+        stream = self.client.completions.create(model="jspec-code", prompt=prompt, max_tokens=max_tokens,
+                                                temperature=0.0, stream=True,
+                                                extra_body={"return_token_ids": True})
+        for chunk in stream:
+            new = (getattr(chunk.choices[0], "token_ids", None) or []) if chunk.choices else []
+            if new:
+                times.append(time.perf_counter())
+                ids += new
+        return ids, times
 
     def complete_all(self, prompts: list[list[int]], max_tokens: int, watch: bool = False):
         """Every prompt at once -> (token ids each, TTFT each, the most requests seen running)."""
@@ -174,11 +188,47 @@ def prefix(failures: list[str], drafter: str = "none") -> None:
           on["outputs"] == expected and off["outputs"] == expected, failures)
 
 
+def chunked(failures: list[str], drafter: str = "none") -> None:
+    """8 requests stream (60-token prompts, 96 new tokens each); once all have their first token a 900-token prompt
+    arrives. With the prompt prefilled whole (--max-num-batched-tokens 2048) the streams stall for its whole
+    prefill; in pieces of 128 tokens, for one piece at a time. Reports the streams' longest gap after the long
+    prompt arrived, and its TTFT."""
+    shorts = humaneval_ids(8, 60)
+    long_prompt = sum(humaneval_ids(12, 100, offset=30), [])[:900]
+    budget, long_budget = 96, 16
+    figures = {}
+    for batched in (2048, 128):
+        flags = (["--max-seq-len", "1024", "--max-num-batched-tokens", str(batched), "--no-enable-prefix-caching"]
+                 + ([] if drafter == "default" else ["--drafter", drafter]))
+        with Server(flags) as server:
+            server.complete_all([humaneval_ids(1, 40, offset=40)[0]], 2)  # warm
+            with concurrent.futures.ThreadPoolExecutor(len(shorts) + 1) as pool:
+                streams = [pool.submit(server.stream, p, budget) for p in shorts]
+                while server.metric("jspec:num_requests_running") < len(shorts):
+                    time.sleep(0.01)
+                time.sleep(0.3)  # every short stream under way
+                arrived = time.perf_counter()
+                long_ids, long_times = pool.submit(server.stream, long_prompt, long_budget).result()
+                results = [f.result() for f in streams]
+        gaps = [later - earlier for _, times in results for earlier, later in zip(times, times[1:])
+                if later > arrived]
+        figures[batched] = dict(gap=max(gaps, default=0.0), ttft=long_times[0] - arrived,
+                                outputs=[ids for ids, _ in results] + [long_ids])
+        print(f"  chunked: --max-num-batched-tokens {batched}: the streams' longest gap after the 900-token prompt "
+              f"arrived {figures[batched]['gap'] * 1e3:.0f} ms; its TTFT {figures[batched]['ttft'] * 1e3:.0f} ms")
+    whole, pieces = figures[2048], figures[128]
+    expected = offline(shorts, budget, 1024) + offline([long_prompt], long_budget, 1024)
+    check("chunked: the longest stall at least 2x shorter in pieces", whole["gap"] >= 2 * pieces["gap"], failures)
+    check("chunked: outputs equal offline, whole and in pieces",
+          whole["outputs"] == expected and pieces["outputs"] == expected, failures)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checks", nargs="+", choices=("capacity", "preemption", "prefix"))
+    parser.add_argument("checks", nargs="+", choices=("capacity", "preemption", "prefix", "chunked"))
     parser.add_argument("--drafter", default="none",
-                        help="the prefix check's drafter: none (plain decoding), default (the server's), or a name")
+                        help="the prefix and chunked checks' drafter: none (plain decoding), default (the server's), "
+                             "or a name")
     args = parser.parse_args(argv)
     failures: list[str] = []
     for name in args.checks:
@@ -187,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             capacity(failures)
         elif name == "preemption":
             capacity(failures, pool_tokens=2560, name="preemption")
+        elif name == "chunked":
+            chunked(failures, args.drafter)
         else:
             prefix(failures, args.drafter)
     return 1 if failures else 0

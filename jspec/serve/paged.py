@@ -297,20 +297,25 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
                         layout: PagedLayout, setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
     (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V in their pages
-    (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) prefills over the whole prompt. The cached pages are
-    read, never written (the write-back starts at the page of position cached_lens[b], a whole page), so rows
-    sharing them keep them bit for bit. -> (store, readout).
+    (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) prefills over the whole
+    prompt. The cached pages are read, never written (the write-back starts at the page of position cached_lens[b],
+    a whole page), so rows sharing them keep them bit for bit. It also prefills a prompt's pieces (chunked
+    prefill): cached_lens[b] the tokens its earlier pieces put in its pages, prompt_lens[b] where this piece ends.
+    -> (store, readout).
 
-    suffix_ids: i32[N, W] each prompt's tokens from cached_lens[b] on, right-padded (cached_lens[b] + W <= seq_len);
-    prompt_lens: i32[N] whole prompts; the other arguments as :func:`prefill_rows`.
+    suffix_ids: i32[N, W] each prompt's tokens from cached_lens[b] on, right-padded (prompt_lens[b] <= seq_len - 1;
+    the padding may run past seq_len: the program's view is W slots longer, and positions past a row's pages are
+    the null page's); prompt_lens: i32[N] whole prompts; the other arguments as :func:`prefill_rows`.
     """
     if not continues_from_cache(setup):
         raise ValueError(f"prefill_cached_rows: the drafter reads target layers {setup.drafter.tap_layers} and "
                          f"does not continue from a cached prefix")
+    batch, width = suffix_ids.shape
+    seq_len += width
+    page_table = jnp.pad(page_table, ((0, 0), (0, max(0, layout.pages_in_view(seq_len) - page_table.shape[1]))))
     small = setup.with_max_seq_len(seq_len)
     with traced_on(setup.mesh):
         view, _ = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
-        batch, width = suffix_ids.shape
         rows = jnp.arange(batch)[:, None]
         positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
         tokens = view.tokens.at[rows, positions].set(suffix_ids, mode="drop")

@@ -58,6 +58,7 @@ logger = logging.getLogger("jspec.serve")
 
 Sink = Callable[[list[int], "str | None"], None]  # (new token ids, finish_reason or None while running)
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
+DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
 
 
 class QueueFull(Exception):
@@ -131,6 +132,8 @@ class _Running:
     steps_seen: int = 0     # verify steps already counted
     hist_seen: np.ndarray | int = 0  # accepted_hist already counted
     acceptance: float | None = None  # its own running tokens per verify step (None: none measured yet)
+    prefilled: int | None = None     # a prompt prefilled in pieces: tokens whose K/V are in its pages so far
+                                     # (None: prefilled whole, or its last piece done; it steps in chunks)
 
     @property
     def request(self) -> Request:
@@ -160,7 +163,9 @@ class SlotEngine:
     starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
     cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning);
     max_num_seqs: requests running at once (default: the engine's max_batch_size); max_num_batched_tokens: prompt
-    slots one prefill call takes (default: max(2048, max_seq_len)); row_buckets:
+    tokens prefilled between two chunks (default 2048, as vLLM's): a prompt whose uncached rest is longer is
+    prefilled in pieces of whole pages between chunks of the running rows (chunked prefill), except with MTP,
+    whose prompts are prefilled whole (at least max_seq_len - 1; default max(2048, that)); row_buckets:
     the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
     max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
     this part); seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
@@ -176,8 +181,10 @@ class SlotEngine:
                  seq_buckets: Sequence[int] | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
-        max_num_batched_tokens = (max(2048, max_seq_len) if max_num_batched_tokens is None
-                                  else max_num_batched_tokens)
+        chunks_prefill = paged.continues_from_cache(engine.setup)
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = DEFAULT_BATCHED_TOKENS if chunks_prefill else max(DEFAULT_BATCHED_TOKENS,
+                                                                                       max_seq_len - 1)
         for name, value, low in (("max_queue", max_queue, 0), ("steps_per_chunk", steps_per_chunk, 1),
                                  ("max_stop_ids", max_stop_ids, 1), ("block_size", block_size, 1),
                                  ("max_num_seqs", max_num_seqs, 1),
@@ -187,9 +194,18 @@ class SlotEngine:
         if not isinstance(max_seq_len, int) or not 2 <= max_seq_len <= engine.setup.max_seq_len:
             raise ValueError(f"max_seq_len={max_seq_len!r}: expected an integer in [2, "
                              f"{engine.setup.max_seq_len}] (the engine's max_seq_len)")
-        if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < max_seq_len - 1:
+        # Chunked prefill cuts a prompt into pieces of whole pages; a drafter that recomputes a cached prefix's
+        # last page (EAGLE-3) redoes one page per piece, so a piece needs two.
+        least = (2 if paged.recomputes_last_hit(engine.setup) else 1) * block_size
+        if not chunks_prefill:
+            least = max_seq_len - 1  # MTP: a prompt is prefilled whole
+        if (not isinstance(max_num_batched_tokens, int) or isinstance(max_num_batched_tokens, bool)
+                or max_num_batched_tokens < min(least, max_seq_len - 1)):
+            what = ("the longest prompt, max_seq_len - 1: this drafter's prompts are prefilled whole"
+                    if not chunks_prefill else f"two pages of --block-size {block_size}: a prefill piece"
+                    if least == 2 * block_size else f"one page of --block-size {block_size}: a prefill piece")
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens!r}: expected an integer >= "
-                             f"{max_seq_len - 1} (the longest prompt, max_seq_len - 1)")
+                             f"{min(least, max_seq_len - 1)} ({what})")
         if not 0.0 < kv_cache_memory_fraction <= 1.0:
             raise ValueError(f"kv_cache_memory_fraction={kv_cache_memory_fraction!r}: expected a number in (0, 1]")
         if engine.data_parallel_size != 1:
@@ -210,6 +226,17 @@ class SlotEngine:
         self.eos_token_ids = tuple(engine.eos_token_ids)
         self.max_prompt_width = max_seq_len - 1  # a prompt leaves room for one new token
         self.widths = prompt_buckets(self.max_prompt_width, half_steps=False)
+        # Chunked prefill: an uncached prompt rest longer than max_num_batched_tokens is prefilled in pieces of
+        # ``piece_width`` tokens (the widest whole-page width bucket that fits), between chunks of the running
+        # rows; None: every prompt fits one prefill call.
+        self.piece_width = None
+        if max_num_batched_tokens < self.max_prompt_width:
+            fitting = [w for w in self.widths if w <= max_num_batched_tokens and w % block_size == 0]
+            if not fitting or fitting[-1] < least:
+                raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens}: no prefill piece of whole pages "
+                                 f"(--block-size {block_size}) and at least {least} tokens fits in it")
+            self.piece_width = fitting[-1]
+            self.widths = tuple(w for w in self.widths if w <= self.piece_width)
         self.row_buckets = compile_buckets("row_buckets", row_buckets, first=1, last=max_num_seqs,
                                            last_name="max_num_seqs")
         self.seq_buckets = compile_buckets("seq_buckets", seq_buckets, first=MIN_SEQ_BUCKET, last=max_seq_len,
@@ -322,7 +349,7 @@ class SlotEngine:
                     *args, self._store, *example, layout=layout, setup=self.setup,
                     seq_len=self._prefill_seq_len(width))
                 examples["prefill", rows, width] = example
-                if self.prefix_caching:  # a hit's prefill reads its cached pages at any context length
+                if self.prefix_caching or self.piece_width:  # reads its cached pages (or its earlier pieces')
                     examples["prefill_cached", rows, width] = self._cached_arrays(example, [0] * rows)
                     lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
                         *args, self._store, *examples["prefill_cached", rows, width], layout=layout,
@@ -422,6 +449,8 @@ class SlotEngine:
                     # --max-num-batched-tokens budget so the running rows are not held back longer.
                     with self._lock:
                         admitted = self._take_waiting()
+                if self.piece_width:
+                    self._continue_prefills(self.max_num_batched_tokens - prefilled)
                 if self.num_running:
                     self._chunk()
                 with self._lock:
@@ -497,13 +526,19 @@ class SlotEngine:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes ->
         the prompt tokens computed (cached ones not counted)."""
         groups: dict[tuple[int, bool], list[tuple[int, _Running]]] = collections.defaultdict(list)
+        computed = 0
         for row, running in admitted:
             self._rows[row] = running
             self._set_table(row, running.pages)
-            width = prompt_bucket(running.context_len - running.cached, self.max_prompt_width, half_steps=False)
-            groups[width, running.cached > 0].append((row, running))
             if not running.pending.generated:
                 self.metrics.prompt_tokens.inc(running.context_len)
+            rest = running.context_len - running.cached
+            if self.piece_width and rest > self.piece_width:
+                running.prefilled = running.cached  # prefilled in pieces (:meth:`_continue_prefills`)
+                continue
+            computed += rest
+            width = prompt_bucket(rest, self.max_prompt_width, half_steps=False)
+            groups[width, running.cached > 0].append((row, running))
         start = time.perf_counter()
         for (width, hit), group in groups.items():
             most = self._prefill_batches(width)[-1]
@@ -521,7 +556,46 @@ class SlotEngine:
                 self._emit([row for row, _ in part], out, speculated=None, chunk_start=start)
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
-        return sum(running.context_len - running.cached for _, running in admitted)
+        return computed
+
+    def _continue_prefills(self, budget: int) -> None:
+        """Prefills the next piece of prompts prefilled in pieces (chunked prefill), oldest first, while the
+        ``budget`` of prompt tokens lasts (one piece at least, so a long prompt always advances). A piece is one
+        cached-prefill call over ``piece_width`` tokens from the row's ``prefilled`` (whole pages) on; its readout
+        is dropped (its sampled token is overwritten by the next piece). The last piece is a cached prefill of the
+        rest, after which the row steps in chunks."""
+        pending = sorted((i for i, r in enumerate(self._rows) if r is not None and r.prefilled is not None),
+                         key=lambda i: self._rows[i].order)
+        spent = 0
+        for row in pending:
+            running = self._rows[row]
+            if running.request.cancelled is not None:
+                self._release(row)
+                self.metrics.requests.labels(running.request.cancelled).inc()
+                _safe_sink(running.request, [], running.request.cancelled)
+                continue
+            if spent and spent + self.piece_width > budget:
+                break
+            began = time.perf_counter()
+            start, end = running.prefilled, running.prefilled + self.piece_width
+            if end < running.context_len:  # a middle piece
+                params = dataclasses.replace(running.request.sampling_params(), max_new_tokens=1)
+                self._prefill([(running.pending.context[start:end], params)], self.piece_width, [row], [start],
+                              [end])
+                # The head of a drafter reading target states pairs slot p with token p + 1: the piece's last
+                # page is computed again with the next piece (as a prefix-cache hit's is).
+                running.prefilled = end - (self.block_size if self._drop_last_hit else 0)
+                spent += self.piece_width
+            else:
+                width = prompt_bucket(running.context_len - start, self.max_prompt_width, half_steps=False)
+                running.prefilled = None
+                out = self._prefill([(running.pending.context[start:], dataclasses.replace(
+                    running.request.sampling_params(), max_new_tokens=running.pending.budget))], width, [row],
+                    [start], [running.context_len])
+                running.registered = self.blocks.register(running.pages, running.pending.context, running.registered)
+                self._emit([row], out, speculated=None, chunk_start=began)
+                spent += width
+            self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
 
     def _prefill(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: list[int],
                  cached: list[int] | None, lengths: list[int]) -> paged.Readout:
@@ -539,7 +613,7 @@ class SlotEngine:
 
     def _chunk(self) -> None:
         self._reserve()
-        running = [i for i, row in enumerate(self._rows) if row is not None]
+        running = [i for i, row in enumerate(self._rows) if row is not None and row.prefilled is None]
         if not running:
             return
         rows = next(r for r in self.row_buckets if r >= len(running))
@@ -597,7 +671,7 @@ class SlotEngine:
         """Frees a row and its pages; with prefix caching the pages of its committed tokens stay keyed for reuse
         (all but the last step's: a drafter's cache may lag the target's by one step)."""
         running = self._rows[row]
-        if self.prefix_caching:
+        if self.prefix_caching and running.prefilled is None:  # a prompt half prefilled keys nothing
             tokens = running.pending.context
             kept = max(len(tokens) - 1 - self.setup.tokens_per_step, running.registered * self.block_size)
             self.blocks.register(running.pages, tokens[:kept], running.registered)

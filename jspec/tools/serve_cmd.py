@@ -52,7 +52,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--kv-cache-memory-fraction", type=float, default=0.9,
                         help="on a GPU, the fraction of device memory weights, programs and KV cache may fill")
     server.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="prompt tokens prefilled in one program call (default: max(2048, --max-seq-len))")
+                        help="prompt tokens prefilled between two decode chunks; a longer prompt is prefilled "
+                             "in pieces (chunked prefill; default 2048; MTP prefills a prompt whole: at least "
+                             "--max-seq-len - 1)")
     server.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV pages of a prompt's prefix computed before (every drafter but MTP)")
     server.add_argument("--max-queue", type=int, default=256,

@@ -116,3 +116,47 @@ def test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged(params_t, na
     reused = 32 if name == "eagle3-dynamic" else 40
     assert hits == 4 * reused, metrics  # each later request: its five whole prefix pages (four for EAGLE-3)
     assert queries == 5 * 41  # every prompt but its last token
+
+
+class Logged(Collector):
+    """A sink that appends (its name, tokens so far) to a log shared by several requests."""
+
+    def __init__(self, name: str, log: list):
+        super().__init__()
+        self.name, self.log = name, log
+
+    def __call__(self, tokens, reason):
+        super().__call__(tokens, reason)
+        self.log.append((self.name, len(self.tokens)))
+
+
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic"])
+def test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows(params_t, name):
+    """Chunked prefill: with --max-num-batched-tokens 16 (two pages of 8), a 45-token prompt is prefilled in
+    pieces; a short request submitted with it gains tokens between them (it is not stalled for the whole prompt), and
+    both return what they return alone. EAGLE-3 computes each piece's last page again with the next piece."""
+    engine = make_engine(params_t, name)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=4: expected an integer >= "):
+        SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, block_size=8, max_num_batched_tokens=4)
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=1, adapt=False, block_size=8,
+                       max_num_seqs=2, row_buckets=(2,), max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert slots.piece_width == 16 and max(slots.widths) == 16  # no program wider than a piece
+    slots.warm_up()
+    slots.start()
+    log: list = []
+    running, long = Logged("running", log), Logged("long", log)
+    long_prompt = [(5 * i) % 60 + 1 for i in range(45)]
+    try:
+        slots.submit(Request(prompt_ids=[3, 9, 27], max_tokens=40, sink=running))
+        slots.submit(Request(prompt_ids=long_prompt, max_tokens=12, sink=long))
+        for sink in (running, long):
+            assert sink.finished.wait(120), "a request did not finish"
+    finally:
+        slots.shutdown(10)
+    # Prefilled whole, the long prompt's first token would come before any chunk (prefills go first); in pieces,
+    # the running request's prefill and then a chunk after each middle piece come first.
+    first_long = next(i for i, (who, _) in enumerate(log) if who == "long")
+    assert sum(who == "running" for who, _ in log[:first_long]) >= 3, log
+    assert running.tokens == engine.generate([[3, 9, 27]], max_new_tokens=40).token_ids[0]
+    assert long.tokens == engine.generate([long_prompt], max_new_tokens=12).token_ids[0]
+    assert slots.blocks.num_used_pages == 0 and slots.num_running == 0
