@@ -811,7 +811,7 @@ class SlotEngine:
         ``lax.cond`` skip work only where every row can)."""
         seq_len = self.seq_buckets[-1] if seq_len is None else seq_len
         budget = max(1, min(seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
-        prompt = list(prompt)[:seq_len - budget]
+        prompt = list(prompt)[:min(seq_len - budget, self.widths[-1])]  # a chunked-prefill server has no wider
         vocab = self.engine.config.vocab_size
         unmatched = np.random.default_rng(0).permutation(vocab)[:len(prompt)].tolist() if len(prompt) <= vocab \
             else prompt
