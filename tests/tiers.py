@@ -117,8 +117,10 @@ SLOW: dict[str, str] = {
         "the hybrid's head and lookup continue from a cached prefix; default: [eagle3-dynamic]",
     "tests/jspec/serve/test_paged.py::test_a_cached_prefix_continues_as_a_whole_prefill[plain]":
         "the target alone from a cached prefix; default: [eagle3-dynamic] (the target's K/V checked there too)",
-    "tests/jspec/serve/test_paged_scheduler.py::test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows[plain]":
-        "chunked prefill without a drafter; default: [eagle3-dynamic] (pieces with the last page recomputed)",
+    "tests/jspec/serve/test_paged_scheduler.py::test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows[eagle3-dynamic]":
+        "chunked prefill with EAGLE-3, each piece's last page recomputed; default: [plain] (prefill in pieces "
+        "between chunks), test_paged's test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic] (the head "
+        "continuing from pages already written)",
     "tests/jspec/serve/test_paged_scheduler.py::test_pages_hold_more_requests_than_static_slots_would":
         "admission by pages lets more requests run than static slots would; default: "
         "test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[plain] (admission and "

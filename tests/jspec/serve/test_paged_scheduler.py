@@ -134,15 +134,15 @@ class Logged(Collector):
 def test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows(params_t, name):
     """Chunked prefill: with --max-num-batched-tokens 16 (two pages of 8), a 45-token prompt is prefilled in
     pieces; a short request submitted with it gains tokens between them (it is not stalled for the whole prompt), and
-    both return what they return alone. EAGLE-3 computes each piece's last page again with the next piece. (Load
-    adaptation on: its start-up calibration prompt must fit a piece too.)"""
+    both return what they return alone. EAGLE-3 computes each piece's last page again with the next piece. (The
+    start-up runs of every program prefill a calibration prompt, which must fit a piece too.)"""
     engine = make_engine(params_t, name)
     with pytest.raises(ValueError, match="max_num_batched_tokens=4: expected an integer >= "):
         SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, block_size=8, max_num_batched_tokens=4)
-    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=1, block_size=8, max_num_seqs=2,
-                       row_buckets=(2,), max_num_batched_tokens=16, enable_prefix_caching=False)
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=1, adapt=False, block_size=8,
+                       max_num_seqs=2, row_buckets=(2,), max_num_batched_tokens=16, enable_prefix_caching=False)
     assert slots.piece_width == 16 and max(slots.widths) == 16  # no program wider than a piece
-    slots.warm_up(list(range(1, 40)))  # a calibration prompt longer than a piece
+    slots.warm_up(list(range(1, 40)))  # a calibration prompt longer than a piece: cut to one
     slots.start()
     log: list = []
     running, long = Logged("running", log), Logged("long", log)
