@@ -2,6 +2,12 @@
 
     python scripts/bench_kernels.py --out tree_attention.json          # on a GPU: the full sweep
     python scripts/bench_kernels.py --impl interpret --small           # CPU smoke check, tiny sizes
+    python scripts/bench_kernels.py --kernel paged --out paged.json    # attention over a paged cache
+
+``--kernel paged`` times ``models.paged_kv.paged_attention`` (the jnp form the server's verify passes run: a row's
+pages gathered per layer, then the prefix and tree partials merged) on pages in shuffled order, beside the dense
+tree-attention kernel reading the same K/V laid out as one buffer per row: B in {1, 8, 32}, T in {1, 8, 32},
+L in {1k, 8k, 32k}, pages of 16 tokens.
 
 Sweep: B in {1, 8, 32}, T in {16, 64}, L in {1k, 8k, 32k}; bf16; Llama-3-8B heads (Hq=32, Hkv=8,
 D=128); every sequence's cache full (cache_len = L). Bandwidth = KV bytes read
@@ -22,7 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.paged_kv import PagedKV, paged_attention
 from pallas_kernels.tree_attention import tree_attention
+
+PAGE_SIZE = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +59,12 @@ class Shape:
         return self.kv_bytes + kv + logits
 
 
-def sweep(small: bool) -> list[Shape]:
+def sweep(small: bool, kernel: str = "tree") -> list[Shape]:
+    tokens = (16, 64) if kernel == "tree" else (1, 8, 32)
     if small:
-        return [Shape(b, t, l, 4, 2, 32) for b in (1, 2) for t in (4,) for l in (64, 200)]
+        return [Shape(b, t, l, 4, 2, 32) for b in (1, 2) for t in tokens[:1] for l in (64, 208)]
     return [Shape(b, t, l, 32, 8, 128)
-            for b in (1, 8, 32) for t in (16, 64) for l in (1024, 8192, 32768)]
+            for b in (1, 8, 32) for t in tokens for l in (1024, 8192, 32768)]
 
 
 def device_memory_bytes() -> int | None:
@@ -118,6 +128,53 @@ def bench_shape(shape: Shape, impls: list[str], knobs: dict, iters: int,
     return row
 
 
+def paged_inputs(shape: Shape, inputs: tuple, key) -> tuple:
+    """The dense inputs' cache laid out in pages of PAGE_SIZE in shuffled order (page 0 the null page):
+    (q, k PagedKV, v PagedKV, k_new, v_new, cache_len, mask)."""
+    q, k_cache, v_cache, cache_len, k_new, v_new, mask = inputs
+    per_row = -(-shape.cache_size // PAGE_SIZE)
+    order = 1 + jax.random.permutation(key, shape.batch * per_row)
+    table = order.reshape(shape.batch, per_row).astype(jnp.int32)
+
+    def paged(cache):
+        padded = jnp.pad(cache, ((0, 0), (0, per_row * PAGE_SIZE - shape.cache_size), (0, 0), (0, 0)))
+        pages = padded.reshape(shape.batch * per_row, PAGE_SIZE, shape.kv_heads, shape.head_dim)
+        pool = jnp.zeros((1 + pages.shape[0],) + pages.shape[1:], cache.dtype).at[order].set(pages)
+        return PagedKV(pool, table)
+
+    return q, paged(k_cache), paged(v_cache), k_new, v_new, cache_len, mask
+
+
+def bench_paged_shape(shape: Shape, impl: str, knobs: dict, iters: int, memory: int | None) -> dict:
+    """One row: the jnp paged attention ("paged") and the dense kernel over the same K/V ("dense")."""
+    row = dataclasses.asdict(shape)
+    if memory is not None and 5 * shape.kv_bytes > memory:  # dense + pool + the gathered copy, and headroom
+        return {**row, "skipped": "KV cache does not fit"}
+    dense = make_inputs(shape, jax.random.key(0))
+    q, k_paged, v_paged, k_new, v_new, cache_len, mask = paged_inputs(shape, dense, jax.random.key(1))
+    scale = shape.head_dim ** -0.5
+    runs = {
+        "paged": (jax.jit(lambda *a: paged_attention(*a, 0, scale=scale)),
+                  (q, k_paged, v_paged, k_new, v_new, cache_len, mask)),
+        "dense": (jax.jit(functools.partial(tree_attention, impl=impl, **knobs)), dense),
+    }
+    outputs = {}
+    for name, (fn, args) in runs.items():
+        try:
+            outputs[name] = fn(*args)
+            ms = time_call(fn, *args, iters=iters)
+        except jax.errors.JaxRuntimeError as error:  # out of memory at run time
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            ms = None
+        row[f"{name}_ms"] = ms
+        row[f"{name}_gbps"] = None if ms is None else shape.kv_bytes / ms / 1e6
+    if len(outputs) == 2:
+        difference = jnp.abs(outputs["paged"].astype(jnp.float32) - outputs["dense"].astype(jnp.float32))
+        row["max_abs_difference"] = float(jnp.max(difference))
+    return row
+
+
 def format_table(rows: list[dict], impls: list[str], copy_gbps: float) -> str:
     header = f"{'B':>3} {'T':>3} {'L':>6} " + " ".join(
         f"{impl + ' ms':>14} {'GB/s':>7} {'%copy':>6}" for impl in impls)
@@ -136,19 +193,30 @@ def format_table(rows: list[dict], impls: list[str], copy_gbps: float) -> str:
 
 
 def run(args) -> dict:
-    impls = [args.impl, "reference"]
     knobs = {k: v for k, v in dict(block_k=args.block_k, block_rows=args.block_rows,
                                    num_splits=args.num_splits).items() if v is not None}
     memory = device_memory_bytes()
     copy_gbps = copy_bandwidth((16 << 20) if args.small else (1 << 30), iters=args.iters)
-    rows = [bench_shape(shape, impls, knobs, args.iters, memory) for shape in sweep(args.small)]
+    if args.kernel == "paged":
+        impls = ["paged", "dense"]
+        rows = []
+        print(format_table([], impls, copy_gbps), flush=True)
+        for shape in sweep(args.small, "paged"):
+            rows.append(bench_paged_shape(shape, args.impl, knobs, args.iters, memory))
+            print(format_table(rows[-1:], impls, copy_gbps).splitlines()[-1], flush=True)
+    else:
+        impls = [args.impl, "reference"]
+        rows = [bench_shape(shape, impls, knobs, args.iters, memory) for shape in sweep(args.small)]
     print(format_table(rows, impls, copy_gbps))
-    return dict(device=str(jax.devices()[0]), jax_version=jax.__version__,
+    return dict(device=str(jax.devices()[0]), jax_version=jax.__version__, kernel=args.kernel,
                 copy_gbps=copy_gbps, knobs=knobs, rows=rows)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kernel", default="tree", choices=["tree", "paged"],
+                        help="tree: the tree-attention kernel against its reference; paged: attention over a paged "
+                             "cache (jnp) against the dense kernel on the same K/V")
     parser.add_argument("--impl", default="pallas", choices=["pallas", "interpret"],
                         help="kernel implementation timed against the reference")
     parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke check)")

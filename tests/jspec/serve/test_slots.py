@@ -120,6 +120,9 @@ def test_every_request_equals_generate_alone_greedy(servers, name):
         assert sink.reason == ("stop" if stopped else "length")
 
 
+@pytest.mark.xfail(jax.default_backend() == "gpu", strict=False,
+                   reason="a GPU's summation order depends on the batch, so a draw near a boundary can flip "
+                          "(docs/serving.md, Per-request determinism)")
 @pytest.mark.parametrize("name", ["eagle3-dynamic", "draft-model"])
 def test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd(servers, name):
     """With one step program (adapt=False): the request's key is its seed's, and each step draws at its own
