@@ -13,7 +13,10 @@ and kept current by every chunk the scheduler times, and per context length buck
 its context, a plain step's faster than a verify pass's (its gathered pages and attention are most of it), so
 the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in (each
 program runs once at a (bucket, context) before the two are compared there). The acceptance is the running
-requests' own running averages of tokens committed per verify step (new ones start from the average over all).
+requests' own running averages of tokens committed per verify step (new ones start from the average over all),
+each raised by an exploration bonus that shrinks with the verify steps it was measured over (an upper confidence
+bound, as a bandit's): only speculative chunks measure a request, so without it a request the starting estimate
+puts below break-even would never be measured at all.
 Where a step is bound by memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and
 speculation wins; where it is bound by compute (many rows) it costs up to T plain steps and plain decoding wins.
 While plain steps run nothing measures the acceptance, and while one program runs nothing corrects the other's cost,
@@ -23,6 +26,7 @@ so every ``probe_every``-th chunk in a row of one kind runs the other where that
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Sequence
 
 
@@ -83,13 +87,16 @@ class LoadAdapter:
     weight of a new chunk's acceptance in the running average; probe_every: run the other program at least once
     in this many chunks (where it could pay); max_acceptance: the most tokens a verify step can commit (the tree's
     depth + 1), None: no bound; probe_headroom: how far off the expected rates may be (the acceptance, or the
-    faster program's cost) for a probe to be worth its cost.
+    faster program's cost) for a probe to be worth its cost; explore: the exploration bonus of a request measured
+    over no verify step (tokens per verify step; ``explore / sqrt(1 + n)`` after n), 0: none.
     """
 
     def __init__(self, costs: CostTable, acceptance: float, smoothing: float = 0.3, probe_every: int = 8,
-                 max_acceptance: float | None = None, probe_headroom: float = 1.5):
+                 max_acceptance: float | None = None, probe_headroom: float = 1.5, explore: float = 1.0):
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing={smoothing!r}: expected a number in (0, 1]")
+        if not explore >= 0.0:
+            raise ValueError(f"explore={explore!r}: expected a number >= 0")
         if not isinstance(probe_every, int) or probe_every < 1:
             raise ValueError(f"probe_every={probe_every!r}: expected an integer >= 1")
         self.costs = costs
@@ -98,6 +105,7 @@ class LoadAdapter:
         self.probe_every = probe_every
         self.max_acceptance = max_acceptance
         self.probe_headroom = probe_headroom
+        self.explore = float(explore)
         self._streak = 0    # chunks in a row that ran the same program
         self._last: bool | None = None
         self._by_context: dict[tuple[bool, bool, int, int], float] = {}  # (speculate, sampled, rows, seq_len)
@@ -106,6 +114,17 @@ class LoadAdapter:
         """The key of a (program, table side, bucket, context) timing: chunks with a sampled row have their own
         side only where the start-up table has one."""
         return speculate, sampled and self.costs.sampled_spec_step_seconds is not None, rows, seq_len
+
+    def expected_acceptance(self, rows: Sequence[tuple[float | None, int]]) -> float:
+        """What the next chunk's rows are expected to accept per verify step, optimistically: over rows, each given
+        as (its own running average or None, the verify steps it was measured over), the mean of that average (the
+        estimate over all where it has none) plus ``explore / sqrt(1 + steps)``. A fresh request is worth a
+        speculative chunk where the estimate alone would keep it plain; among many measured rows one fresh row
+        moves the mean little, so it buys a probe only where the probe is cheap per row it measures."""
+        if not rows:
+            return self.acceptance
+        return sum((self.acceptance if own is None else own) + self.explore / math.sqrt(1 + steps)
+                   for own, steps in rows) / len(rows)
 
     def step_seconds(self, speculate: bool, rows: int, sampled: bool = False, seq_len: int | None = None) -> float:
         """Seconds per step of a step program over the bucket of ``rows`` (``sampled``: some of them sampled) at

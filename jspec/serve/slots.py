@@ -132,6 +132,7 @@ class _Running:
     steps_seen: int = 0     # verify steps already counted
     hist_seen: np.ndarray | int = 0  # accepted_hist already counted
     acceptance: float | None = None  # its own running tokens per verify step (None: none measured yet)
+    measured_steps: int = 0          # the verify steps that average is over
     prefilled: int | None = None     # a prompt prefilled in pieces: tokens whose K/V are in its pages so far
                                      # (None: prefilled whole, or its last piece done; it steps in chunks)
 
@@ -622,9 +623,9 @@ class SlotEngine:
         speculate = True  # a plain server has one program per bucket
         sampled = any(self._rows[i].request.temperature > 0.0 for i in running)
         if self.adapter is not None:
-            own = [self._rows[i].acceptance for i in running]
-            expected = np.mean([self.adapter.acceptance if a is None else a for a in own])
-            speculate = self.adapter.choose(rows, float(expected), sampled, seq_len)
+            expected = self.adapter.expected_acceptance(
+                [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
+            speculate = self.adapter.choose(rows, expected, sampled, seq_len)
         start = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._compiled["step", speculate, rows, seq_len](
@@ -701,6 +702,7 @@ class SlotEngine:
                     if self.adapter is not None:
                         mine = self.adapter.acceptance if running.acceptance is None else running.acceptance
                         running.acceptance = mine + self.adapter.smoothing * (len(new) / steps - mine)
+                        running.measured_steps += steps
             running.steps_seen, running.hist_seen = int(num_steps[k]), hist[k].copy()
             if new:
                 waited = None

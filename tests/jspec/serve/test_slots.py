@@ -266,3 +266,20 @@ def test_the_adapter_never_probes_where_speculation_cannot_pay():
     adapter = LoadAdapter(costs, acceptance=2.5, probe_every=2, max_acceptance=2.9)
     assert [adapter.choose(8) for _ in range(6)] == [False] * 6  # 2.9 / 0.03 < 1 / 0.01: no probe either
     assert adapter.choose(1)
+
+
+def test_the_adapter_measures_a_fresh_request_where_the_estimate_alone_would_keep_it_plain():
+    # one row: speculation pays above 2 tokens per verify step; the estimate over all says 1.25
+    costs = CostTable({1: 0.004, 32: 0.04}, {1: 0.002, 32: 0.01})
+    adapter = LoadAdapter(costs, acceptance=1.25, explore=1.0)
+    fresh = adapter.expected_acceptance([(None, 0)])
+    assert fresh == pytest.approx(2.25) and adapter.choose(1, fresh)  # never measured: worth a chunk
+    assert not LoadAdapter(costs, acceptance=1.25, explore=0.0).choose(1, 1.25)  # without the bonus: plain for good
+    # measured at 1.1 over 12 verify steps: the bonus is down to 1 / sqrt(13) and plain wins
+    assert not adapter.choose(1, adapter.expected_acceptance([(1.1, 12)]))
+    assert adapter.choose(1, adapter.expected_acceptance([(3.0, 12)]))  # one that accepts well stays speculative
+    # among 31 rows measured at 1.0 a fresh one moves the mean by 1/32 of its bonus: no speculative chunk at 32 rows
+    crowd = adapter.expected_acceptance([(1.0, 40)] * 31 + [(None, 0)])
+    assert crowd < 1.25 and not adapter.choose(32, crowd)
+    with pytest.raises(ValueError, match="explore=-1"):
+        LoadAdapter(costs, acceptance=1.25, explore=-1)
