@@ -14,9 +14,9 @@ its context, a plain step's faster than a verify pass's (its gathered pages and 
 the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in (each
 program runs once at a (bucket, context) before the two are compared there). The acceptance is the running
 requests' own running averages of tokens committed per verify step (new ones start from the average over all),
-each raised by an exploration bonus that shrinks with the verify steps it was measured over (an upper confidence
-bound, as a bandit's): only speculative chunks measure a request, so without it a request the starting estimate
-puts below break-even would never be measured at all.
+raised by an exploration bonus, an upper confidence bound of that mean as a bandit's: each request's uncertainty
+falls with the verify steps it was measured over, and the mean's with the number of rows. Only speculative chunks
+measure a request, so without it a request the starting estimate puts below break-even would never be measured.
 Where a step is bound by memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and
 speculation wins; where it is bound by compute (many rows) it costs up to T plain steps and plain decoding wins.
 While plain steps run nothing measures the acceptance, and while one program runs nothing corrects the other's cost,
@@ -90,7 +90,8 @@ class LoadAdapter:
     in this many chunks (where it could pay); max_acceptance: the most tokens a verify step can commit (the tree's
     depth + 1), None: no bound; probe_headroom: how far off the expected rates may be (the acceptance, or the
     faster program's cost) for a probe to be worth its cost; explore: the exploration bonus of a request measured
-    over no verify step (tokens per verify step; ``explore / sqrt(1 + n)`` after n), 0: none; max_probe_every:
+    over no verify step (tokens per verify step; ``explore / sqrt(1 + n)`` after n; see
+    :meth:`expected_acceptance`), 0: none; max_probe_every:
     the longest interval between probes that confirmed the choice.
     """
 
@@ -125,15 +126,17 @@ class LoadAdapter:
         return speculate, sampled and self.costs.sampled_spec_step_seconds is not None, rows, seq_len
 
     def expected_acceptance(self, rows: Sequence[tuple[float | None, int]]) -> float:
-        """What the next chunk's rows are expected to accept per verify step, optimistically: over rows, each given
-        as (its own running average or None, the verify steps it was measured over), the mean of that average (the
-        estimate over all where it has none) plus ``explore / sqrt(1 + steps)``. A fresh request is worth a
-        speculative chunk where the estimate alone would keep it plain; among many measured rows one fresh row
-        moves the mean little, so it buys a probe only where the probe is cheap per row it measures."""
+        """What the next chunk's R rows are expected to accept per verify step, optimistically: over rows, each
+        given as (its own running average or None, the verify steps n it was measured over), the mean of those
+        averages (the estimate over all where a row has none) plus ``explore * sqrt(sum(1 / (1 + n))) / R``, the
+        spread of that mean were each row's own spread ``explore / sqrt(1 + n)``. One fresh request alone is
+        worth a speculative chunk where the estimate alone would keep it plain; a crowd of fresh ones moves the
+        mean's bound by ``explore / sqrt(R)``, and one fresh row among many measured ones by about
+        ``explore / R``."""
         if not rows:
             return self.acceptance
-        return sum((self.acceptance if own is None else own) + self.explore / math.sqrt(1 + steps)
-                   for own, steps in rows) / len(rows)
+        mean = sum(self.acceptance if own is None else own for own, _ in rows) / len(rows)
+        return mean + self.explore * math.sqrt(sum(1.0 / (1 + steps) for _, steps in rows)) / len(rows)
 
     def step_seconds(self, speculate: bool, rows: int, sampled: bool = False, seq_len: int | None = None) -> float:
         """Seconds per step of a step program over the bucket of ``rows`` (``sampled``: some of them sampled) at

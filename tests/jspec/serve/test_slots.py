@@ -282,7 +282,11 @@ def test_the_adapter_measures_a_fresh_request_where_the_estimate_alone_would_kee
     # measured at 1.1 over 12 verify steps: the bonus is down to 1 / sqrt(13) and plain wins
     assert not adapter.choose(1, adapter.expected_acceptance([(1.1, 12)]))
     assert adapter.choose(1, adapter.expected_acceptance([(3.0, 12)]))  # one that accepts well stays speculative
-    # among 31 rows measured at 1.0 a fresh one moves the mean by 1/32 of its bonus: no speculative chunk at 32 rows
+    # at 32 rows speculation pays above 1.75 (a verify pass costs 1.75 plain steps): 32 fresh requests bound their
+    # mean at 1.25 + 1 / sqrt(32), not 1.25 + 1, so no speculative chunk; nor one fresh among 31 measured at 1.0
+    costs.spec_step_seconds[32], costs.plain_step_seconds[32] = 0.035, 0.02
+    fresh_crowd = adapter.expected_acceptance([(None, 0)] * 32)
+    assert fresh_crowd == pytest.approx(1.25 + 32 ** -0.5) and not adapter.choose(32, fresh_crowd)
     crowd = adapter.expected_acceptance([(1.0, 40)] * 31 + [(None, 0)])
     assert crowd < 1.25 and not adapter.choose(32, crowd)
     with pytest.raises(ValueError, match="explore=-1"):
