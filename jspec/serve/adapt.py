@@ -20,9 +20,7 @@ measure a request, so without it a request the starting estimate puts below brea
 Where a step is bound by memory (few rows, a GPU) a verify pass of T tokens costs about one plain step and
 speculation wins; where it is bound by compute (many rows) it costs up to T plain steps and plain decoding wins.
 While plain steps run nothing measures the acceptance, and while one program runs nothing corrects the other's cost,
-so every ``probe_every``-th chunk in a row of one kind runs the other where that could pay; each probe that leaves
-the choice as it was doubles that interval (up to ``max_probe_every``), and one that changes it resets it, so a
-load where one program keeps winning pays for ever fewer probes.
+so every ``probe_every``-th chunk in a row of one kind runs the other where that could pay.
 """
 
 from __future__ import annotations
@@ -91,17 +89,13 @@ class LoadAdapter:
     depth + 1), None: no bound; probe_headroom: how far off the expected rates may be (the acceptance, or the
     faster program's cost) for a probe to be worth its cost; explore: the exploration bonus of a request measured
     over no verify step (tokens per verify step; ``explore / sqrt(1 + n)`` after n; see
-    :meth:`expected_acceptance`), 0: none; max_probe_every:
-    the longest interval between probes that confirmed the choice.
+    :meth:`expected_acceptance`), 0: none.
     """
 
     def __init__(self, costs: CostTable, acceptance: float, smoothing: float = 0.3, probe_every: int = 8,
-                 max_acceptance: float | None = None, probe_headroom: float = 1.5, explore: float = 1.0,
-                 max_probe_every: int = 64):
+                 max_acceptance: float | None = None, probe_headroom: float = 1.5, explore: float = 1.0):
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing={smoothing!r}: expected a number in (0, 1]")
-        if not isinstance(max_probe_every, int) or max_probe_every < probe_every:
-            raise ValueError(f"max_probe_every={max_probe_every!r}: expected an integer >= probe_every={probe_every}")
         if not explore >= 0.0:
             raise ValueError(f"explore={explore!r}: expected a number >= 0")
         if not isinstance(probe_every, int) or probe_every < 1:
@@ -113,9 +107,6 @@ class LoadAdapter:
         self.max_acceptance = max_acceptance
         self.probe_headroom = probe_headroom
         self.explore = float(explore)
-        self.max_probe_every = max_probe_every
-        self._interval = probe_every  # chunks in a row of one kind before the next probe
-        self._probed: bool | None = None  # the choice a probe just interrupted (None: the last chunk was no probe)
         self._streak = 0    # chunks in a row that ran the same program
         self._last: bool | None = None
         self._by_context: dict[tuple[bool, bool, int, int], float] = {}  # (speculate, sampled, rows, seq_len)
@@ -159,8 +150,8 @@ class LoadAdapter:
         """True: the next chunk, over the occupancy bucket of ``rows`` slots (``sampled``: some of them sampled)
         at context ``seq_len`` (None: costs as in the start-up table), speculates. acceptance: what the running
         requests are expected to accept (:meth:`expected_acceptance`; default: the running estimate over all). The
-        faster program by the table, but after ``probe_every`` chunks in a row of one kind (doubled after each probe
-        that left the choice as it was) a probe of the other, where it would pay at ``probe_headroom``
+        faster program by the table, but every ``probe_every``-th chunk in a row of one kind a probe of the other,
+        where it would pay at ``probe_headroom``
         times the expected acceptance (a speculative probe) or at the faster program's cost over
         ``probe_headroom`` (a plain one), and the other program at once, whatever it would pay, where it was never
         timed at this bucket and context (each is timed there before the two are compared); never speculative
@@ -173,17 +164,12 @@ class LoadAdapter:
             return False
         speculative = self.speculative_rate(rows, expected, sampled, seq_len)
         choice = speculative >= plain
-        if self._probed is not None:  # the last chunk probed: did it change the choice?
-            self._interval = (min(2 * self._interval, self.max_probe_every) if choice == self._probed
-                              else self.probe_every)
-            self._probed = None
         if seq_len is not None and self._context_key(not choice, rows, sampled, seq_len) not in self._by_context:
             choice = not choice  # the other program, never timed here: its table cost is the longest context's
-        elif self._streak + 1 >= self._interval:
+        elif self._streak + 1 >= self.probe_every:
             other_could_pay = (plain * self.probe_headroom >= speculative if choice else
                                self.speculative_rate(rows, self.probe_headroom * expected, sampled, seq_len) >= plain)
-            if other_could_pay:
-                self._probed, choice = choice, not choice
+            choice ^= other_could_pay
         self._streak = self._streak + 1 if choice == self._last else 1
         self._last = choice
         return choice
