@@ -83,6 +83,16 @@ def time_call(fn, *args, iters: int) -> float:
     return 1e3 * float(np.median(times))
 
 
+def time_or_none(fn, *args, iters: int) -> float | None:
+    """time_call's milliseconds, or None where the device runs out of memory."""
+    try:
+        return time_call(fn, *args, iters=iters)
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        return None
+
+
 def copy_bandwidth(nbytes: int, iters: int) -> float:
     """Device copy bandwidth in GB/s: one read and one write of an nbytes array."""
     x = jnp.ones((nbytes // 2,), jnp.bfloat16)
@@ -116,13 +126,7 @@ def bench_shape(shape: Shape, impls: list[str], knobs: dict, iters: int,
             row[f"{impl}_ms"] = None
             continue
         extra = knobs if impl != "reference" else {}
-        fn = jax.jit(functools.partial(tree_attention, impl=impl, **extra))
-        try:
-            ms = time_call(fn, *inputs, iters=iters)
-        except jax.errors.JaxRuntimeError as error:  # out of memory at run time
-            if "RESOURCE_EXHAUSTED" not in str(error):
-                raise
-            ms = None
+        ms = time_or_none(jax.jit(functools.partial(tree_attention, impl=impl, **extra)), *inputs, iters=iters)
         row[f"{impl}_ms"] = ms
         row[f"{impl}_gbps"] = None if ms is None else shape.kv_bytes / ms / 1e6
     return row
@@ -160,13 +164,9 @@ def bench_paged_shape(shape: Shape, impl: str, knobs: dict, iters: int, memory: 
     }
     outputs = {}
     for name, (fn, args) in runs.items():
-        try:
+        ms = time_or_none(fn, *args, iters=iters)
+        if ms is not None:
             outputs[name] = fn(*args)
-            ms = time_call(fn, *args, iters=iters)
-        except jax.errors.JaxRuntimeError as error:  # out of memory at run time
-            if "RESOURCE_EXHAUSTED" not in str(error):
-                raise
-            ms = None
         row[f"{name}_ms"] = ms
         row[f"{name}_gbps"] = None if ms is None else shape.kv_bytes / ms / 1e6
     if len(outputs) == 2:
