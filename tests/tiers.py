@@ -90,15 +90,13 @@ SLOW: dict[str, str] = {
         "the slot engine with n-gram drafting equals generate alone; default: [eagle3-dynamic], test_app",
     "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[draft-model]":
         "the slot engine with a draft model equals generate alone; default: [eagle3-dynamic], test_app",
-    "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[plain]":
-        "rows in scattered pages equal generate alone without a drafter; default: [eagle3-dynamic], "
-        "test_paged_scheduler",
-    "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[ngram]":
-        "n-gram lookup's token buffer paged; default: [eagle3-dynamic], test_app (the n-gram server)",
-    "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone[draft-model]":
-        "a draft model's whole KV cache paged; default: [eagle3-dynamic] (a drafter cache paged)",
+    "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone":
+        "rows in scattered pages equal generate alone, stepped by the paged functions without the scheduler (no "
+        "drafter, EAGLE-3 trees, n-gram lookup's token buffer, a draft model's whole KV cache); default: "
+        "test_slots' test_every_request_equals_generate_alone_greedy[eagle3-dynamic] (the scheduler over the same "
+        "paged step, a drafter cache paged), test_paged_scheduler, test_app (the n-gram server)",
     "tests/jspec/serve/test_paged_scheduler.py::test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[eagle3-dynamic]":
-        "preemption by recompute with a drafter cache paged; default: [plain], test_paged's [eagle3-dynamic] rows",
+        "preemption by recompute with a drafter cache paged; default: [plain], test_slots' [eagle3-dynamic] rows",
     "tests/jspec/serve/test_paged_scheduler.py::test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged[ngram]":
         "the scheduler's prefix hits with n-gram lookup; default: test_app's shared-prefix test (the CPU default "
         "drafter, n-gram, over HTTP), test_paged's cached-prefix test, test_block_manager",
