@@ -91,30 +91,68 @@ def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]
     return new_tokens, verified.accept_length + 1
 
 
-def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
+def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup,
+              short_nodes: int | None = None, use_short: jax.Array | None = None) -> DecodeState:
     """propose -> verify the tree with the target -> accept -> commit tokens and both models' K/V.
 
     When the drafter reports ``tree.drafted`` and no running sequence drafted anything, the T-token verify pass is
     skipped (``lax.cond``: only the taken branch runs) and the target decodes the root alone, as plain decoding
     would; this step then commits one token per sequence. When the drafter has ``short_chain_nodes`` and no running
     row drafted its whole chain (``tree.full``), only those first nodes are verified.
+
+    short_nodes (static; a chain's, see :func:`short_draft_nodes`) with use_short (bool[]): where use_short is set,
+    every row verifies only the chain's first ``short_nodes`` nodes (root included), a shorter target pass: the
+    server's draft length for high occupancy (TensorRT-LLM's ``draft_len_schedule``). The accepted tokens are the
+    target's either way; a row only accepts fewer per step.
     """
-    drafter, cache_len = setup.drafter, state.cache_len
+    drafter = setup.drafter
     step_keys = keys_at(inputs.keys, state.seq_len)
-    draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), cache_len,
+    draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), state.cache_len,
                                         sampling=inputs.sampling, key=fold_rows(step_keys, 1))
-    verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
-    short = drafter.short_chain_nodes
+    verify = functools.partial(_verify_drafted, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
+    if short_nodes is None or setup.force_accept is not None:
+        return verify(state, draft_state, tree, setup.spec.max_depth)
+
+    def verify_short(state, draft_state, tree):
+        return verify(state, draft_state, truncated_chain(tree, short_nodes), short_nodes - 1)
+
+    def verify_full(state, draft_state, tree):
+        return verify(state, draft_state, tree, setup.spec.max_depth)
+
+    return jax.lax.cond(use_short, verify_short, verify_full, state, draft_state, tree)
+
+
+def short_draft_nodes(setup: GenerateSetup, draft_len: int) -> int | None:
+    """The nodes (root included) a step verifies at a shorter draft length ``draft_len`` (>= 1), or None where
+    none is shorter than the drafter's tree: only a chain can be cut (its first nodes are a chain of their own)."""
+    if not isinstance(draft_len, int) or draft_len < 1:
+        raise ValueError(f"draft_len={draft_len!r}: expected an integer >= 1")
+    if setup.spec is None or setup.spec.tree != "chain" or draft_len >= setup.spec.max_depth:
+        return None
+    return draft_len + 1
+
+
+def _verify_drafted(params_t, params_d, state: DecodeState, draft_state, tree: DraftTree, max_depth: int, *,
+                    inputs: StepInputs, setup: GenerateSetup, keys: jax.Array) -> DecodeState:
+    """Verifies ``tree`` (max_depth: its deepest node), skipping what no running row drafted: the root alone where
+    no row drafted (``tree.drafted``), the drafter's ``short_chain_nodes`` where no row drafted its whole chain
+    (``tree.full``)."""
+    verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, keys=keys)
+    short = setup.drafter.short_chain_nodes
     if tree.full is not None and short is not None and setup.force_accept is None:
         def verify_short(state, draft_state, tree):
             return verify(state, draft_state, truncated_chain(tree, short), max_depth=short - 1)
 
-        return jax.lax.cond(jnp.all(tree.full | state.done), verify, verify_short, state, draft_state, tree)
+        def verify_all(state, draft_state, tree):
+            return verify(state, draft_state, tree, max_depth=max_depth)
+
+        return jax.lax.cond(jnp.all(tree.full | state.done), verify_all, verify_short, state, draft_state, tree)
     if tree.drafted is None or setup.force_accept is not None:
-        return verify(state, draft_state, tree)
-    root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
+        return verify(state, draft_state, tree, max_depth=max_depth)
+    root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, keys=keys)
     speculate = jnp.any(tree.drafted & ~state.done)
-    return jax.lax.cond(speculate, verify, root_only, state, draft_state, tree)
+    return jax.lax.cond(speculate, functools.partial(verify, max_depth=max_depth), root_only, state, draft_state,
+                        tree)
 
 
 def truncated_chain(tree: DraftTree, nodes: int) -> DraftTree:

@@ -48,17 +48,19 @@ import numpy as np
 from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
 from jspec.config import SEED_RANGE, SamplingParams, check_seed, check_token_ids
 from jspec.serve import paged
-from jspec.serve.adapt import CostTable, LoadAdapter, TimedChunk, measure_costs
+from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedChunk, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
 from jspec.serve.programs import admit_row
 from jspec.sharding import put
+from jspec.step import short_draft_nodes
 
 logger = logging.getLogger("jspec.serve")
 
 Sink = Callable[[list[int], "str | None"], None]  # (new token ids, finish_reason or None while running)
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
+CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
 
 
 class QueueFull(Exception):
@@ -150,6 +152,31 @@ class _Running:
         return self.context_len + self.generated
 
 
+def default_short_draft_len(setup) -> int | None:
+    """The short program's drafts where none is asked for: a quarter of a chain's (at least one), so its verify
+    pass is a few tokens wide; None where the tree is not a chain of at least two drafts."""
+    if setup.spec is None:
+        return None
+    draft_len = max(1, setup.spec.max_depth // 4)
+    return draft_len if short_draft_nodes(setup, draft_len) is not None else None
+
+
+def checked_short_draft_len(short_draft_len: int | None, setup) -> int | None:
+    """``SlotEngine``'s short_draft_len as the drafts its short program verifies, None for no short program:
+    None picks :func:`default_short_draft_len`, 0 none; else it must cut the drafter's chain."""
+    if short_draft_len is None:
+        return default_short_draft_len(setup)
+    if isinstance(short_draft_len, bool) or not isinstance(short_draft_len, int) or short_draft_len < 0:
+        raise ValueError(f"short_draft_len={short_draft_len!r}: expected an integer >= 0 (0: no short program)")
+    if short_draft_len == 0:
+        return None
+    spec = setup.spec
+    if spec.tree != "chain" or short_draft_len >= spec.max_depth:
+        raise ValueError(f"short_draft_len={short_draft_len}: expected 0 or fewer drafts than the drafter's chain "
+                         f"(tree {spec.tree!r} of depth {spec.max_depth}; only a chain can be cut)")
+    return short_draft_len
+
+
 class SlotEngine:
     """Serves a :class:`jspec.SpecEngine`'s model and drafter with continuous batching over a paged KV cache
     (module docstring).
@@ -157,7 +184,9 @@ class SlotEngine:
     engine: the offline engine (its weights, drafter and setup are reused as placed); max_seq_len: the longest
     request (prompt + max_tokens), at most the engine's; max_queue: waiting requests before 503; steps_per_chunk:
     K, the steps one chunk runs at most (the streaming and admission granularity); adapt: choose per chunk between
-    speculative and plain steps (:mod:`jspec.serve.adapt`); max_stop_ids: stop token ids per request (EOS
+    speculative and plain steps (:mod:`jspec.serve.adapt`); short_draft_len: with adapt, a chain drafter's
+    speculative steps may also verify only its first short_draft_len drafts (a third program the adapter
+    chooses, for high occupancy; ``default_short_draft_len``), 0: never; max_stop_ids: stop token ids per request (EOS
     included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU,
     ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
     ``CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
@@ -175,7 +204,7 @@ class SlotEngine:
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
-                 adapt: bool = True, max_stop_ids: int = 8, block_size: int = 16,
+                 adapt: bool = True, short_draft_len: int | None = None, max_stop_ids: int = 8, block_size: int = 16,
                  max_total_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
@@ -224,6 +253,11 @@ class SlotEngine:
         self.num_stop_ids = next_power_of_two(max_stop_ids)
         self.speculative = self.setup.drafter is not None
         self.adapt = adapt and self.speculative
+        self.short_draft_len = None
+        if self.adapt:
+            self.short_draft_len = checked_short_draft_len(short_draft_len, self.setup)
+        self._short_nodes = None if self.short_draft_len is None else short_draft_nodes(self.setup,
+                                                                                       self.short_draft_len)
         self.eos_token_ids = tuple(engine.eos_token_ids)
         self.max_prompt_width = max_seq_len - 1  # a prompt leaves room for one new token
         self.widths = prompt_buckets(self.max_prompt_width, half_steps=False)
@@ -361,8 +395,9 @@ class SlotEngine:
                 for seq_len in self.seq_buckets:
                     lowered["step", speculate, rows, seq_len] = paged.step_rows.lower(
                         *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
-                        layout=layout, setup=self.setup, seq_len=seq_len, speculate=speculate,
-                        write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk))
+                        self._place(np.asarray(False)), layout=layout, setup=self.setup, seq_len=seq_len,
+                        speculate=speculate, write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk),
+                        short_nodes=self._short_nodes if speculate else None)
         began = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # XLA compiles without the GIL
             compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
@@ -377,10 +412,11 @@ class SlotEngine:
             # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
             # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
             self.costs = measure_costs(self._calibration_chunks(real, rotate=True), self.row_buckets,
-                                       self.steps_per_chunk, repeats=1)
-            sample = self._calibration_chunks(real)(True, self.row_buckets[0], 3 * self.steps_per_chunk, False)
+                                       self.steps_per_chunk, repeats=1, short=self._short_nodes is not None)
+            sample = self._calibration_chunks(real)(FULL, self.row_buckets[0], 3 * self.steps_per_chunk, False)
             acceptance = sample.tokens / max(sample.verify_steps, 1)
-            self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step)
+            self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step,
+                                       short_draft_len=self.short_draft_len, accepted_hist=sample.accepted_hist)
             logger.info("cost table %s, starting acceptance %.2f (%.1f s)", self.costs.to_dict(), acceptance,
                         time.perf_counter() - began)
         self.metrics.kv_cache_usage.set(0.0)
@@ -554,7 +590,7 @@ class SlotEngine:
                 for row, running in part:
                     running.registered = self.blocks.register(running.pages, running.pending.context,
                                                               running.registered)
-                self._emit([row for row, _ in part], out, speculated=None, chunk_start=start)
+                self._emit([row for row, _ in part], out, program=None, chunk_start=start)
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
         return computed
@@ -594,7 +630,7 @@ class SlotEngine:
                     running.request.sampling_params(), max_new_tokens=running.pending.budget))], width, [row],
                     [start], [running.context_len])
                 running.registered = self.blocks.register(running.pages, running.pending.context, running.registered)
-                self._emit([row], out, speculated=None, chunk_start=began)
+                self._emit([row], out, program=None, chunk_start=began)
                 spent += width
             self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
 
@@ -620,24 +656,31 @@ class SlotEngine:
         rows = next(r for r in self.row_buckets if r >= len(running))
         need = max(self._rows[i].need for i in running)
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        speculate = True  # a plain server has one program per bucket
+        program = FULL if self.speculative else PLAIN  # a plain server has one program per bucket
         sampled = any(self._rows[i].request.temperature > 0.0 for i in running)
         if self.adapter is not None:
             expected = self.adapter.expected_acceptance(
                 [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
-            speculate = self.adapter.choose(rows, expected, sampled, seq_len)
+            program = self.adapter.choose_program(rows, expected, sampled, seq_len)
         start = time.perf_counter()
         arrays = self._step_arrays(running, rows)
-        self._store, out = self._compiled["step", speculate, rows, seq_len](
-            self.engine.params, self.engine.drafter_params, self._store, *arrays,
-            self._place(np.asarray(self.steps_per_chunk, np.int32)))
-        steps, (tokens, verify_steps) = self._emit(running, out, speculated=speculate, chunk_start=start)
+        self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk)
+        steps, (tokens, verify_steps, hist) = self._emit(running, out, program=program, chunk_start=start)
         seconds = time.perf_counter() - start
-        self.metrics.observe_chunk("speculative" if self.speculative and speculate else "plain", seconds, steps)
+        self.metrics.observe_chunk(CHUNK_LABELS[program], seconds, steps)
         self.metrics.busy_seconds.labels("step").inc(seconds)
         if self.adapter is not None:
-            self.adapter.observe(speculate, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps,
+            if program == FULL:
+                self.adapter.observe_accepted(hist)
+            self.adapter.observe(program, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps,
                                  sampled=sampled, seq_len=seq_len)
+
+    def _run_step(self, program: str, rows: int, seq_len: int, arrays: tuple, steps: int) -> tuple:
+        """Calls the step program of ``program`` (:data:`FULL`, :data:`SHORT` or :data:`PLAIN`; a plain server's
+        one program is its FULL) over the bucket of ``rows`` at context ``seq_len`` -> (store, readout)."""
+        compiled = self._compiled["step", program != PLAIN or not self.speculative, rows, seq_len]
+        return compiled(self.engine.params, self.engine.drafter_params, self._store, *arrays,
+                        self._place(np.asarray(steps, np.int32)), self._place(np.asarray(program == SHORT)))
 
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
@@ -680,28 +723,34 @@ class SlotEngine:
         self._rows[row] = None
         self._tables[row] = 0
 
-    def _emit(self, rows: list[int], out: paged.Readout, *, speculated: bool | None, chunk_start: float) -> int:
+    def _emit(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float) -> tuple:
         """Reads a program's readout (waiting for it), hands each request its new tokens, frees finished rows.
-        rows: the program's rows in order; speculated: the chunk's step kind (None: a prefill) -> (the loop steps
-        the program ran, (tokens the rows gained, verify steps they took))."""
+        rows: the program's rows in order; program: the chunk's step program (None: a prefill) -> (the loop steps
+        the program ran, (tokens the rows gained, verify steps they took, how many of those committed n tokens at
+        index n - 1))."""
         tokens, num_generated, num_steps, done, hist, step = jax.device_get(out)
         now = time.perf_counter()
-        chunk_seconds = 0.0 if speculated is None else now - chunk_start
+        chunk_seconds = 0.0 if program is None else now - chunk_start
+        speculated = program is not None and program != PLAIN
+        # A short chain's acceptance counts as the whole tree's would (the adapter's estimates are the whole's).
+        scale = self.adapter.short_ratio() if program == SHORT and self.adapter is not None else 1.0
         chunk_tokens = chunk_steps = 0
+        chunk_hist = np.zeros(hist.shape[1:], np.int64)
         for k, row in enumerate(rows):
             running = self._rows[row]
             request, pending = running.request, running.pending
             running.generated = int(num_generated[k])
             new = tokens[k, running.context_len + running.emitted:running.seq_len].tolist()
             steps = int(num_steps[k]) - running.steps_seen
-            if speculated is not None and steps > 0:
+            if program is not None and steps > 0:
                 chunk_tokens += len(new)
                 chunk_steps += steps
                 if speculated:  # hist is cumulative per row: observe this chunk's steps
+                    chunk_hist += hist[k] - running.hist_seen
                     self.metrics.observe_acceptance(hist[k] - running.hist_seen)
                     if self.adapter is not None:
                         mine = self.adapter.acceptance if running.acceptance is None else running.acceptance
-                        running.acceptance = mine + self.adapter.smoothing * (len(new) / steps - mine)
+                        running.acceptance = mine + self.adapter.smoothing * (len(new) / steps / scale - mine)
                         running.measured_steps += steps
             running.steps_seen, running.hist_seen = int(num_steps[k]), hist[k].copy()
             if new:
@@ -725,7 +774,7 @@ class SlotEngine:
         self.metrics.running.set(self.num_running)
         self.metrics.kv_cache_usage.set(self.blocks.usage)
         ran, self._host_step = int(step) - self._host_step, int(step)
-        return ran, (chunk_tokens, chunk_steps)
+        return ran, (chunk_tokens, chunk_steps, chunk_hist)
 
     # --- program arguments --------------------------------------------------------------------------------------
 
@@ -795,14 +844,17 @@ class SlotEngine:
             self._store, out = self._compiled[key](self.engine.params, self.engine.drafter_params, self._store,
                                                    *arrays)
             jax.block_until_ready(out)
+        programs = (FULL, PLAIN) if self.speculative else (FULL,)
+        if self._short_nodes is not None:
+            programs += (SHORT,)
         for seq_len in self.seq_buckets:
             chunk = self._calibration_chunks(prompt, rotate=True, seq_len=seq_len)
-            for speculate in ((True, False) if self.speculative else (True,)):
+            for program in programs:
                 for rows in self.row_buckets:
-                    chunk(speculate, rows, 1, True)
+                    chunk(program, rows, 1, True)
 
     def _calibration_chunks(self, prompt: Sequence[int], rotate: bool = False,
-                            seq_len: int | None = None) -> Callable[[bool, int, int, bool], TimedChunk]:
+                            seq_len: int | None = None) -> Callable[[str, int, int, bool], TimedChunk]:
         """The timed chunks ``adapt.measure_costs`` calls: each admits ``prompt`` (greedy, a budget of three
         chunks at full acceptance) into ``rows`` rows, runs one chunk at context ``seq_len`` (default: the
         longest bucket; a verify pass's cost grows with the context more than a plain step's), and frees every
@@ -829,7 +881,7 @@ class SlotEngine:
             turn = (37 * row) % len(prompt)
             return prompt[turn:] + prompt[:turn]
 
-        def timed_chunk(speculate: bool, rows: int, steps: int, sampled: bool) -> TimedChunk:
+        def timed_chunk(program: str, rows: int, steps: int, sampled: bool) -> TimedChunk:
             held = []
             for row in range(rows):
                 allocation = self.blocks.allocate([], self._lookahead(len(prompt), len(prompt) + budget))
@@ -848,9 +900,7 @@ class SlotEngine:
             arrays = (self._place(ids), self._place(self._tables[ids]), arrays[2])
             jax.block_until_ready(self._store)
             start = time.perf_counter()
-            self._store, out = self._compiled["step", speculate, rows, seq_len](
-                self.engine.params, self.engine.drafter_params, self._store, *arrays,
-                self._place(np.asarray(steps, np.int32)))
+            self._store, out = self._run_step(program, rows, seq_len, arrays, steps)
             out = jax.device_get(out)
             seconds = time.perf_counter() - start
             ran, self._host_step = int(out.step) - self._host_step, int(out.step)
@@ -858,7 +908,8 @@ class SlotEngine:
                 self.blocks.free(pages)
                 self._tables[row] = 0
             gained = int(out.num_generated[:len(held)].sum()) - len(held)
-            return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()))
+            return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()),
+                              tuple(int(n) for n in out.accepted_hist[:len(held)].sum(axis=0)))
 
         return timed_chunk
 

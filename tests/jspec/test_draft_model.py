@@ -10,10 +10,13 @@ import scipy.stats
 
 import jspec
 from jspec.drafters.draft_model import DraftModelDrafter
+from jspec.generate import generate_start, run_loop
+from jspec.generate_setup import GenerateSetup
+from jspec.step import short_draft_nodes
 from jspec.sampling import SamplingArrays, sampling_probs
 from models.attention import KVCache
 from models.config import ModelConfig
-from models.llama import LlamaModel, init_params
+from models.llama import LlamaModel, init_params, unstack_layers
 from tests import spec_fixtures as fx
 from tests.program_structure import CALLBACK_PRIMITIVES, all_primitives, top_level_eqns
 
@@ -136,6 +139,31 @@ def test_sampled_drafts_follow_the_exact_target_distribution(spec):
     out = engine.generate([PROMPT] * rows, max_new_tokens=3, temperature=1.0, seed=3)
     assert 1.1 < out.stats.acceptance_length < spec.max_depth + 1  # drafts both accepted and rejected
     assert_triples_follow(out.token_ids, exact_triples(target, 1.0))
+
+
+def test_a_shortened_chain_follows_the_exact_target_distribution():
+    """The server's short program (``spec_step`` with use_short): a chain of 3 drafts verified after its first, so
+    each step commits at most 2 tokens; (x1, x2, x3) still follow the target's joint."""
+    target, draft = varied(init_params(TINY, jax.random.key(4))), varied(init_params(TINY, jax.random.key(9)))
+    rows, spec = 12000, jspec.SpecConfig(tree="chain", num_steps=3)
+    setup = GenerateSetup(TINY, 16, drafter=DraftModelDrafter(TINY, TINY, spec, 16))
+    short_nodes = short_draft_nodes(setup, 1)
+    assert short_nodes == 2 and short_draft_nodes(setup, 3) is None
+
+    @jax.jit
+    def shortened(prompt_ids, prompt_lens, max_new_tokens):
+        state, inputs = generate_start(target, draft, prompt_ids, prompt_lens, jax.random.key(3), max_new_tokens,
+                                       jnp.full((rows, 1), -1, jnp.int32), SamplingArrays.full(rows, jspec.SamplingParams(temperature=1.0)),
+                                       setup=setup)
+        return run_loop(unstack_layers(target, TINY), draft, state, inputs, setup=setup, short_nodes=short_nodes,
+                        use_short=jnp.asarray(True))
+
+    state = shortened(jnp.tile(jnp.asarray([PROMPT + [0] * 3], jnp.int32), (rows, 1)),
+                      jnp.full((rows,), len(PROMPT), jnp.int32), jnp.full((rows,), 3, jnp.int32))
+    hist = np.asarray(state.accepted_hist).sum(axis=0)
+    assert hist[1] > 0 and hist[2:].sum() == 0  # one draft accepted at most: the short chain ran, and accepted
+    tokens = np.asarray(state.tokens)[:, len(PROMPT):len(PROMPT) + 3]
+    assert_triples_follow(tokens.tolist(), exact_triples(target, 1.0))
 
 
 def assert_triples_follow(token_ids, joint: np.ndarray) -> None:

@@ -14,7 +14,7 @@ import pytest
 import jspec
 from jspec.drafters.draft_model import DraftModelDrafter
 from jspec.drafters.ngram import NgramDrafter
-from jspec.serve.adapt import CostTable, LoadAdapter
+from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter
 from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
 from tests import spec_fixtures as fx
 
@@ -159,6 +159,55 @@ def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptiv
         assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0]
     body = slots.metrics.render().decode()
     assert 'jspec:chunks_total{program="plain"}' in body and 'jspec:chunks_total{program="speculative"}' in body
+
+
+class Cycling(LoadAdapter):
+    """Runs the whole chain, the short chain and plain steps in turn, whatever they cost."""
+
+    def __init__(self, adapter: LoadAdapter):
+        super().__init__(adapter.costs, adapter.acceptance, short_draft_len=adapter.short_draft_len)
+        self.turn = 0
+
+    def choose_program(self, rows, acceptance=None, sampled=False, seq_len=None):
+        self.turn += 1
+        return (FULL, SHORT, PLAIN)[self.turn % 3]
+
+
+@pytest.mark.parametrize("name", ["draft-model", "ngram"])
+def test_the_short_chain_program_keeps_greedy_output(params_t, name):
+    """A chain drafter's server has a third step program, its chain cut after short_draft_len drafts (one of the
+    chain's four by default): chunks of all three in turn give every request what it gets alone."""
+    engine = make_engine(params_t, name)
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, row_buckets=(4,),
+                       enable_prefix_caching=False)
+    assert slots.short_draft_len == 1
+    slots.warm_up(PROMPTS[0])
+    assert set(slots.costs.short_step_seconds) == {4}
+    slots.adapter = Cycling(slots.adapter)
+    slots.start()
+    try:
+        sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n) for p, n in zip(PROMPTS, BUDGETS)])
+    finally:
+        slots.shutdown(10)
+    for prompt, budget, sink in zip(PROMPTS, BUDGETS, sinks):
+        assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0]
+    body = slots.metrics.render().decode()
+    for label in ("plain", "speculative", "speculative_short"):
+        assert f'jspec:chunks_total{{program="{label}"}}' in body
+
+
+def test_the_short_draft_len_is_checked(params_t):
+    engine = make_engine(params_t, "ngram")  # a chain of 4 drafts
+    assert SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, short_draft_len=0).short_draft_len is None
+    assert SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, short_draft_len=3).short_draft_len == 3
+    assert SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, short_draft_len=2, adapt=False).short_draft_len is None
+    for bad in (4, -1, 1.5):
+        with pytest.raises(ValueError, match="short_draft_len"):
+            SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, short_draft_len=bad)
+    dynamic = make_engine(params_t, "eagle3-dynamic")
+    assert SlotEngine(dynamic, max_seq_len=MAX_SEQ_LEN).short_draft_len is None  # only a chain can be cut
+    with pytest.raises(ValueError, match="only a chain"):
+        SlotEngine(dynamic, max_seq_len=MAX_SEQ_LEN, short_draft_len=1)
 
 
 def test_nothing_compiles_after_warm_up(adaptive):
