@@ -114,13 +114,13 @@ def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, ke
 
 
 def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup,
-             max_steps: jax.Array | None = None, speculate: bool = True, short_nodes: int | None = None,
-             use_short: jax.Array | None = None) -> DecodeState:
+             max_steps: jax.Array | None = None, speculate: bool = True,
+             short_nodes: int | None = None) -> DecodeState:
     """Steps until every sequence is done (or ``max_steps`` more iterations ran, for streaming chunks).
 
     speculate=False (with a drafter) steps with :func:`jspec.step.root_step`: plain decoding that keeps the
-    drafter's state current, so a later speculative chunk can continue from it. short_nodes, use_short: the
-    speculative steps' shorter chain and whether to verify it (:func:`jspec.step.spec_step`)."""
+    drafter's state current, so a later speculative chunk can continue from it. short_nodes: the speculative
+    steps verify only a chain's first nodes (:func:`jspec.step.spec_step`)."""
     stop_at = None if max_steps is None else state.step + max_steps
 
     def cond(s: DecodeState) -> jax.Array:
@@ -129,7 +129,7 @@ def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setu
 
     step = plain_step if setup.drafter is None else spec_step if speculate else root_step
     if step is spec_step and short_nodes is not None:
-        step = functools.partial(spec_step, short_nodes=short_nodes, use_short=use_short)
+        step = functools.partial(spec_step, short_nodes=short_nodes)
 
     def body(s: DecodeState) -> DecodeState:
         return shard_state(step(params_t, params_d, s, inputs=inputs, setup=setup))

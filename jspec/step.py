@@ -92,7 +92,7 @@ def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]
 
 
 def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup,
-              short_nodes: int | None = None, use_short: jax.Array | None = None) -> DecodeState:
+              short_nodes: int | None = None) -> DecodeState:
     """propose -> verify the tree with the target -> accept -> commit tokens and both models' K/V.
 
     When the drafter reports ``tree.drafted`` and no running sequence drafted anything, the T-token verify pass is
@@ -100,26 +100,33 @@ def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
     would; this step then commits one token per sequence. When the drafter has ``short_chain_nodes`` and no running
     row drafted its whole chain (``tree.full``), only those first nodes are verified.
 
-    short_nodes (static; a chain's, see :func:`short_draft_nodes`) with use_short (bool[]): where use_short is set,
-    every row verifies only the chain's first ``short_nodes`` nodes (root included), a shorter target pass: the
-    server's draft length for high occupancy (TensorRT-LLM's ``draft_len_schedule``). The accepted tokens are the
-    target's either way; a row only accepts fewer per step.
+    short_nodes (a chain's, see :func:`short_draft_nodes`): every row verifies only the chain's first
+    ``short_nodes`` nodes (root included), a narrower target pass: the server's program for high occupancy
+    (TensorRT-LLM's ``draft_len_schedule``). The accepted tokens are the target's either way; a row only accepts
+    fewer per step. A static choice, not a branch: a conditional of two verify passes that both write the paged
+    KV pool makes XLA copy the pool.
     """
     drafter = setup.drafter
     step_keys = keys_at(inputs.keys, state.seq_len)
     draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), state.cache_len,
                                         sampling=inputs.sampling, key=fold_rows(step_keys, 1))
-    verify = functools.partial(_verify_drafted, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
-    if short_nodes is None or setup.force_accept is not None:
-        return verify(state, draft_state, tree, setup.spec.max_depth)
+    max_depth = setup.spec.max_depth
+    if short_nodes is not None and setup.force_accept is None:
+        tree, max_depth = truncated_chain(tree, short_nodes), short_nodes - 1
+    verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys,
+                               max_depth=max_depth)
+    short = drafter.short_chain_nodes
+    if tree.full is not None and short is not None and short <= max_depth and setup.force_accept is None:
+        def verify_short(state, draft_state, tree):
+            return _verify_tree(params_t, params_d, state, draft_state, truncated_chain(tree, short), inputs=inputs,
+                                setup=setup, keys=step_keys, max_depth=short - 1)
 
-    def verify_short(state, draft_state, tree):
-        return verify(state, draft_state, truncated_chain(tree, short_nodes), short_nodes - 1)
-
-    def verify_full(state, draft_state, tree):
-        return verify(state, draft_state, tree, setup.spec.max_depth)
-
-    return jax.lax.cond(use_short, verify_short, verify_full, state, draft_state, tree)
+        return jax.lax.cond(jnp.all(tree.full | state.done), verify, verify_short, state, draft_state, tree)
+    if tree.drafted is None or setup.force_accept is not None:
+        return verify(state, draft_state, tree)
+    root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, keys=step_keys)
+    speculate = jnp.any(tree.drafted & ~state.done)
+    return jax.lax.cond(speculate, verify, root_only, state, draft_state, tree)
 
 
 def short_draft_nodes(setup: GenerateSetup, draft_len: int) -> int | None:
@@ -132,38 +139,16 @@ def short_draft_nodes(setup: GenerateSetup, draft_len: int) -> int | None:
     return draft_len + 1
 
 
-def _verify_drafted(params_t, params_d, state: DecodeState, draft_state, tree: DraftTree, max_depth: int, *,
-                    inputs: StepInputs, setup: GenerateSetup, keys: jax.Array) -> DecodeState:
-    """Verifies ``tree`` (max_depth: its deepest node), skipping what no running row drafted: the root alone where
-    no row drafted (``tree.drafted``), the drafter's ``short_chain_nodes`` where no row drafted its whole chain
-    (``tree.full``)."""
-    verify = functools.partial(_verify_tree, params_t, params_d, inputs=inputs, setup=setup, keys=keys)
-    short = setup.drafter.short_chain_nodes
-    if tree.full is not None and short is not None and setup.force_accept is None:
-        def verify_short(state, draft_state, tree):
-            return verify(state, draft_state, truncated_chain(tree, short), max_depth=short - 1)
-
-        def verify_all(state, draft_state, tree):
-            return verify(state, draft_state, tree, max_depth=max_depth)
-
-        return jax.lax.cond(jnp.all(tree.full | state.done), verify_all, verify_short, state, draft_state, tree)
-    if tree.drafted is None or setup.force_accept is not None:
-        return verify(state, draft_state, tree, max_depth=max_depth)
-    root_only = functools.partial(_decode_root, params_t, params_d, inputs=inputs, setup=setup, keys=keys)
-    speculate = jnp.any(tree.drafted & ~state.done)
-    return jax.lax.cond(speculate, functools.partial(verify, max_depth=max_depth), root_only, state, draft_state,
-                        tree)
-
-
 def truncated_chain(tree: DraftTree, nodes: int) -> DraftTree:
-    """A chain's first ``nodes`` nodes (root included) as a chain of its own: the last one has no child."""
+    """A chain's first ``nodes`` nodes (root included) as a chain of its own: the last one has no child (``full``
+    is kept: whether each row drafted more than a shorter chain still tells)."""
     def cut(x):
         return None if x is None else x[:, :nodes]
 
     next_token = tree.next_token[:, :nodes].at[:, nodes - 1].set(-1)
     return tree._replace(tokens=cut(tree.tokens), mask=tree.mask[:, :nodes, :nodes], positions=cut(tree.positions),
                          next_token=next_token, next_sibling=cut(tree.next_sibling),
-                         draft_probs=cut(tree.draft_probs), full=None)
+                         draft_probs=cut(tree.draft_probs))
 
 
 def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, inputs: StepInputs,

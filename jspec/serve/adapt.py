@@ -56,7 +56,7 @@ def program_name(program: bool | str) -> str:
 class CostTable:
     """Seconds per step of each compiled step program, per occupancy bucket (rows stepped), measured at
     start-up: with greedy rows only, and (``sampled_*``; None: as the greedy ones) with a sampled row;
-    ``short_*``: the short chain's (None: the server has no short program)."""
+    ``short_*``: the short chain's, at the buckets that have one (None: the server has no short program)."""
 
     spec_step_seconds: dict[int, float]
     plain_step_seconds: dict[int, float]
@@ -98,27 +98,28 @@ class TimedChunk:
 
 
 def measure_costs(run_chunk: Callable[[str, int, int, bool], TimedChunk], row_buckets: Sequence[int],
-                  steps_per_chunk: int, repeats: int = 2, sampled: bool = True, short: bool = False) -> CostTable:
+                  steps_per_chunk: int, repeats: int = 2, sampled: bool = True,
+                  short_rows: Sequence[int] = ()) -> CostTable:
     """The start-up cost table: per step program and occupancy bucket, seconds per step of a chunk of
     ``steps_per_chunk`` steps as the scheduler runs them (what a chunk pays once, gathering its rows' pages and
     writing them back, included), the fastest of ``repeats`` after one warm run, each
-    ``run_chunk(program, rows, steps, sampled)`` (program: :data:`FULL`, :data:`PLAIN`, with ``short``
-    :data:`SHORT` too) over ``rows`` freshly admitted slots, greedy or (sampled) with a sampled one;
+    ``run_chunk(program, rows, steps, sampled)`` (program: :data:`FULL`, :data:`PLAIN`, and :data:`SHORT` at
+    the buckets ``short_rows``) over ``rows`` freshly admitted slots, greedy or (sampled) with a sampled one;
     ``sampled=False`` measures greedy rows only. The adapter corrects it with every chunk it times
     (:meth:`LoadAdapter.observe`)."""
     kinds = (False, True) if sampled else (False,)
-    programs = (FULL, PLAIN, SHORT) if short else (FULL, PLAIN)
+    buckets = {FULL: tuple(row_buckets), PLAIN: tuple(row_buckets), SHORT: tuple(short_rows)}
     seconds: dict[tuple[bool, str, int], float] = {}
     for kind in kinds:
-        for program in programs:
-            for rows in row_buckets:
+        for program, rows_of in buckets.items():
+            for rows in rows_of:
                 runs = [run_chunk(program, rows, steps_per_chunk, kind) for _ in range(repeats + 1)][1:]
                 seconds[kind, program, rows] = min(chunk.seconds / max(chunk.steps, 1) for chunk in runs)
 
     def table(kind: bool, program: str) -> dict[int, float] | None:
-        if kind not in kinds or program not in programs:
+        if kind not in kinds or not buckets[program]:
             return None
-        return {rows: seconds[kind, program, rows] for rows in row_buckets}
+        return {rows: seconds[kind, program, rows] for rows in buckets[program]}
 
     return CostTable(table(False, FULL), table(False, PLAIN), table(True, FULL), table(True, PLAIN),
                      table(False, SHORT), table(True, SHORT))
@@ -149,8 +150,9 @@ class LoadAdapter:
         if not isinstance(probe_every, int) or probe_every < 1:
             raise ValueError(f"probe_every={probe_every!r}: expected an integer >= 1")
         if (short_draft_len is None) != (not costs.has_short):
-            raise ValueError(f"short_draft_len={short_draft_len!r} with a cost table {'with' if costs.has_short else 'without'}"
-                             f" a short program: expected both or neither")
+            which = "with" if costs.has_short else "without"
+            raise ValueError(f"short_draft_len={short_draft_len!r} with a cost table {which} a short program: "
+                             f"expected both or neither")
         if short_draft_len is not None and (not isinstance(short_draft_len, int) or short_draft_len < 1):
             raise ValueError(f"short_draft_len={short_draft_len!r}: expected an integer >= 1")
         self.costs = costs
@@ -262,8 +264,8 @@ class LoadAdapter:
         even every draft accepted (``max_acceptance``) would not pay: there a verify pass costs more than the
         most it can save."""
         expected = self.acceptance if acceptance is None else acceptance
-        programs = [p for p in ((FULL, SHORT, PLAIN) if self.costs.has_short else (FULL, PLAIN))
-                    if self._could_pay(p, rows, sampled, seq_len)]
+        programs = [p for p in (FULL, SHORT, PLAIN) if (p != SHORT or rows in (self.costs.short_step_seconds or ()))
+                    and self._could_pay(p, rows, sampled, seq_len)]
         ranked = sorted(programs, key=lambda p: -self.rate(p, rows, expected, sampled, seq_len))
         choice = ranked[0]
         untimed = [] if seq_len is None else [

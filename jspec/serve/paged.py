@@ -358,8 +358,8 @@ def write_pages(layout: PagedLayout, setup: GenerateSetup, steps: int) -> int:
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate", "write_pages",
                                                "short_nodes"), donate_argnames=("store",))
 def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
-              max_steps: jax.Array, use_short: jax.Array | None = None, *, layout: PagedLayout,
-              setup: GenerateSetup, seq_len: int, speculate: bool = True, write_pages: int | None = None,
+              max_steps: jax.Array, *, layout: PagedLayout, setup: GenerateSetup, seq_len: int,
+              speculate: bool = True, write_pages: int | None = None,
               short_nodes: int | None = None) -> tuple[list, Readout]:
     """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
     ``row_ids`` (i32[R], padding: the null row) at context ``seq_len`` (>= prompt + max_tokens of every row) ->
@@ -368,14 +368,13 @@ def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: j
     steps may write (its committed tokens, max_steps steps' worth of new ones and the tree window): the
     scheduler allocates them before the call. write_pages: None writes every page of the rows
     back; else (``write_pages(layout, setup, steps)`` for chunks of at most ``steps`` steps) only the pages the
-    steps may have touched. short_nodes (a chain's, ``jspec.step.short_draft_nodes``), use_short (bool[]): the
-    speculative steps verify only the chain's first short_nodes nodes where use_short is set
-    (``jspec.step.spec_step``); the same program runs either."""
+    steps may have touched. short_nodes (a chain's, ``jspec.step.short_draft_nodes``): the speculative steps verify
+    only the chain's first short_nodes nodes (``jspec.step.spec_step``)."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         since = None if write_pages is None else jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
         state = run_loop(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len),
-                         max_steps=max_steps, speculate=speculate, short_nodes=short_nodes, use_short=use_short)
+                         max_steps=max_steps, speculate=speculate, short_nodes=short_nodes)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
                              write_pages=write_pages), _readout(state))

@@ -60,6 +60,7 @@ logger = logging.getLogger("jspec.serve")
 Sink = Callable[[list[int], "str | None"], None]  # (new token ids, finish_reason or None while running)
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
+SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
 CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
 
 
@@ -274,6 +275,10 @@ class SlotEngine:
             self.widths = tuple(w for w in self.widths if w <= self.piece_width)
         self.row_buckets = compile_buckets("row_buckets", row_buckets, first=1, last=max_num_seqs,
                                            last_name="max_num_seqs")
+        # The short program only where a verify pass is wide enough to cost more than it saves: the busiest
+        # buckets (few rows leave a step bound by memory, where the whole chain's pass costs about a plain step).
+        self.short_row_buckets = () if self._short_nodes is None else tuple(
+            rows for rows in self.row_buckets if SHORT_MIN_SHARE * rows >= max_num_seqs)
         self.seq_buckets = compile_buckets("seq_buckets", seq_buckets, first=MIN_SEQ_BUCKET, last=max_seq_len,
                                            last_name="max_seq_len")
         self._max_total_tokens = max_total_tokens
@@ -389,15 +394,14 @@ class SlotEngine:
                     lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
                         *args, self._store, *examples["prefill_cached", rows, width], layout=layout,
                         setup=self.setup, seq_len=self.max_seq_len)
-        for speculate in ((True, False) if self.speculative else (True,)):
-            for rows in self.row_buckets:
-                example = self._step_arrays([], rows)
-                for seq_len in self.seq_buckets:
-                    lowered["step", speculate, rows, seq_len] = paged.step_rows.lower(
-                        *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
-                        self._place(np.asarray(False)), layout=layout, setup=self.setup, seq_len=seq_len,
-                        speculate=speculate, write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk),
-                        short_nodes=self._short_nodes if speculate else None)
+        for program, rows in self._step_programs():
+            example = self._step_arrays([], rows)
+            for seq_len in self.seq_buckets:
+                lowered["step", program, rows, seq_len] = paged.step_rows.lower(
+                    *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
+                    layout=layout, setup=self.setup, seq_len=seq_len, speculate=program != PLAIN,
+                    write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk),
+                    short_nodes=self._short_nodes if program == SHORT else None)
         began = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # XLA compiles without the GIL
             compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
@@ -412,7 +416,7 @@ class SlotEngine:
             # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
             # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
             self.costs = measure_costs(self._calibration_chunks(real, rotate=True), self.row_buckets,
-                                       self.steps_per_chunk, repeats=1, short=self._short_nodes is not None)
+                                       self.steps_per_chunk, repeats=1, short_rows=self.short_row_buckets)
             sample = self._calibration_chunks(real)(FULL, self.row_buckets[0], 3 * self.steps_per_chunk, False)
             acceptance = sample.tokens / max(sample.verify_steps, 1)
             self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step,
@@ -656,7 +660,7 @@ class SlotEngine:
         rows = next(r for r in self.row_buckets if r >= len(running))
         need = max(self._rows[i].need for i in running)
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        program = FULL if self.speculative else PLAIN  # a plain server has one program per bucket
+        program = FULL  # a plain server has one program per bucket
         sampled = any(self._rows[i].request.temperature > 0.0 for i in running)
         if self.adapter is not None:
             expected = self.adapter.expected_acceptance(
@@ -667,7 +671,7 @@ class SlotEngine:
         self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk)
         steps, (tokens, verify_steps, hist) = self._emit(running, out, program=program, chunk_start=start)
         seconds = time.perf_counter() - start
-        self.metrics.observe_chunk(CHUNK_LABELS[program], seconds, steps)
+        self.metrics.observe_chunk(CHUNK_LABELS[program] if self.speculative else "plain", seconds, steps)
         self.metrics.busy_seconds.labels("step").inc(seconds)
         if self.adapter is not None:
             if program == FULL:
@@ -675,12 +679,21 @@ class SlotEngine:
             self.adapter.observe(program, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps,
                                  sampled=sampled, seq_len=seq_len)
 
+    def _step_programs(self) -> list[tuple[str, int]]:
+        """(program, occupancy bucket) of every compiled step program (each at every context bucket): a plain
+        server's one program per bucket is its FULL; a speculative one's PLAIN too, and SHORT at the
+        ``short_row_buckets``."""
+        programs = [(FULL, rows) for rows in self.row_buckets]
+        if self.speculative:
+            programs += [(PLAIN, rows) for rows in self.row_buckets]
+        return programs + [(SHORT, rows) for rows in self.short_row_buckets]
+
     def _run_step(self, program: str, rows: int, seq_len: int, arrays: tuple, steps: int) -> tuple:
         """Calls the step program of ``program`` (:data:`FULL`, :data:`SHORT` or :data:`PLAIN`; a plain server's
         one program is its FULL) over the bucket of ``rows`` at context ``seq_len`` -> (store, readout)."""
-        compiled = self._compiled["step", program != PLAIN or not self.speculative, rows, seq_len]
+        compiled = self._compiled["step", program, rows, seq_len]
         return compiled(self.engine.params, self.engine.drafter_params, self._store, *arrays,
-                        self._place(np.asarray(steps, np.int32)), self._place(np.asarray(program == SHORT)))
+                        self._place(np.asarray(steps, np.int32)))
 
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
@@ -844,14 +857,10 @@ class SlotEngine:
             self._store, out = self._compiled[key](self.engine.params, self.engine.drafter_params, self._store,
                                                    *arrays)
             jax.block_until_ready(out)
-        programs = (FULL, PLAIN) if self.speculative else (FULL,)
-        if self._short_nodes is not None:
-            programs += (SHORT,)
         for seq_len in self.seq_buckets:
             chunk = self._calibration_chunks(prompt, rotate=True, seq_len=seq_len)
-            for program in programs:
-                for rows in self.row_buckets:
-                    chunk(program, rows, 1, True)
+            for program, rows in self._step_programs():
+                chunk(program, rows, 1, True)
 
     def _calibration_chunks(self, prompt: Sequence[int], rotate: bool = False,
                             seq_len: int | None = None) -> Callable[[str, int, int, bool], TimedChunk]:

@@ -64,6 +64,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--no-adapt", action="store_true",
                         help="always run speculative steps (by default the server switches to plain steps under "
                              "load when those are faster; sampled tokens then depend on the load)")
+    server.add_argument("--short-draft-len", type=int, default=None,
+                        help="with load adaptation and a chain drafter, a third step program verifies only the "
+                             "chain's first N drafts, for loads where the whole chain's verify pass costs more than "
+                             "it saves (default: a quarter of the chain, at least 1; 0: none)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds running requests get to finish after SIGTERM")
     add_parallel_args(parser)
@@ -142,7 +146,7 @@ def _run_serve(args: argparse.Namespace) -> int:
                                               max_batch_size=min(args.max_num_seqs, 8), max_seq_len=args.max_seq_len,
                                               dtype=args.dtype, **mesh_kwargs(args))
     slots = SlotEngine(engine, max_queue=args.max_queue, steps_per_chunk=args.steps_per_chunk,
-                       adapt=not args.no_adapt, **paged_kwargs(args))
+                       adapt=not args.no_adapt, short_draft_len=args.short_draft_len, **paged_kwargs(args))
     slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)
     slots.start()
     host, port = sock.getsockname()[:2]

@@ -152,11 +152,10 @@ def test_a_shortened_chain_follows_the_exact_target_distribution():
 
     @jax.jit
     def shortened(prompt_ids, prompt_lens, max_new_tokens):
+        drawn = SamplingArrays.full(rows, jspec.SamplingParams(temperature=1.0))
         state, inputs = generate_start(target, draft, prompt_ids, prompt_lens, jax.random.key(3), max_new_tokens,
-                                       jnp.full((rows, 1), -1, jnp.int32), SamplingArrays.full(rows, jspec.SamplingParams(temperature=1.0)),
-                                       setup=setup)
-        return run_loop(unstack_layers(target, TINY), draft, state, inputs, setup=setup, short_nodes=short_nodes,
-                        use_short=jnp.asarray(True))
+                                       jnp.full((rows, 1), -1, jnp.int32), drawn, setup=setup)
+        return run_loop(unstack_layers(target, TINY), draft, state, inputs, setup=setup, short_nodes=short_nodes)
 
     state = shortened(jnp.tile(jnp.asarray([PROMPT + [0] * 3], jnp.int32), (rows, 1)),
                       jnp.full((rows,), len(PROMPT), jnp.int32), jnp.full((rows,), 3, jnp.int32))

@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--max-seq-len", type=int, default=1024, help="prompt + new tokens per request")
     target.add_argument("--steps-per-chunk", type=int, default=4, help="the slot engine's steps per chunk")
     target.add_argument("--no-adapt", action="store_true", help="the spec server never falls back to plain steps")
+    target.add_argument("--short-draft-len", type=int, default=None,
+                        help="the spec server's short chain (`jspec serve --short-draft-len`; 0: none)")
     load = parser.add_argument_group("load")
     load.add_argument("--num-prompts", type=int, default=32, help="the first N HumanEval prompts, per pass")
     load.add_argument("--max-tokens", type=int, default=128, help="new tokens per request at most")
