@@ -1,25 +1,46 @@
 #!/usr/bin/env bash
-# The checks a session runs when it is lent a GPU, in one call: the serving engine's paged path and the Pallas
-# kernels' tests on the GPU (in the background, a small share of its memory), and the paged-attention sweep.
-#     OUT=/some/dir bash scripts/gpu_checks.sh
+# The checks a session runs when it is lent a GPU, in one call (figures and logs under $OUT):
+#     OUT=/some/dir bash scripts/gpu_checks.sh kernels   # the Pallas kernels' and paged serving path's tests (in the
+#                                                        # background, a small share of the GPU's memory), and the
+#                                                        # paged-attention sweep
+#     OUT=/some/dir bash scripts/gpu_checks.sh serve     # the load adapter's step programs (short chain included)
+#                                                        # tested on the GPU, and the server's step costs on
+#                                                        # Llama-3-8B shapes (scripts/serve_costs.py)
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_checks}
+what=${1:-kernels}
 mkdir -p "$OUT"
 nvidia-smi -L
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 
 pytest="python3 -m pytest -o addopts= -p no:cacheprovider -q --durations=8"
-(export XLA_PYTHON_CLIENT_MEM_FRACTION=0.04
- timeout 200 $pytest -n 2 -m gpu tests/pallas_kernels >"$OUT/tests.txt" 2>&1; echo "kernel tests exit $?" >>"$OUT/tests.txt"
- timeout 330 $pytest -n 4 --dist loadscope -m "" tests/models/test_paged_kv.py tests/jspec/serve/test_paged.py \
-     tests/jspec/serve/test_paged_scheduler.py tests/jspec/serve/test_slots.py \
-     -k "paged or pool or long_prompt or greedy or crowd or cached" >>"$OUT/tests.txt" 2>&1
- echo "serve tests exit $?" >>"$OUT/tests.txt") &
-tests=$!
-
-XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 300 python3 scripts/bench_kernels.py --kernel paged \
-    --out "$OUT/paged_attention.json" 2>&1 | tee "$OUT/paged_attention.txt"
-
+case "$what" in
+kernels)
+    (export XLA_PYTHON_CLIENT_MEM_FRACTION=0.04
+     timeout 200 $pytest -n 2 -m gpu tests/pallas_kernels >"$OUT/tests.txt" 2>&1
+     echo "kernel tests exit $?" >>"$OUT/tests.txt"
+     timeout 330 $pytest -n 4 --dist loadscope -m "" tests/models/test_paged_kv.py tests/jspec/serve/test_paged.py \
+         tests/jspec/serve/test_paged_scheduler.py tests/jspec/serve/test_slots.py \
+         -k "paged or pool or long_prompt or greedy or crowd or cached" >>"$OUT/tests.txt" 2>&1
+     echo "serve tests exit $?" >>"$OUT/tests.txt") &
+    tests=$!
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 300 python3 scripts/bench_kernels.py --kernel paged \
+        --out "$OUT/paged_attention.json" 2>&1 | tee "$OUT/paged_attention.txt"
+    ;;
+serve)
+    (export XLA_PYTHON_CLIENT_MEM_FRACTION=0.04
+     timeout 330 $pytest -n 3 -m "" tests/jspec/serve/test_adapt.py tests/jspec/test_draft_model.py \
+         tests/jspec/serve/test_slots.py -k "short or adapter or switching" >"$OUT/tests.txt" 2>&1
+     echo "serve tests exit $?" >>"$OUT/tests.txt") &
+    tests=$!
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 330 python3 scripts/serve_costs.py --synthetic llama3-8b \
+        --rows 1,8,32 --out "$OUT/serve_costs_llama3-8b.json" 2>&1 | grep -v Warning | tee "$OUT/serve_costs.txt"
+    ;;
+*)
+    echo "gpu_checks.sh: $what: expected kernels or serve" >&2
+    exit 2
+    ;;
+esac
 wait $tests
 grep -E "passed|failed|error|exit|FAILED|Error" "$OUT/tests.txt" | tail -40
