@@ -179,7 +179,7 @@ def test_the_short_chain_program_keeps_greedy_output(params_t, name):
     chain's four by default): chunks of all three in turn give every request what it gets alone."""
     engine = make_engine(params_t, name)
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, row_buckets=(4,),
-                       enable_prefix_caching=False)
+                       enable_prefix_caching=False, max_total_tokens=1 << 16)  # a pool much larger than a step's work
     assert slots.short_draft_len == 1
     slots.warm_up(PROMPTS[0])
     assert set(slots.costs.short_step_seconds) == {4} and slots.short_row_buckets == (4,)
