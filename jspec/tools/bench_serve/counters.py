@@ -33,9 +33,12 @@ def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
 
 
 def counter_figures(delta: dict[str, float]) -> dict[str, float | None]:
-    """What the counters' change over passes says: the share of chunks that ran the speculative program, and the
-    mean tokens committed per verify step of a running request."""
-    spec, plain = delta.get("chunks_speculative", 0.0), delta.get("chunks_plain", 0.0)
-    return {"speculative_chunk_share": spec / (spec + plain) if spec + plain else None,
+    """What the counters' change over passes says: the share of chunks that ran a speculative program (the whole
+    tree or the short chain), the short chain's share, and the mean tokens committed per verify step of a running
+    request."""
+    whole, short = delta.get("chunks_speculative", 0.0), delta.get("chunks_speculative_short", 0.0)
+    total = whole + short + delta.get("chunks_plain", 0.0)
+    return {"speculative_chunk_share": (whole + short) / total if total else None,
+            "short_chunk_share": short / total if total else None,
             "acceptance_length": delta["sum"] / delta["count"] if delta.get("count") else None}
 

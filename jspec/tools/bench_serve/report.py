@@ -18,6 +18,12 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def _spec_share(counters: dict) -> str:
+    """The speculative chunks' share, and the short chain's among them where it ran."""
+    short = counters.get("short_chunk_share")
+    return _share(counters.get("speculative_chunk_share")) + (f" ({_share(short)} short)" if short else "")
+
+
 def table_rows(passes: Sequence[PassSummary]) -> tuple[list[str], list[list[str]]]:
     header = ["rate", "server", "ok/n", "req/s", "out tok/s", "TTFT p50", "p90", "p99", "ITL p50", "p90", "p99",
               "TPOT p50", "spec chunks"]
@@ -25,7 +31,7 @@ def table_rows(passes: Sequence[PassSummary]) -> tuple[list[str], list[list[str]
              f"{p.output_throughput:.1f}", format_ms(p.ttft_ms, "p50"), format_ms(p.ttft_ms, "p90"),
              format_ms(p.ttft_ms, "p99"), format_ms(p.itl_ms, "p50"), format_ms(p.itl_ms, "p90"),
              format_ms(p.itl_ms, "p99"), format_ms(p.tpot_ms, "p50"),
-             _share(p.server_counters.get("speculative_chunk_share"))]
+             _spec_share(p.server_counters)]
             for p in passes]
     return header, rows
 

@@ -13,6 +13,8 @@ import pytest
 
 from jspec.tools import bench_serve as bs
 from jspec.tools.bench_serve import run as bs_run  # where main looks up load_engines
+from jspec.tools.bench_serve.counters import counter_delta, counter_figures, parse_counters
+from jspec.tools.bench_serve.report import table_rows
 
 # --- the schedule -----------------------------------------------------------------------------------------------
 
@@ -157,6 +159,19 @@ def test_report_table_and_chart(tmp_path, capsys):
     bs.print_report(passes, offline, bs.combine_checks([bs.criteria(passes, offline, 4)]))
     out = capsys.readouterr().out
     assert "seq" in out and "inf" in out and "300.0" in out and "HOLDS" in out
+
+
+def test_counters_count_the_short_chain_as_speculative():
+    text = ('jspec:chunks_total{program="speculative"} 3.0\n'
+            'jspec:chunks_total{program="speculative_short"} 5.0\n'
+            'jspec:chunks_total{program="plain"} 2.0\n'
+            'jspec:acceptance_length_sum 20.0\njspec:acceptance_length_count 10.0\n')
+    figures = counter_figures(counter_delta({}, parse_counters(text)))
+    assert figures == {"speculative_chunk_share": 0.8, "short_chunk_share": 0.5, "acceptance_length": 2.0}
+    stats = {"mean": 1.0, "p50": 1.0, "p90": 2.0, "p99": 3.0}
+    spec = bs.PassSummary("spec", math.inf, 4, 4, 0, 1.0, 4.0, 100, 100.0, stats, stats, stats, stats, "token_ids",
+                          [], server_counters=figures)
+    assert table_rows([spec])[1][0][-1] == "80% (50% short)"
 
 
 # --- the client against a scripted SSE server -------------------------------------------------------------------
