@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from jspec.accept import accept_tree
 from jspec.commit import commit_tokens
+from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree
 from jspec.kv_cache import commit_path
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
@@ -129,12 +130,13 @@ def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
     return jax.lax.cond(speculate, verify, root_only, state, draft_state, tree)
 
 
-def short_draft_nodes(setup: GenerateSetup, draft_len: int) -> int | None:
-    """The nodes (root included) a step verifies at a shorter draft length ``draft_len`` (>= 1), or None where
-    none is shorter than the drafter's tree: only a chain can be cut (its first nodes are a chain of their own)."""
+def short_draft_nodes(spec: SpecConfig | None, draft_len: int) -> int | None:
+    """The nodes (root included) a step verifies at a shorter draft length ``draft_len`` (>= 1) of the drafter's
+    tree ``spec``, or None where none is shorter: only a chain can be cut (its first nodes are a chain of their
+    own)."""
     if not isinstance(draft_len, int) or draft_len < 1:
         raise ValueError(f"draft_len={draft_len!r}: expected an integer >= 1")
-    if setup.spec is None or setup.spec.tree != "chain" or draft_len >= setup.spec.max_depth:
+    if spec is None or spec.tree != "chain" or draft_len >= spec.max_depth:
         return None
     return draft_len + 1
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
-from jspec.config import SEED_RANGE, SamplingParams, check_seed, check_token_ids
+from jspec.config import SEED_RANGE, SamplingParams, SpecConfig, check_seed, check_token_ids
 from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedChunk, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
@@ -153,26 +153,25 @@ class _Running:
         return self.context_len + self.generated
 
 
-def default_short_draft_len(setup) -> int | None:
+def default_short_draft_len(spec: SpecConfig | None) -> int | None:
     """The short program's drafts where none is asked for: a quarter of a chain's (at least one), so its verify
-    pass is a few tokens wide; None where the tree is not a chain of at least two drafts."""
-    if setup.spec is None:
+    pass is a few tokens wide; None where the drafter's tree ``spec`` is not a chain of at least two drafts."""
+    if spec is None:
         return None
-    draft_len = max(1, setup.spec.max_depth // 4)
-    return draft_len if short_draft_nodes(setup, draft_len) is not None else None
+    draft_len = max(1, spec.max_depth // 4)
+    return draft_len if short_draft_nodes(spec, draft_len) is not None else None
 
 
-def checked_short_draft_len(short_draft_len: int | None, setup) -> int | None:
-    """``SlotEngine``'s short_draft_len as the drafts its short program verifies, None for no short program:
-    None picks :func:`default_short_draft_len`, 0 none; else it must cut the drafter's chain."""
+def checked_short_draft_len(short_draft_len: int | None, spec: SpecConfig | None) -> int | None:
+    """``SlotEngine``'s short_draft_len as the drafts its short program verifies (the drafter's tree: ``spec``),
+    None for no short program: None picks :func:`default_short_draft_len`, 0 none; else it must cut the chain."""
     if short_draft_len is None:
-        return default_short_draft_len(setup)
+        return default_short_draft_len(spec)
     if isinstance(short_draft_len, bool) or not isinstance(short_draft_len, int) or short_draft_len < 0:
         raise ValueError(f"short_draft_len={short_draft_len!r}: expected an integer >= 0 (0: no short program)")
-    if short_draft_len == 0:
+    if short_draft_len == 0 or spec is None:
         return None
-    spec = setup.spec
-    if spec.tree != "chain" or short_draft_len >= spec.max_depth:
+    if short_draft_nodes(spec, short_draft_len) is None:
         raise ValueError(f"short_draft_len={short_draft_len}: expected 0 or fewer drafts than the drafter's chain "
                          f"(tree {spec.tree!r} of depth {spec.max_depth}; only a chain can be cut)")
     return short_draft_len
@@ -256,9 +255,9 @@ class SlotEngine:
         self.adapt = adapt and self.speculative
         self.short_draft_len = None
         if self.adapt:
-            self.short_draft_len = checked_short_draft_len(short_draft_len, self.setup)
-        self._short_nodes = None if self.short_draft_len is None else short_draft_nodes(self.setup,
-                                                                                       self.short_draft_len)
+            self.short_draft_len = checked_short_draft_len(short_draft_len, self.setup.spec)
+        self._short_nodes = (None if self.short_draft_len is None
+                             else short_draft_nodes(self.setup.spec, self.short_draft_len))
         self.eos_token_ids = tuple(engine.eos_token_ids)
         self.max_prompt_width = max_seq_len - 1  # a prompt leaves room for one new token
         self.widths = prompt_buckets(self.max_prompt_width, half_steps=False)

@@ -92,7 +92,8 @@ def run_serve(args: argparse.Namespace) -> int:
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port {args.port}: expected 0 .. 65535")
-    for flag, value, low in (("--max-num-seqs", 1 if args.max_num_seqs is None else args.max_num_seqs, 1), ("--max-queue", args.max_queue, 0),
+    for flag, value, low in (("--max-num-seqs", 1 if args.max_num_seqs is None else args.max_num_seqs, 1),
+                             ("--max-queue", args.max_queue, 0),
                              ("--steps-per-chunk", args.steps_per_chunk, 1), ("--block-size", args.block_size, 1),
                              ("--max-total-tokens", 1 if args.max_total_tokens is None else args.max_total_tokens, 1),
                              ("--max-num-batched-tokens",
@@ -101,6 +102,8 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value}: expected an integer >= {low}")
     if not 0.0 < args.kv_cache_memory_fraction <= 1.0:
         raise ValueError(f"--kv-cache-memory-fraction {args.kv_cache_memory_fraction}: expected a number in (0, 1]")
+    if args.short_draft_len is not None and args.short_draft_len < 0:
+        raise ValueError(f"--short-draft-len {args.short_draft_len}: expected an integer >= 0 (0: no short chain)")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
     if args.data_parallel_size != 1:
@@ -128,7 +131,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     import jspec
     from jspec.bundle import is_bundled
     from jspec.serve.app import create_app
-    from jspec.serve.slots import SlotEngine
+    from jspec.serve.slots import SlotEngine, checked_short_draft_len
 
     _check_args(args)
     start_processes(args)
@@ -139,6 +142,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         args.max_num_seqs = CPU_MAX_NUM_SEQS if jax.default_backend() == "cpu" else GPU_MAX_NUM_SEQS
     args.max_seq_len = checked_max_seq_len(args.max_seq_len, model_dir)
     spec = draft_spec(args, drafter)
+    if drafter is not None and not args.no_adapt:
+        try:
+            checked_short_draft_len(args.short_draft_len, spec)
+        except ValueError as error:
+            raise ValueError(str(error).replace("short_draft_len=", "--short-draft-len ")) from None
     name = args.served_model_name or (BUNDLED_NAME if is_bundled(model_dir) else
                                       os.path.basename(os.path.normpath(model_dir)))
     sock = _listen(args.host, args.port)

@@ -147,8 +147,8 @@ def test_a_shortened_chain_follows_the_exact_target_distribution():
     target, draft = varied(init_params(TINY, jax.random.key(4))), varied(init_params(TINY, jax.random.key(9)))
     rows, spec = 12000, jspec.SpecConfig(tree="chain", num_steps=3)
     setup = GenerateSetup(TINY, 16, drafter=DraftModelDrafter(TINY, TINY, spec, 16))
-    short_nodes = short_draft_nodes(setup, 1)
-    assert short_nodes == 2 and short_draft_nodes(setup, 3) is None
+    short_nodes = short_draft_nodes(spec, 1)
+    assert short_nodes == 2 and short_draft_nodes(spec, 3) is None
 
     @jax.jit
     def shortened(prompt_ids, prompt_lens, max_new_tokens):

@@ -107,6 +107,8 @@ def test_serve_answers_then_drains_on_sigterm(tmp_path):
     (["--port", "70000"], "jspec: error: --port 70000: expected 0 .. 65535"),
     (["--bogus"], "jspec: error: unrecognized arguments: --bogus"),
     (["--port", "eighty"], "jspec serve: error: argument --port: invalid int value: 'eighty'"),
+    (["--short-draft-len", "9", "--drafter", "ngram"],
+     "jspec: error: --short-draft-len 9: expected 0 or fewer drafts than the drafter's chain"),
 ])
 def test_bad_flags_exit_2_with_one_clear_line(tmp_path, argv, message):
     run = subprocess.run([sys.executable, "-m", "jspec.tools.cli", "serve", *argv], capture_output=True, text=True,
