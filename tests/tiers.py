@@ -246,6 +246,11 @@ SLOW: dict[str, str] = {
     "tests/models/test_shipped_targets.py::test_logits_match_transformers[qwen2.5-instruct-9000]":
         "Qwen2.5 logits at 9000 positions = transformers; default: [qwen2.5-instruct-None]",
     # --- sampling is the target's distribution ---------------------------------------------------------------------
+    "tests/jspec/test_draft_model.py::test_sampled_drafts_follow_the_exact_target_distribution[chain]":
+        "draft-model chain of 2 sampled drafts chi-square in the engine; default: "
+        "test_a_shortened_chain_follows_the_exact_target_distribution (the draft model's sampled chain through the "
+        "same engine path, verified after one draft), test_tree_verify's test_sampling_is_lossless[3-2-True] "
+        "(deeper sampled drafts, the same verifier)",
     "tests/jspec/test_draft_model.py::test_sampled_drafts_follow_the_exact_target_distribution[tree]":
         "draft-model tree (recursive rejection) chi-square in the engine; default: test_tree_verify's "
         "test_sampling_is_lossless[3-2-True] (sampled drafts over a tree of siblings, the same verifier)",
