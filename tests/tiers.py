@@ -102,11 +102,16 @@ SLOW: dict[str, str] = {
         "drafter, n-gram, over HTTP), test_paged's cached-prefix test, test_block_manager",
     "tests/jspec/serve/test_slots.py::test_switching_between_step_programs_and_buckets_keeps_greedy_output":
         "adaptive switching between step programs and length buckets keeps greedy output; default: "
-        "test_the_short_chain_program_keeps_greedy_output[ngram] (all three step programs in turn), "
-        "test_adapt's unit tests, test_app's adaptive server",
+        "test_app's test_every_step_program_in_turn_keeps_greedy_output (the default server's three step "
+        "programs in turn), test_adapt's unit tests",
+    "tests/jspec/serve/test_slots.py::test_the_short_chain_program_keeps_greedy_output[ngram]":
+        "the short chain program with n-gram lookup keeps greedy output, the pool never copied; default: test_app's "
+        "test_every_step_program_in_turn_keeps_greedy_output (the same programs on the default server over HTTP, "
+        "the same pool check)",
     "tests/jspec/serve/test_slots.py::test_the_short_chain_program_keeps_greedy_output[draft-model]":
         "the short chain program with a draft model (a paged drafter cache, drafts drawn from the drafter's "
-        "distribution) keeps greedy output; default: [ngram] (the CPU default drafter), test_draft_model's "
+        "distribution) keeps greedy output; default: test_app's test_every_step_program_in_turn_keeps_greedy_output "
+        "(n-gram lookup, the CPU default drafter), test_draft_model's "
         "cut-chain distribution test (the draft model's commit of a cut chain)",
     "tests/jspec/serve/test_slots.py::test_nothing_compiles_after_warm_up":
         "every occupancy and length bucket of an adaptive slot engine compiles nothing; default: test_app's "

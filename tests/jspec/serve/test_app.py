@@ -25,6 +25,7 @@ from jspec.serve.slots import SlotEngine
 from jspec.serve.stop_strings import StopMatcher
 from jspec.tools import bundled
 from jspec.tools.serve_cmd import CALIBRATION_PROMPT, DrainingServer
+from tests.jspec.serve.scripted_adapters import Cycling
 
 pytestmark = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 
@@ -224,6 +225,30 @@ def test_the_scheduler_compiles_nothing_while_serving(server, tokenizer):
         for thread in threads:
             thread.join(60)
     assert server.served_compiles == []
+
+
+def test_every_step_program_in_turn_keeps_greedy_output(server, tokenizer):
+    """The default server (prompt lookup's chain of 9 drafts) has three step programs at its busiest buckets: the
+    whole chain, the chain cut after --short-draft-len drafts (2 by default) and plain steps. Run in turn, chunk by
+    chunk, they give every request what generate gives alone."""
+    slots = server.slots
+    assert slots.short_draft_len == 2 and slots.short_row_buckets == (2, 8)
+    if jax.default_backend() == "cpu":  # no step program copies the KV pool (test_slots says why on a CPU only)
+        for key, program in slots._compiled.items():
+            memory = program.memory_analysis()
+            assert key[0] != "step" or memory.temp_size_in_bytes < memory.alias_size_in_bytes / 2, key
+    label = 'jspec:chunks_total{program="%s"}'
+    before = {program: server.metric(label % program) for program in ("speculative", "speculative_short", "plain")}
+    adapter, slots.adapter = slots.adapter, Cycling(slots.adapter)
+    try:
+        for offset in (0, 30, 60):
+            ids = prompt_ids(tokenizer, 10, offset=offset)
+            out = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 32,
+                                                            "return_token_ids": True}).json()
+            assert out["choices"][0]["token_ids"] == server.engine.generate([ids], max_new_tokens=32).token_ids[0]
+    finally:
+        slots.adapter = adapter
+    assert all(server.metric(label % program) > count for program, count in before.items())
 
 
 def test_models_health_metrics(server):

@@ -14,9 +14,10 @@ import pytest
 import jspec
 from jspec.drafters.draft_model import DraftModelDrafter
 from jspec.drafters.ngram import NgramDrafter
-from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter
+from jspec.serve.adapt import CostTable, LoadAdapter
 from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
 from tests import spec_fixtures as fx
+from tests.jspec.serve.scripted_adapters import Cycling
 
 # mixed lengths and budgets, all in the offline engine's one bucket for a single prompt (width 16, 64 slots: one
 # reference program); more requests than slots, so some wait for a free one
@@ -159,18 +160,6 @@ def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptiv
         assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0]
     body = slots.metrics.render().decode()
     assert 'jspec:chunks_total{program="plain"}' in body and 'jspec:chunks_total{program="speculative"}' in body
-
-
-class Cycling(LoadAdapter):
-    """Runs the whole chain, the short chain and plain steps in turn, whatever they cost."""
-
-    def __init__(self, adapter: LoadAdapter):
-        super().__init__(adapter.costs, adapter.acceptance, short_draft_len=adapter.short_draft_len)
-        self.turn = 0
-
-    def choose_program(self, rows, acceptance=None, sampled=False, seq_len=None):
-        self.turn += 1
-        return (FULL, SHORT, PLAIN)[self.turn % 3]
 
 
 @pytest.mark.parametrize("name", ["draft-model", "ngram"])
