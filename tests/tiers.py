@@ -76,6 +76,10 @@ SLOW: dict[str, str] = {
         "draft-model dynamic tree greedy = plain; default: [chain], test_spec_engine [random-dynamic]",
     "tests/jspec/test_hybrid.py::test_greedy_output_equals_plain_decoding":
         "ngram+eagle3 with a random head greedy = plain; default: test_bundled_ngram_eagle3_equals_plain_decoding",
+    "tests/jspec/test_hybrid.py::test_the_servers_short_chain_composes_with_the_shorter_model_chain":
+        "the server's short chain cut on the hybrid (below and above its head's chain) keeps greedy output; default: "
+        "test_app's test_every_step_program_in_turn_keeps_greedy_output (the cut on prompt lookup's chain), "
+        "test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain (the hybrid's own cut)",
     "tests/jspec/test_hybrid.py::test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain":
         "ngram+eagle3 with the head's chain shorter than lookup's greedy = plain; default: the bundled chain of "
         "11 (test_bundled_ngram_eagle3_equals_plain_decoding), whose head drafts 7",

@@ -20,7 +20,9 @@ from jspec.drafters.eagle3 import Eagle3Drafter
 from jspec.drafters.hybrid import LookupThenModelDrafter
 from jspec.drafters.ngram import NgramDrafter
 from jspec.drafters.tree_search import static_draft_tree
-from models.llama import init_params
+from jspec.generate import generate_start, run_loop
+from jspec.sampling import SamplingArrays
+from models.llama import init_params, unstack_layers
 from tests import spec_fixtures as fx
 from tests.jspec.test_draft_model import TINY, assert_triples_follow, exact_triples, varied
 
@@ -146,6 +148,35 @@ def test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain(target):
         out = engine.generate(prompts, max_new_tokens=33)
         assert out.token_ids == plain.generate(prompts, max_new_tokens=33).token_ids
     assert out.stats.accepted_per_position[3] > 0, out.stats  # a long step accepted more than the head drafts
+
+
+@pytest.mark.parametrize("short_nodes", [2, 5], ids=["cut-below-the-head", "cut-above-the-head"])
+def test_the_servers_short_chain_composes_with_the_shorter_model_chain(target, short_nodes):
+    """The server's short program (``spec_step``'s short_nodes) on the hybrid whose head drafts 2 of lookup's 6: cut
+    after 1 draft (shorter than the head's chain: the hybrid's own cut never runs) or after 4 (longer: it still
+    runs where no row found a lookup draft). Greedy output is plain decoding's either way."""
+    plain = fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
+    drafter = hybrid_drafter(jspec.SpecConfig(tree="chain", num_steps=6), model_steps=2, attention_span=3)
+    engine = jspec.SpecEngine(fx.TARGET, target, drafter=drafter, drafter_params=fx.random_head(),
+                              max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN)
+    rows, width = len(RAGGED), max(map(len, RAGGED))
+    prompt_ids = np.zeros((rows, width), np.int32)
+    for b, prompt in enumerate(RAGGED):
+        prompt_ids[b, :len(prompt)] = prompt
+    lens = np.asarray([len(p) for p in RAGGED], np.int32)
+
+    @jax.jit
+    def shortened(params_t, params_d):
+        state, inputs = generate_start(params_t, params_d, prompt_ids, lens, jax.random.key(0),
+                                       jnp.full((rows,), 33, jnp.int32), jnp.full((rows, 1), -1, jnp.int32),
+                                       SamplingArrays.full(rows), setup=engine.setup)
+        return run_loop(unstack_layers(params_t, fx.TARGET), params_d, state, inputs, setup=engine.setup,
+                        short_nodes=short_nodes)
+
+    state = shortened(engine.params, engine.drafter_params)
+    tokens, generated = np.asarray(state.tokens), np.asarray(state.num_generated)
+    assert [tokens[b, lens[b]:lens[b] + generated[b]].tolist() for b in range(rows)] == plain
+    assert np.asarray(state.accepted_hist)[:, short_nodes:].sum() == 0  # no step committed past the cut
 
 
 def test_stops_at_eos_inside_an_accepted_run(target):
