@@ -14,7 +14,14 @@ hands pages out. One scheduler thread loops:
    (vLLM's recompute policy): nothing is lost or altered, only recomputed;
 3. **step**: one chunk of up to ``steps_per_chunk`` fused steps over the running rows (the occupancy bucket of
    their count, the length bucket holding prompt + max_tokens of each), then each request gets the tokens it
-   gained and finished ones free their row and pages.
+   gained and finished ones free their row and pages. With async scheduling (the default, vLLM's
+   ``--async-scheduling``) the chunk is dispatched before the one before it is read back: the host hands out the
+   last chunk's tokens, admits and reserves while the device steps (JAX dispatch is asynchronous). The rows'
+   state lives in the device's store, so the next chunk needs nothing the host has not read yet: a row that
+   finished in the chunk in flight steps no further (its ``done`` is on the device), its pages stay reserved two
+   chunks ahead, and a readout is handed only to the request that held the row when its chunk was dispatched
+   (one preempted or freed since is skipped: a preempted request is prefilled again with the tokens it was
+   handed, and regenerates the skipped ones, the same for greedy and for seeded sampling).
 
 Every program is compiled ahead in :meth:`SlotEngine.warm_up` (one prefill per prompt width and batch bucket, one
 step program per step kind, occupancy bucket and length bucket), so serving compiles nothing. With load
@@ -122,6 +129,21 @@ class _Pending:
 
 
 @dataclasses.dataclass
+class _Flight:
+    """A chunk dispatched and not yet read back: its rows (in program order), the requests that held them at
+    dispatch, its readout (device arrays), and what the adapter and metrics need when it lands."""
+
+    rows: list[int]
+    owners: list["_Running"]
+    out: paged.Readout
+    program: str
+    bucket: int          # the occupancy bucket it ran at
+    seq_len: int         # the context bucket
+    sampled: bool
+    dispatched: float    # time.perf_counter() at dispatch
+
+
+@dataclasses.dataclass
 class _Running:
     pending: _Pending
     pages: list[int]
@@ -198,7 +220,8 @@ class SlotEngine:
     whose prompts are prefilled whole (at least max_seq_len - 1; default max(2048, that)); row_buckets:
     the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
     max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
-    this part); seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
+    this part); async_scheduling: dispatch each chunk before reading the one before back (module docstring);
+    seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
     powers of two from 256, then max_seq_len): a chunk runs at the smallest one holding prompt + max_tokens of
     every request in its rows.
     """
@@ -208,7 +231,7 @@ class SlotEngine:
                  max_total_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
-                 seq_buckets: Sequence[int] | None = None):
+                 seq_buckets: Sequence[int] | None = None, async_scheduling: bool = True):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -236,6 +259,8 @@ class SlotEngine:
                     if least == 2 * block_size else f"one page of --block-size {block_size}: a prefill piece")
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens!r}: expected an integer >= "
                              f"{min(least, max_seq_len - 1)} ({what})")
+        if not isinstance(async_scheduling, bool):
+            raise ValueError(f"async_scheduling={async_scheduling!r}: expected a bool")
         if not 0.0 < kv_cache_memory_fraction <= 1.0:
             raise ValueError(f"kv_cache_memory_fraction={kv_cache_memory_fraction!r}: expected a number in (0, 1]")
         if engine.data_parallel_size != 1:
@@ -250,6 +275,7 @@ class SlotEngine:
         self.kv_cache_memory_fraction = kv_cache_memory_fraction
         self.max_queue = max_queue
         self.steps_per_chunk = steps_per_chunk
+        self.async_scheduling = async_scheduling
         self.num_stop_ids = next_power_of_two(max_stop_ids)
         self.speculative = self.setup.drafter is not None
         self.adapt = adapt and self.speculative
@@ -302,6 +328,8 @@ class SlotEngine:
         self._thread: threading.Thread | None = None
         self._store = None
         self._host_step = 0  # the store's loop step counter, as last read back
+        self._flight: _Flight | None = None  # the chunk dispatched and not read back (async scheduling)
+        self._landed = 0.0  # time.perf_counter() when the last chunk was read back
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -477,7 +505,7 @@ class SlotEngine:
                     while not self._stopping and not self._waiting and not self.num_running:
                         self._lock.wait()
                     if self._stopping and not self.num_running and not self._waiting:
-                        return
+                        break
                     admitted = self._take_waiting()
                 prefilled = 0
                 while admitted:
@@ -496,7 +524,8 @@ class SlotEngine:
                 with self._lock:
                     self._lock.notify_all()  # shutdown() waits on the count
                     if self._stopping and not self.num_running and not self._waiting:
-                        return
+                        break
+            self._land()
         except Exception:  # a bug, not a request: end every request rather than hang its client
             logger.exception("the scheduler failed")
             for running in self._rows:
@@ -509,11 +538,11 @@ class SlotEngine:
                 self._accepting = False
             raise
 
-    def _lookahead(self, seq_len: int, need: int) -> int:
-        """Token slots a request of ``seq_len`` committed tokens (``need`` at most) holds for one more chunk:
-        up to ``steps_per_chunk`` full steps, and the widest tree window or drafter slots past them."""
+    def _lookahead(self, seq_len: int, need: int, chunks: int = 1) -> int:
+        """Token slots a request of ``seq_len`` committed tokens (``need`` at most) holds for ``chunks`` more
+        chunks: up to ``steps_per_chunk`` full steps each, and the widest tree window or drafter slots past them."""
         extra = max((leaf.extra_slots for leaf in self.layout.leaves if leaf.kind == paged.SLOT), default=0)
-        return min(need, seq_len + self.steps_per_chunk * self.setup.tokens_per_step) + extra
+        return min(need, seq_len + chunks * self.steps_per_chunk * self.setup.tokens_per_step) + extra
 
     def _take_waiting(self) -> list[tuple[int, _Running]]:
         """Pairs waiting requests (first come, first served) with free rows while their pages fit; drops cancelled
@@ -587,9 +616,9 @@ class SlotEngine:
                 items = [(r.pending.context[r.cached:], dataclasses.replace(r.request.sampling_params(),
                                                                             max_new_tokens=r.pending.budget))
                          for _, r in part]
-                began = time.perf_counter()
                 out = self._prefill(items, width, [row for row, _ in part], [r.cached for _, r in part] if hit
                                     else None, [r.context_len for _, r in part])
+                began = time.perf_counter()  # after the chunk before it is read back (in _prefill)
                 for row, running in part:
                     running.registered = self.blocks.register(running.pages, running.pending.context,
                                                               running.registered)
@@ -616,12 +645,12 @@ class SlotEngine:
                 continue
             if spent and spent + self.piece_width > budget:
                 break
-            began = time.perf_counter()
             start, end = running.prefilled, running.prefilled + self.piece_width
             if end < running.context_len:  # a middle piece
                 params = dataclasses.replace(running.request.sampling_params(), max_new_tokens=1)
                 self._prefill([(running.pending.context[start:end], params)], self.piece_width, [row], [start],
                               [end])
+                began = time.perf_counter()
                 # The head of a drafter reading target states pairs slot p with token p + 1: the piece's last
                 # page is computed again with the next piece (as a prefix-cache hit's is).
                 running.prefilled = end - (self.block_size if self._drop_last_hit else 0)
@@ -632,6 +661,7 @@ class SlotEngine:
                 out = self._prefill([(running.pending.context[start:], dataclasses.replace(
                     running.request.sampling_params(), max_new_tokens=running.pending.budget))], width, [row],
                     [start], [running.context_len])
+                began = time.perf_counter()
                 running.registered = self.blocks.register(running.pages, running.pending.context, running.registered)
                 self._emit([row], out, program=None, chunk_start=began)
                 spent += width
@@ -641,7 +671,7 @@ class SlotEngine:
                  cached: list[int] | None, lengths: list[int]) -> paged.Readout:
         """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``;
         ``cached``: None, or the tokens of each already in its pages (prefix-cache hits), ``lengths`` its whole
-        prompt -> the readout (in flight)."""
+        prompt -> the readout (in flight). The chunk in flight before it, if any, is read back first."""
         size = next(n for n in self._prefill_batches(width) if n >= len(items))
         arrays = self._prefill_arrays(items, width, size, rows)
         program = "prefill"
@@ -649,13 +679,22 @@ class SlotEngine:
             arrays, program = self._cached_arrays(arrays, cached, lengths), "prefill_cached"
         self._store, out = self._compiled[program, size, width](self.engine.params, self.engine.drafter_params,
                                                                 self._store, *arrays)
+        self._land()  # readouts are read in dispatch order: the chunk before this prefill first
         return out
 
     def _chunk(self) -> None:
+        """Dispatches a chunk over the running rows, then reads back the one in flight before it (async
+        scheduling) or this one (not)."""
         self._reserve()
         running = [i for i, row in enumerate(self._rows) if row is not None and row.prefilled is None]
-        if not running:
-            return
+        flight = self._dispatch(running) if running else None
+        self._land()
+        self._flight = flight
+        if not self.async_scheduling or not self.num_running:  # nobody left to step: nothing to overlap
+            self._land()
+
+    def _dispatch(self, running: list[int]) -> _Flight:
+        """Calls the step program the adapter picks over ``running`` rows (not waiting for it) -> its flight."""
         rows = next(r for r in self.row_buckets if r >= len(running))
         need = max(self._rows[i].need for i in running)
         seq_len = next(n for n in self.seq_buckets if n >= need)
@@ -665,18 +704,31 @@ class SlotEngine:
             expected = self.adapter.expected_acceptance(
                 [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
             program = self.adapter.choose_program(rows, expected, sampled, seq_len)
-        start = time.perf_counter()
+        dispatched = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk)
-        steps, (tokens, verify_steps, hist) = self._emit(running, out, program=program, chunk_start=start)
-        seconds = time.perf_counter() - start
+        return _Flight(running, [self._rows[i] for i in running], out, program, rows, seq_len, sampled, dispatched)
+
+    def _land(self) -> None:
+        """Reads back the chunk in flight, if any (waiting for it), hands its rows' requests their tokens and
+        feeds its time to the metrics and the adapter. Its seconds run from its dispatch or the last chunk's
+        readout, whichever is later: the device steps it from then on."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return
+        start = max(flight.dispatched, self._landed)
+        steps, (tokens, verify_steps, hist) = self._emit(flight.rows, flight.out, program=flight.program,
+                                                         chunk_start=start, owners=flight.owners)
+        self._landed = time.perf_counter()
+        seconds = self._landed - start
+        program = flight.program
         self.metrics.observe_chunk(CHUNK_LABELS[program] if self.speculative else "plain", seconds, steps)
         self.metrics.busy_seconds.labels("step").inc(seconds)
         if self.adapter is not None:
             if program == FULL:
                 self.adapter.observe_accepted(hist)
-            self.adapter.observe(program, tokens, verify_steps, rows=rows, seconds=seconds, loop_steps=steps,
-                                 sampled=sampled, seq_len=seq_len)
+            self.adapter.observe(program, tokens, verify_steps, rows=flight.bucket, seconds=seconds,
+                                 loop_steps=steps, sampled=flight.sampled, seq_len=flight.seq_len)
 
     def _step_programs(self) -> list[tuple[str, int]]:
         """(program, occupancy bucket) of every compiled step program (each at every context bucket): a plain
@@ -696,12 +748,23 @@ class SlotEngine:
 
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
-        cannot hold them."""
-        for row in sorted((i for i, r in enumerate(self._rows) if r is not None), key=lambda i: self._rows[i].order):
+        cannot hold them. With a chunk in flight the host's lengths lag the device's by that chunk, so the pages
+        reach two chunks ahead; where the pool cannot hold that for every row, the chunk in flight is read back
+        first (its rows' lengths are then known and finished ones free theirs) rather than preempting a request
+        over pages it may not need."""
+        order = sorted((i for i, r in enumerate(self._rows) if r is not None), key=lambda i: self._rows[i].order)
+        if self._flight is not None:
+            wanted = sum(max(0, pages_for(self._lookahead(self._rows[i].seq_len, self._rows[i].need, 2),
+                                          self.block_size) - len(self._rows[i].pages)) for i in order)
+            if wanted > self.blocks.num_free_pages:
+                self._land()
+                order = [i for i in order if self._rows[i] is not None]
+        chunks = 1 if self._flight is None else 2
+        for row in order:
             running = self._rows[row]
             if running is None:  # preempted below for an older one
                 continue
-            while not self.blocks.extend(running.pages, self._lookahead(running.seq_len, running.need)):
+            while not self.blocks.extend(running.pages, self._lookahead(running.seq_len, running.need, chunks)):
                 newest = max((i for i, r in enumerate(self._rows) if r is not None),
                              key=lambda i: self._rows[i].order)
                 self._preempt(newest)
@@ -735,11 +798,13 @@ class SlotEngine:
         self._rows[row] = None
         self._tables[row] = 0
 
-    def _emit(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float) -> tuple:
+    def _emit(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float,
+              owners: list[_Running] | None = None) -> tuple:
         """Reads a program's readout (waiting for it), hands each request its new tokens, frees finished rows.
-        rows: the program's rows in order; program: the chunk's step program (None: a prefill) -> (the loop steps
-        the program ran, (tokens the rows gained, verify steps they took, how many of those committed n tokens at
-        index n - 1))."""
+        rows: the program's rows in order; program: the chunk's step program (None: a prefill); owners: the
+        requests that held the rows when the program was dispatched (default: those holding them now; a row
+        whose request was preempted or freed since is skipped) -> (the loop steps the program ran, (tokens the
+        rows gained, verify steps they took, how many of those committed n tokens at index n - 1))."""
         tokens, num_generated, num_steps, done, hist, step = jax.device_get(out)
         now = time.perf_counter()
         chunk_seconds = 0.0 if program is None else now - chunk_start
@@ -750,6 +815,8 @@ class SlotEngine:
         chunk_hist = np.zeros(hist.shape[1:], np.int64)
         for k, row in enumerate(rows):
             running = self._rows[row]
+            if owners is not None and running is not owners[k]:
+                continue
             request, pending = running.request, running.pending
             running.generated = int(num_generated[k])
             new = tokens[k, running.context_len + running.emitted:running.seq_len].tolist()

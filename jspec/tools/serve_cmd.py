@@ -68,6 +68,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="with load adaptation and a chain drafter, a third step program verifies only the "
                              "chain's first N drafts, for loads where the whole chain's verify pass costs more than "
                              "it saves (default: a quarter of the chain, at least 1; 0: none)")
+    server.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                        help="dispatch each chunk before reading the one before back, so the host streams tokens "
+                             "and admits requests while the device steps (vLLM's name)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds running requests get to finish after SIGTERM")
     add_parallel_args(parser)
@@ -78,7 +81,7 @@ def paged_kwargs(args: argparse.Namespace) -> dict:
     return dict(max_num_seqs=args.max_num_seqs, block_size=args.block_size, max_total_tokens=args.max_total_tokens,
                 kv_cache_memory_fraction=args.kv_cache_memory_fraction,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                enable_prefix_caching=args.enable_prefix_caching)
+                enable_prefix_caching=args.enable_prefix_caching, async_scheduling=args.async_scheduling)
 
 
 def run_serve(args: argparse.Namespace) -> int:

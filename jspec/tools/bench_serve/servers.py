@@ -67,7 +67,7 @@ def load_engines(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
         "model": str(target), "drafter": drafter, "spec": dataclasses.asdict(spec),
         "max_batch_size": args.max_batch_size, "max_seq_len": args.max_seq_len,
         "steps_per_chunk": args.steps_per_chunk, "adapt": not args.no_adapt,
-        "short_draft_len": args.short_draft_len}
+        "short_draft_len": args.short_draft_len, "async_scheduling": args.async_scheduling}
 
 
 @dataclasses.dataclass
@@ -104,7 +104,7 @@ def launch_servers(engines: dict[str, Any], args: argparse.Namespace, host: str 
         targets = {}
         for server, engine in engines.items():
             slots = SlotEngine(engine, max_queue=max(256, args.num_prompts), steps_per_chunk=args.steps_per_chunk,
-                               adapt=not args.no_adapt,
+                               adapt=not args.no_adapt, async_scheduling=args.async_scheduling,
                                short_draft_len=args.short_draft_len if engine.setup.drafter is not None else None)
             slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)
             slots.start()

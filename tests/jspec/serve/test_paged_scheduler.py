@@ -44,8 +44,15 @@ def serve_watching(slots: SlotEngine, requests: list[dict]) -> tuple[list[Collec
     return sinks, max(seen)
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic"])
-def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(params_t, name):
+@pytest.mark.parametrize("name,async_scheduling", [pytest.param("plain", True, id="plain"),
+                                                     pytest.param("plain", False, id="plain-sync"),
+                                                     pytest.param("eagle3-dynamic", True, id="eagle3-dynamic")])
+def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(params_t, name, async_scheduling):
+    """Seven requests through four rows and a pool that holds one request and two pages: requests are preempted
+    and recomputed, and each returns what it returns alone. With async scheduling (the default) chunks are
+    dispatched while the one before is unread, and a preemption happens only with no chunk in flight (a pool
+    that cannot hold two chunks ahead for every row reads the chunk in flight back first); without it, no chunk
+    is ever dispatched with another in flight."""
     engine = make_engine(params_t, name)
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, block_size=8,
                        max_num_seqs=4, row_buckets=(4,), max_total_tokens=1,
@@ -55,8 +62,20 @@ def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(param
     one_request = int(re.search(r"at least (\d+) token slots", str(refused.value)).group(1))
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, block_size=8,
                        max_num_seqs=4, row_buckets=(4,), max_total_tokens=one_request + 16,
-                       enable_prefix_caching=False)
+                       enable_prefix_caching=False, async_scheduling=async_scheduling)
     slots.warm_up()
+    overlapped, preempted_in_flight = [], []
+    dispatch, preempt = slots._dispatch, slots._preempt
+
+    def watched_dispatch(running):
+        overlapped.append(slots._flight is not None)
+        return dispatch(running)
+
+    def watched_preempt(row):
+        preempted_in_flight.append(slots._flight is not None)
+        return preempt(row)
+
+    slots._dispatch, slots._preempt = watched_dispatch, watched_preempt
     slots.start()
     try:
         requests = [dict(prompt_ids=p, max_tokens=n, seed=i) for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))]
@@ -70,6 +89,8 @@ def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(param
     preempted = metric(metrics, "jspec:num_preemptions_total")
     assert preempted > 0, metrics
     assert slots.blocks.num_used_pages == 0 and slots.num_running == 0
+    assert any(overlapped) == async_scheduling, overlapped
+    assert len(preempted_in_flight) == preempted and not any(preempted_in_flight)
 
 
 def test_pages_hold_more_requests_than_static_slots_would(params_t):
