@@ -6,8 +6,8 @@ requests and their tokens back into OpenAI's responses (JSON, or server-sent eve
 
 Threads: a request's sink runs on the scheduler thread and hands (tokens, finish_reason) to the event loop with
 ``loop.call_soon_threadsafe``; everything else runs on the loop. A client that goes away (a closed stream, or a
-dropped connection while a non-streamed answer is pending) cancels its request, which frees its slot within one
-chunk. Errors are OpenAI's shape (:class:`jspec.serve.protocol.APIError`): 400 for what the client sent, 503 with
+dropped connection while a non-streamed answer is pending) cancels its request, which frees its slot within two
+chunks (one with ``--no-async-scheduling``). Errors are OpenAI's shape (:class:`jspec.serve.protocol.APIError`): 400 for what the client sent, 503 with
 Retry-After when the queue is full or the server is shutting down.
 """
 

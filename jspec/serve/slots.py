@@ -14,14 +14,15 @@ hands pages out. One scheduler thread loops:
    (vLLM's recompute policy): nothing is lost or altered, only recomputed;
 3. **step**: one chunk of up to ``steps_per_chunk`` fused steps over the running rows (the occupancy bucket of
    their count, the length bucket holding prompt + max_tokens of each), then each request gets the tokens it
-   gained and finished ones free their row and pages. With async scheduling (the default, vLLM's
-   ``--async-scheduling``) the chunk is dispatched before the one before it is read back: the host hands out the
-   last chunk's tokens, admits and reserves while the device steps (JAX dispatch is asynchronous). The rows'
-   state lives in the device's store, so the next chunk needs nothing the host has not read yet: a row that
-   finished in the chunk in flight steps no further (its ``done`` is on the device), its pages stay reserved two
-   chunks ahead, and a readout is handed only to the request that held the row when its chunk was dispatched
-   (one preempted or freed since is skipped: a preempted request is prefilled again with the tokens it was
-   handed, and regenerates the skipped ones, the same for greedy and for seeded sampling).
+   gained and finished ones free their row and pages. With async scheduling (vLLM's ``--async-scheduling``; by
+   default on a GPU or TPU, ``default_async_scheduling``) the chunk is dispatched before the one before it is
+   read back, where that wastes nothing the host can foresee (:meth:`SlotEngine._may_overlap`): the host hands
+   out the last chunk's tokens, admits and reserves while the device steps (JAX dispatch is asynchronous). The
+   rows' state lives in the device's store, so the next chunk needs nothing the host has not read: a row that
+   finished in the chunk in flight steps no further (its ``done`` is on the device), pages are reserved two
+   chunks ahead (or the chunk in flight is read back first where the pool cannot hold that, so no request is
+   preempted with tokens on the way), and a readout is handed only to the request that held the row when its
+   chunk was dispatched (a row freed and given to a new request since is skipped).
 
 Every program is compiled ahead in :meth:`SlotEngine.warm_up` (one prefill per prompt width and batch bucket, one
 step program per step kind, occupancy bucket and length bucket), so serving compiles nothing. With load
@@ -98,7 +99,8 @@ class Request:
     cancelled: str | None = None  # the finish reason asked for by cancel()
 
     def cancel(self, reason: str = "abort") -> None:
-        """Ends the request at the next chunk boundary (its row and pages are freed within one chunk)."""
+        """Ends the request at a chunk boundary: its row and pages are freed when the next chunk dispatched is read
+        back (within two chunks; one without async scheduling)."""
         if self.cancelled is None:
             self.cancelled = reason
 
@@ -175,6 +177,12 @@ class _Running:
         return self.context_len + self.generated
 
 
+def default_async_scheduling() -> bool:
+    """On where a device runs the steps beside the host (a GPU or TPU); off on a CPU, whose cores the host's work and
+    the steps share, so overlapping them moves no work off the critical path (docs/benchmarks.md measured it)."""
+    return jax.default_backend() != "cpu"
+
+
 def default_short_draft_len(spec: SpecConfig | None) -> int | None:
     """The short program's drafts where none is asked for: a quarter of a chain's (at least one), so its verify
     pass is a few tokens wide; None where the drafter's tree ``spec`` is not a chain of at least two drafts."""
@@ -220,7 +228,8 @@ class SlotEngine:
     whose prompts are prefilled whole (at least max_seq_len - 1; default max(2048, that)); row_buckets:
     the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
     max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
-    this part); async_scheduling: dispatch each chunk before reading the one before back (module docstring);
+    this part); async_scheduling: dispatch each chunk before reading the one before back where that wastes
+    nothing foreseeable (module docstring; None: ``default_async_scheduling()``);
     seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
     powers of two from 256, then max_seq_len): a chunk runs at the smallest one holding prompt + max_tokens of
     every request in its rows.
@@ -231,7 +240,7 @@ class SlotEngine:
                  max_total_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
-                 seq_buckets: Sequence[int] | None = None, async_scheduling: bool = True):
+                 seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -259,8 +268,10 @@ class SlotEngine:
                     if least == 2 * block_size else f"one page of --block-size {block_size}: a prefill piece")
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens!r}: expected an integer >= "
                              f"{min(least, max_seq_len - 1)} ({what})")
+        if async_scheduling is None:
+            async_scheduling = default_async_scheduling()
         if not isinstance(async_scheduling, bool):
-            raise ValueError(f"async_scheduling={async_scheduling!r}: expected a bool")
+            raise ValueError(f"async_scheduling={async_scheduling!r}: expected a bool or None")
         if not 0.0 < kv_cache_memory_fraction <= 1.0:
             raise ValueError(f"kv_cache_memory_fraction={kv_cache_memory_fraction!r}: expected a number in (0, 1]")
         if engine.data_parallel_size != 1:
@@ -506,6 +517,10 @@ class SlotEngine:
                         self._lock.wait()
                     if self._stopping and not self.num_running and not self._waiting:
                         break
+                    land_first = self._flight is not None and not self._may_overlap()
+                if land_first:  # outside the lock: submit() must not wait on the device
+                    self._land()
+                with self._lock:
                     admitted = self._take_waiting()
                 prefilled = 0
                 while admitted:
@@ -692,6 +707,19 @@ class SlotEngine:
         self._flight = flight
         if not self.async_scheduling or not self.num_running:  # nobody left to step: nothing to overlap
             self._land()
+
+    def _may_overlap(self) -> bool:
+        """Whether the next chunk may be dispatched before the one in flight is read back: only where that wastes
+        nothing the host can foresee. A row that may reach its budget in the chunk in flight (it commits at most
+        ``steps_per_chunk * tokens_per_step`` tokens there) would ride the next chunk finished and keep its row from
+        a waiting request, and a waiting request would wait a chunk longer for a free row; in both cases the chunk
+        in flight is read back first (rows ending on a stop token cannot be foreseen: they ride one chunk). Under
+        the lock."""
+        if self._waiting and any(row is None for row in self._rows):
+            return False
+        reach = self.steps_per_chunk * self.setup.tokens_per_step
+        return all(running.need - running.seq_len > reach for running in self._flight.owners
+                   if running.request.cancelled is None)
 
     def _dispatch(self, running: list[int]) -> _Flight:
         """Calls the step program the adapter picks over ``running`` rows (not waiting for it) -> its flight."""

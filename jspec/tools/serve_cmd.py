@@ -68,9 +68,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="with load adaptation and a chain drafter, a third step program verifies only the "
                              "chain's first N drafts, for loads where the whole chain's verify pass costs more than "
                              "it saves (default: a quarter of the chain, at least 1; 0: none)")
-    server.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+    server.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="dispatch each chunk before reading the one before back, so the host streams tokens "
-                             "and admits requests while the device steps (vLLM's name)")
+                             "and admits requests while the device steps (vLLM's name; default: on a GPU or TPU, "
+                             "off on a CPU, where host and steps share the cores)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds running requests get to finish after SIGTERM")
     add_parallel_args(parser)

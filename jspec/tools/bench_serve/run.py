@@ -128,9 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--no-adapt", action="store_true", help="the spec server never falls back to plain steps")
     target.add_argument("--short-draft-len", type=int, default=None,
                         help="the spec server's short chain (`jspec serve --short-draft-len`; 0: none)")
-    target.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+    target.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="both servers dispatch a chunk before reading the one before back (`jspec serve "
-                             "--async-scheduling`)")
+                             "--async-scheduling`; default: on a GPU or TPU, off on a CPU)")
     load = parser.add_argument_group("load")
     load.add_argument("--num-prompts", type=int, default=32, help="the first N HumanEval prompts, per pass")
     load.add_argument("--max-tokens", type=int, default=128, help="new tokens per request at most")

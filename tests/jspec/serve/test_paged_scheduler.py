@@ -182,3 +182,31 @@ def test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows
     assert running.tokens == engine.generate([[3, 9, 27]], max_new_tokens=40).token_ids[0]
     assert long.tokens == engine.generate([long_prompt], max_new_tokens=12).token_ids[0]
     assert slots.blocks.num_used_pages == 0 and slots.num_running == 0
+
+
+def test_a_readout_goes_only_to_the_request_that_held_the_row_at_dispatch(params_t):
+    """Async scheduling's edge, driven step by step (no scheduler thread): a request finishes in chunk A while
+    chunk B, dispatched before A was read back, still steps its row (another request keeps B in flight); the row
+    then goes to a new request, whose prefill reads B back. B's readout of that row belongs to the finished request
+    and is skipped: every request returns what it returns alone."""
+    engine = make_engine(params_t, "plain")
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, adapt=False, max_num_seqs=2,
+                       row_buckets=(2,), enable_prefix_caching=False, async_scheduling=True)
+    slots.warm_up()
+    budgets = (3, 20, 5)
+    sinks = [Collector() for _ in budgets]
+    for prompt, budget, sink in zip(PROMPTS[:2], budgets, sinks):
+        slots.submit(Request(prompt_ids=prompt, max_tokens=budget, sink=sink))
+    slots._admit(slots._take_waiting())  # their first tokens
+    slots._chunk()  # A: the first request's last two tokens; not read back
+    assert slots._flight is not None and not sinks[0].finished.is_set()
+    slots._chunk()  # B over both rows (the first finished on the device), then A read back: its row is free
+    assert slots._flight is not None and sinks[0].finished.is_set() and slots.num_running == 1
+    slots.submit(Request(prompt_ids=PROMPTS[2], max_tokens=budgets[2], sink=sinks[2]))
+    slots._admit(slots._take_waiting())  # into the first one's row; its prefill reads B back first
+    while slots.num_running:
+        slots._chunk()
+    for prompt, budget, sink in zip(PROMPTS, budgets, sinks):
+        assert sink.tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0]
+        assert sink.reason == "length"
+    assert slots.blocks.num_used_pages == 0 and slots._flight is None

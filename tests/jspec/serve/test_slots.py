@@ -78,14 +78,15 @@ ONE_PROGRAM = dict(max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, adapt=False, row_
 
 @pytest.fixture(scope="module")
 def servers(params_t):
-    """name -> (offline engine, started SlotEngine with one step program and one occupancy bucket), built on first
-    use and shut down at the end of the module (compiling is most of these tests' time)."""
+    """name -> (offline engine, started SlotEngine with one step program and one occupancy bucket, scheduling
+    asynchronously as on a GPU, so each drafter's outputs are checked on that path too), built on first use and
+    shut down at the end of the module (compiling is most of these tests' time)."""
     built = {}
 
     def get(name):
         if name not in built:
             engine = make_engine(params_t, name)
-            slots = SlotEngine(engine, **ONE_PROGRAM)
+            slots = SlotEngine(engine, **ONE_PROGRAM, async_scheduling=True)
             slots.warm_up()
             slots.start()
             built[name] = engine, slots
