@@ -6,7 +6,13 @@
 Each server gets ``--warmup`` requests first, then ``--num-requests`` concurrent ``/v1/completions`` requests:
 HumanEval prompts (their last 400 characters), ``max_tokens`` drawn from {8, 32, 64, 128}, every second request
 sampled (temperature 0.8, its own seed). Prints tokens/s, latency p50/p90, and the server's counters (chunks,
-preemptions, KV usage) for each, then the ratios. Extra ``jspec serve`` flags go after ``--``.
+preemptions, KV usage) for each, then the ratios. Extra ``jspec serve`` flags for every server go after ``--``.
+
+``--server NAME=FLAGS`` (repeatable) runs other servers instead, side by side, the first two compared; for
+instance async scheduling against none on the speculative server, with longer outputs:
+
+    python scripts/serve_load.py --no-offline --max-tokens 256 \
+        --server "async=--async-scheduling" --server "sync=--no-async-scheduling"
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -25,6 +32,7 @@ import httpx
 import numpy as np
 
 MAX_TOKENS = (8, 32, 64, 128)
+DEFAULT_SERVERS = ("spec=", "plain=--drafter none")
 
 
 def free_port() -> int:
@@ -33,12 +41,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def load(num: int, seed: int) -> list[dict]:
+def load(num: int, seed: int, max_tokens: tuple[int, ...] = MAX_TOKENS) -> list[dict]:
     from jspec.train.corpus import human_eval_prompts
 
     prompts = [p["prompt"][-400:] for p in human_eval_prompts()]
     rng = np.random.default_rng(seed)
-    return [dict(prompt=prompts[i % len(prompts)], max_tokens=int(rng.choice(MAX_TOKENS)),
+    return [dict(prompt=prompts[i % len(prompts)], max_tokens=int(rng.choice(max_tokens)),
                  temperature=0.8 if i % 2 else 0.0, seed=seed + i) for i in range(num)]
 
 
@@ -127,13 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--no-offline", action="store_true")
     parser.add_argument("--json", default=None)
-    parser.add_argument("serve_flags", nargs="*", help="extra jspec serve flags for both servers (after --)")
+    parser.add_argument("--max-tokens", default=",".join(map(str, MAX_TOKENS)),
+                        help="the max_tokens each request draws from, comma-separated")
+    parser.add_argument("--server", action="append", default=None, metavar="NAME=FLAGS",
+                        help="a server to run and its jspec serve flags (repeatable, at least two; default: "
+                             f"{' and '.join(repr(s) for s in DEFAULT_SERVERS)})")
+    parser.add_argument("serve_flags", nargs="*", help="extra jspec serve flags for every server (after --)")
     args = parser.parse_args(argv)
-    requests = load(args.num_requests, args.seed)
-    warmup = load(args.warmup, args.seed + 10_000)
+    servers = [s.partition("=") for s in args.server or DEFAULT_SERVERS]
+    if len(servers) < 2 or any(not name or not sep for name, sep, _ in servers):
+        parser.error(f"--server {args.server}: expected at least two NAME=FLAGS")
+    max_tokens = tuple(int(n) for n in args.max_tokens.split(","))
+    requests = load(args.num_requests, args.seed, max_tokens)
+    warmup = load(args.warmup, args.seed + 10_000, max_tokens)
     common = ["--max-seq-len", str(args.max_seq_len), *args.serve_flags]
-    results = [serve("spec", common, requests, warmup), serve("plain", ["--drafter", "none", *common], requests,
-                                                              warmup)]
+    results = [serve(name, [*shlex.split(flags), *common], requests, warmup) for name, _, flags in servers]
     if not args.no_offline:
         results.append(dict(name="offline", **offline(requests, args.max_seq_len)))
     spec, plain = results[0], results[1]
@@ -141,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r['name']:8} {r['tokens_per_second']:9.1f} {r.get('p50', float('nan')):7.2f} "
               f"{r.get('p90', float('nan')):7.2f} {r['seconds']:8.2f}")
-    print(f"spec / plain tokens/s: {spec['tokens_per_second'] / plain['tokens_per_second']:.2f}x; "
+    print(f"{spec['name']} / {plain['name']} tokens/s: {spec['tokens_per_second'] / plain['tokens_per_second']:.2f}x; "
           f"p50 {spec['p50']:.2f} s vs {plain['p50']:.2f} s")
     if not args.no_offline:
-        print(f"spec server / offline batch tokens/s: "
-              f"{spec['tokens_per_second'] / results[2]['tokens_per_second']:.2f}x")
-    for r in results[:2]:
+        print(f"{spec['name']} server / offline batch tokens/s: "
+              f"{spec['tokens_per_second'] / results[-1]['tokens_per_second']:.2f}x")
+    for r in results[:len(servers)]:
         print(r["name"], json.dumps(r["counters"]))
     if args.json:
         with open(args.json, "w") as f:
