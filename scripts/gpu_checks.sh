@@ -6,6 +6,8 @@
 #     OUT=/some/dir bash scripts/gpu_checks.sh serve     # the load adapter's step programs (short chain included)
 #                                                        # tested on the GPU, and the server's step costs on
 #                                                        # Llama-3-8B shapes (scripts/serve_costs.py)
+#     OUT=/some/dir bash scripts/gpu_checks.sh async     # async scheduling's tests on the GPU, and the bundled
+#                                                        # model's server with and without it under the mixed load
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_checks}
@@ -37,8 +39,18 @@ serve)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 330 python3 scripts/serve_costs.py --synthetic llama3-8b \
         --rows 1,8,32 --out "$OUT/serve_costs_llama3-8b.json" 2>&1 | grep -v Warning | tee "$OUT/serve_costs.txt"
     ;;
+async)
+    (export XLA_PYTHON_CLIENT_MEM_FRACTION=0.04
+     timeout 300 $pytest -n 2 -m "" tests/jspec/serve/test_paged_scheduler.py tests/jspec/serve/test_slots.py \
+         -k "preempts or readout or greedy or crowd" >"$OUT/tests.txt" 2>&1
+     echo "serve tests exit $?" >>"$OUT/tests.txt") &
+    tests=$!
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 500 python3 scripts/serve_load.py --no-offline \
+        --server "async=--async-scheduling" --server "sync=--no-async-scheduling" --json "$OUT/serve_load_async.json" \
+        2>&1 | grep -v "^\[" | tee "$OUT/serve_load_async.txt"
+    ;;
 *)
-    echo "gpu_checks.sh: $what: expected kernels or serve" >&2
+    echo "gpu_checks.sh: $what: expected kernels, serve or async" >&2
     exit 2
     ;;
 esac

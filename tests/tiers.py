@@ -49,6 +49,8 @@ SLOW: dict[str, str] = {
         "to the same head) and test_train_drafter's exported head driving the engine",
     "tests/jspec/test_spec_engine.py::test_stream_concatenates_to_generate[chain]":
         "stream = generate for a chain; default: [dynamic]",
+    "tests/jspec/test_spec_engine.py::test_stops_at_eos_inside_an_accepted_run[static]":
+        "EAGLE-3 stops at EOS inside an accepted run of a static tree; default: [chain], [dynamic]",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[static]":
         "draft-model static tree greedy = plain; default: [chain], [dynamic]",
     "tests/jspec/test_draft_model.py::test_exact_copy_of_the_target_accepts_every_draft[static]":
