@@ -127,8 +127,9 @@ class SpecEngine:
         weights; ``"eagle3"`` / ``"draft"``: the bundled code model's head / draft model, with the bundled target
         only; ``"mtp"`` / ``"mtp_vanilla"``: the MTP modules converted with ``target_dir``; a user drafter's name,
         registered with ``jspec.drafters.register`` or an entry point, docs/drafters.md), or a converted directory
-        holding an EAGLE-3 head or a Llama-family draft model with the target's vocabulary. spec: the draft tree (default ``SpecConfig()``), or ``"auto"``: the drafter (when
-        ``drafter`` is None: any available one, or plain decoding) and tree with the most expected tokens/s on this
+        holding an EAGLE-3 head, a DFlash drafter or a Llama-family draft model with the target's vocabulary. spec:
+        the draft tree (default ``SpecConfig()``; a DFlash drafter's: its whole block as a chain), or ``"auto"``:
+        the drafter (when ``drafter`` is None: any available one, or plain decoding) and tree with the most expected tokens/s on this
         device (jspec/auto.py; step costs timed once and cached in ``auto_cache_dir``, None caches nothing;
         ``auto_log`` receives progress lines; ``auto_streamed``: choose for ``stream`` one step per chunk, whose
         host sync per step favours drafters, instead of ``generate``; ``engine.auto_choice`` says what was chosen
@@ -170,7 +171,7 @@ class SpecEngine:
         static_drafter = drafter_params = None
         if drafter is not None:
             static_drafter, drafter_params = load_drafter(drafter, target=config, target_dir=target_dir,
-                                                          spec=spec or SpecConfig(), max_seq_len=max_seq_len,
+                                                          spec=spec, max_seq_len=max_seq_len,
                                                           dtype=dtype)
         engine = cls(config, params, tokenizer=load_tokenizer(target_dir), drafter=static_drafter,
                      drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,

@@ -1,7 +1,7 @@
 """Tiny targets and EAGLE-3 heads for engine tests: a random head, and one distilled to high acceptance.
 
 The "near-bigram" target (attention outputs scaled down, sharp lm_head) makes the next token mostly a function of
-the current one, so a head distilled for ~10 s on the target's own samples reaches acceptance lengths > 2.
+the current one, so a head distilled for a few seconds on the target's own samples reaches acceptance lengths > 2.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def random_head(seed: int = 1) -> dict:
     return {"head": init_eagle3_params(HEAD, jax.random.key(seed)), "d2t": jnp.zeros((64,), jnp.int32)}
 
 
-def distilled_head(params_t: dict, steps: int = 250) -> dict:
+def distilled_head(params_t: dict, steps: int = 100) -> dict:
     """The head trained on 32 sampled continuations of the target (temperature 1)."""
     plain = jspec.SpecEngine(TARGET, params_t, max_batch_size=32, max_seq_len=MAX_SEQ_LEN)
     rng = np.random.default_rng(0)

@@ -38,10 +38,12 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-chain]":
         "EAGLE-3 chain greedy = plain (random head); default: test_tree_selection's bundled chains, test_hybrid",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-static]":
-        "EAGLE-3 static tree greedy = plain (a distilled head: real acceptance); default: [random-dynamic], and "
-        "the bundled head's real acceptance in test_tree_selection and test_hybrid",
+        "EAGLE-3 static tree greedy = plain (a distilled head: real acceptance); default: "
+        "test_stops_at_eos_inside_an_accepted_run, and the bundled head's real acceptance in test_tree_selection "
+        "and test_hybrid",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-dynamic]":
-        "EAGLE-3 dynamic tree greedy = plain (a distilled head); default: [random-dynamic], test_tree_selection",
+        "EAGLE-3 dynamic tree greedy = plain (a distilled head); default: test_stops_at_eos_inside_an_accepted_run"
+        "[dynamic], test_tree_selection",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[distilled-chain]":
         "EAGLE-3 chain greedy = plain (distilled head); default: test_tree_selection (chains of the bundled head)",
     "tests/jspec/test_spec_engine.py::test_from_pretrained_with_a_converted_head":
@@ -75,7 +77,7 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[branches]":
         "n-gram branching tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[dynamic]":
-        "draft-model dynamic tree greedy = plain; default: [chain], test_spec_engine [random-dynamic]",
+        "draft-model dynamic tree greedy = plain; default: [chain], test_spec_engine's EOS test [dynamic]",
     "tests/jspec/test_hybrid.py::test_greedy_output_equals_plain_decoding":
         "ngram+eagle3 with a random head greedy = plain; default: test_bundled_ngram_eagle3_equals_plain_decoding",
     "tests/jspec/test_hybrid.py::test_the_servers_short_chain_composes_with_the_shorter_model_chain":
@@ -189,8 +191,19 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_mtp.py::test_acceptance_equals_the_host_replay[mtp_eagle-mimo-scales0]":
         "MTP acceptance equals a host replay; default: greedy = plain [mtp_eagle-mimo]",
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-static]":
-        "EAGLE-3 static tree greedy = plain; default: [random-dynamic] (the same verify and commit), the static "
-        "tree arrays in test_trees and tree_build's kernel tests",
+        "EAGLE-3 static tree greedy = plain; default: test_stops_at_eos_inside_an_accepted_run[dynamic] (the same "
+        "verify and commit), the static tree arrays in test_trees and tree_build's kernel tests",
+    "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-dynamic]":
+        "EAGLE-3 dynamic tree greedy = plain (random head: drafts mostly rejected); default: "
+        "test_stops_at_eos_inside_an_accepted_run[chain] and [dynamic] (greedy = plain, distilled head), "
+        "test_tree_selection's bundled dynamic tree",
+    "tests/jspec/test_ngram.py::test_no_match_skips_the_verify_pass[False]":
+        "no lookup match: the step runs the target on the root alone; default: [True] (the same step with a "
+        "match), test_random_target_greedy_is_lossless (steps with and without matches = plain)",
+    "tests/jspec/train/test_train_drafter.py::test_exported_head_drives_the_engine_losslessly":
+        "a trained, exported, converted EAGLE-3 head drives the engine = plain; default: "
+        "test_dflash_trains_converts_and_drives_the_engine_losslessly (the same round trip for DFlash), "
+        "test_eagle3_head_trains_and_converts",
     "tests/jspec/test_ngram.py::test_root_only_step_samples_the_target_distribution":
         "a step with no draft samples the target's distribution (chi-square); default: test_sampling's "
         "chi-square of the sampler every step uses",

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from jspec.bundle import PARTS, bundled_dir, is_bundled
 from jspec.config import SpecConfig
-from jspec.drafters import draft_model, eagle3, hybrid, mtp, ngram
+from jspec.drafters import dflash, draft_model, eagle3, hybrid, mtp, ngram
 from jspec.drafters.base import Drafter, DrafterSource, check_drafter
 from models.checkpoint import MTP_DIR, has_mtp, read_jspec_meta
 from models.config import ModelConfig
@@ -49,6 +49,8 @@ class DrafterEntry:
     bundled_part: str | None
     description: str
     weights_from_target: bool = False
+    default_spec: Callable[[str | None], SpecConfig] | None = None  # weights directory -> the tree drafted when
+                                                                     # none is given; None: SpecConfig()
 
 
 DRAFTERS: dict[str, DrafterEntry] = {
@@ -61,6 +63,8 @@ DRAFTERS: dict[str, DrafterEntry] = {
                         weights_from_target=True),
     "mtp_vanilla": DrafterEntry(mtp.load_vanilla, None, None, "the target's own MTP modules, module d drafting "
                                 "depth d + 1 (DeepSeek-V3's vanilla MTP)", weights_from_target=True),
+    "dflash": DrafterEntry(dflash.load, "dflash", None, "a DFlash block drafter on the target's hidden states "
+                           "(block_size - 1 drafts in one forward)", default_spec=dflash.default_spec),
 }
 
 
@@ -100,7 +104,7 @@ def resolve(drafter: str | os.PathLike, target_dir: str | None) -> tuple[str, st
             return name, value
     kinds = sorted(e.checkpoint_kind for e in DRAFTERS.values() if e.checkpoint_kind)
     raise ValueError(f"drafter directory {value!r} holds a {kind!r} checkpoint; expected one of kinds {kinds} "
-                     f"(an EAGLE-3 head or a Llama-family draft model)")
+                     f"(an EAGLE-3 head, a DFlash drafter or a Llama-family draft model)")
 
 
 def _target_with_mtp(name: str, target_dir: str | None) -> str:
@@ -115,11 +119,14 @@ def _target_with_mtp(name: str, target_dir: str | None) -> str:
     return os.fspath(target_dir)
 
 
-def load(drafter: str | os.PathLike, *, target: ModelConfig, target_dir: str | None, spec: SpecConfig,
+def load(drafter: str | os.PathLike, *, target: ModelConfig, target_dir: str | None, spec: SpecConfig | None,
          max_seq_len: int, dtype: str) -> tuple[Drafter, Any]:
-    """A drafter name or directory (see the module docstring) -> (static drafter, its params)."""
+    """A drafter name or directory (see the module docstring) -> (static drafter, its params); spec None: the
+    drafter's default tree (``SpecConfig()``, a DFlash drafter's whole block as a chain)."""
     name, path = resolve(drafter, target_dir)
     entry = DRAFTERS[name]
+    if spec is None:
+        spec = SpecConfig() if entry.default_spec is None else entry.default_spec(path)
     loaded = entry.load(DrafterSource(path, target, target_dir, spec, max_seq_len, dtype))
     what = f"drafter {name!r} (load={_qualname(entry.load)})"
     if not isinstance(loaded, tuple) or len(loaded) != 2:

@@ -13,8 +13,11 @@ greedy rows only and one for chunks with a sampled row. The choice per chunk red
 with step seconds per bucket from a cost table measured at start-up (:func:`measure_costs`, at the longest context)
 and kept current by every chunk the scheduler times, and per context length bucket too: a step's cost falls with
 its context, a plain step's faster than a verify pass's (its gathered pages and attention are most of it), so
-the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in (each
-program runs once at a (bucket, context) before the two are compared there). The acceptance is the running
+the first chunk timed at a (bucket, context) replaces the start-up figure there and later ones average in. A
+program not yet timed at a (bucket, context) is costed at the table's figure scaled by the most another program's
+fell there (optimistic for it), and is timed there first only where that estimate could pay within the probe
+headroom: each probe of a verify pass over many rows costs several plain steps, and there are many (bucket,
+context) pairs. The acceptance is the running
 requests' own running averages of tokens committed per verify step (new ones start from the average over all),
 raised by an exploration bonus, an upper confidence bound of that mean as a bandit's: each request's uncertainty
 falls with the verify steps it was measured over, and the mean's with the number of rows. Only speculative chunks
@@ -214,10 +217,20 @@ class LoadAdapter:
     def step_seconds(self, program: bool | str, rows: int, sampled: bool = False, seq_len: int | None = None) -> float:
         """Seconds per step of a step program (True: the whole tree, False: plain; or a name) over the bucket of
         ``rows`` (``sampled``: some of them sampled) at context ``seq_len``: as timed there, else the start-up
-        table's (kept current over all contexts)."""
+        table's (kept current over all contexts), scaled by the most another program's timed cost there fell below its
+        table figure."""
         program = program_name(program)
-        timed = None if seq_len is None else self._by_context.get(self._context_key(program, rows, sampled, seq_len))
-        return self.costs.seconds(program, sampled)[rows] if timed is None else timed
+        table = self.costs.seconds(program, sampled)[rows]
+        if seq_len is None:
+            return table
+        timed = self._by_context.get(self._context_key(program, rows, sampled, seq_len))
+        if timed is not None:
+            return timed
+        # untimed here: the table's cost scaled as another program's fell here, the most it fell
+        scales = [self._by_context[key] / self.costs.seconds(other, sampled)[rows]
+                  for other in (FULL, SHORT, PLAIN) if other != program
+                  and (key := self._context_key(other, rows, sampled, seq_len)) in self._by_context]
+        return table * min(scales, default=1.0)
 
     def rate(self, program: bool | str, rows: int, acceptance: float | None = None, sampled: bool = False,
              seq_len: int | None = None) -> float:
@@ -259,8 +272,8 @@ class LoadAdapter:
         start-up table). acceptance: what the running requests are expected to accept per whole-tree verify step
         (:meth:`expected_acceptance`; default: the running estimate over all). The fastest program by the table,
         but every ``probe_every``-th chunk in a row of one kind a probe of the runner-up where it would pay at
-        ``probe_headroom`` times its expected rate, and a program never timed at this bucket and context at once,
-        whatever it would pay (each is timed there before they are compared); never a speculative program where
+        ``probe_headroom`` times its expected rate, and a program never timed at this bucket and context at once
+        where its estimate (:meth:`step_seconds`) would pay at that headroom; never a speculative program where
         even every draft accepted (``max_acceptance``) would not pay: there a verify pass costs more than the
         most it can save."""
         expected = self.acceptance if acceptance is None else acceptance
@@ -269,9 +282,11 @@ class LoadAdapter:
         ranked = sorted(programs, key=lambda p: -self.rate(p, rows, expected, sampled, seq_len))
         choice = ranked[0]
         untimed = [] if seq_len is None else [
-            p for p in ranked[1:] if self._context_key(p, rows, sampled, seq_len) not in self._by_context]
+            p for p in ranked[1:] if self._context_key(p, rows, sampled, seq_len) not in self._by_context
+            and self.rate(p, rows, expected, sampled, seq_len) * self.probe_headroom
+            >= self.rate(ranked[0], rows, expected, sampled, seq_len)]
         if untimed:
-            choice = untimed[0]  # never timed here: its table cost is the longest context's
+            choice = untimed[0]  # never timed here: its estimate is a guess from the longest context's
         elif len(ranked) > 1 and self._streak + 1 >= self.probe_every:
             best, runner_up = (self.rate(p, rows, expected, sampled, seq_len) for p in ranked[:2])
             if runner_up * self.probe_headroom >= best and self._last == ranked[0]:

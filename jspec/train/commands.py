@@ -30,6 +30,7 @@ Train a drafter for a trained target (an HF directory, e.g. from `jspec train-ta
 
     jspec train-drafter --kind eagle3 --target TARGET_HF --out HEAD_HF --work-dir WORK
     jspec train-drafter --kind draft_model --target TARGET_HF --out DRAFT_HF --work-dir WORK
+    jspec train-drafter --kind dflash --target TARGET_HF --out DFLASH_HF --work-dir WORK
 
 eagle3: an EAGLE-3 head distilled on the frozen target's features (layers 2, L//2, L-3) and next-token
 distributions over the text the target itself generates (--num-generated), with EAGLE-3's training-time test
@@ -39,7 +40,11 @@ target per step. Written in the HF EAGLE-3 layout SpecForge writes (config.json 
 and t2d), which `jspec convert`, SGLang and vLLM read.
 --data-parallel-size N trains on N devices (batch rows split, the head replicated, gradients all-reduced).
 draft_model: a --num-layers Llama distilled from the target, in HF Llama layout with the target's tokenizer.
-Both resume from --work-dir/checkpoints after a kill.
+dflash: a --num-layers DFlash block drafter (SpecForge's recipe: --num-anchors random blocks per window, each over
+the context strictly before its anchor, bidirectional inside, position k's loss weighted exp(-(k-1)/gamma)), on
+the target's own greedy continuations (--num-generated), written in z-lab's layout (config.json +
+model.safetensors) that `jspec convert`, SGLang and vLLM read.
+All resume from --work-dir/checkpoints after a kill.
 """
 
 
@@ -92,7 +97,7 @@ def train_target_main(argv: list[str] | None = None, prog: str | None = None) ->
 def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DRAFTER_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, choices=["eagle3", "draft_model"])
+    parser.add_argument("--kind", required=True, choices=["eagle3", "draft_model", "dflash"])
     parser.add_argument("--target", required=True, help="HF directory of the trained target")
     parser.add_argument("--out", required=True, help="HF output directory")
     parser.add_argument("--work-dir", required=True, help="token cache and orbax checkpoints")
@@ -100,15 +105,23 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="eagle3: most frequent target tokens kept (default: the whole target vocab)")
     parser.add_argument("--unroll", type=int, default=7, help="eagle3: training-time-test steps")
     parser.add_argument("--decay", type=float, default=0.8, help="eagle3: loss weight of step i is decay ** i")
-    parser.add_argument("--num-layers", type=int, default=2, help="draft_model: layers")
+    parser.add_argument("--num-layers", type=int, default=None, help="draft_model: layers (default 2); dflash: "
+                        "draft layers (default 1)")
+    parser.add_argument("--block-size", type=int, default=8, help="dflash: tokens per block (block_size - 1 drafts)")
+    parser.add_argument("--num-anchors", type=int, default=16, help="dflash: blocks per training window")
+    parser.add_argument("--loss-decay-gamma", type=float, default=7.0,
+                        help="dflash: position k's loss weighs exp(-(k - 1) / gamma) (SpecForge's recipes: 7)")
+    parser.add_argument("--mask-token-id", type=int, default=None,
+                        help="dflash: the mask token (default: the tokenizer's mask token, an unused embedding row, "
+                             "<unk> or </s>, in that order)")
     parser.add_argument("--num-generated", type=int, default=2048,
-                        help="eagle3: regenerate the data: the target's greedy continuations of this many corpus "
-                             "windows (cached in --work-dir; 0: train on the corpus itself)")
+                        help="eagle3, dflash: regenerate the data: the target's greedy continuations of this many "
+                             "corpus windows (cached in --work-dir; 0: train on the corpus itself)")
     parser.add_argument("--generated-fraction", type=float, default=1.0,
                         help="eagle3: share of the training text that is the target's continuations (1.0: only "
                              "them, as SpecForge recommends; the rest is corpus text)")
     parser.add_argument("--data-parallel-size", type=int, default=1,
-                        help="eagle3: split each batch's rows over this many devices (a data-parallel mesh; "
+                        help="eagle3, dflash: split each batch's rows over this many devices (a data-parallel mesh; "
                              "--batch-size must be a multiple of it)")
     parser.add_argument("--init-head", default=None,
                         help="eagle3: start from this HF head's weights and draft vocabulary (a second stage)")
@@ -117,7 +130,8 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Trains an EAGLE-3 head or a draft model from the command line ``argv``; see DRAFTER_DESCRIPTION."""
+    """Trains an EAGLE-3 head, a draft model or a DFlash drafter from the command line ``argv``; see
+    DRAFTER_DESCRIPTION."""
     args = train_drafter_parser(prog).parse_args(argv)
     train = _train_config(args)
     if args.kind == "eagle3":
@@ -128,10 +142,19 @@ def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -
                               num_generated=args.num_generated, generated_fraction=args.generated_fraction,
                               data_parallel_size=args.data_parallel_size, init_head=args.init_head)
         print(f"held-out distillation loss {report['heldout_loss']:.3f}; wrote {args.out}")
+    elif args.kind == "dflash":
+        from jspec.train.dflash import train_dflash
+
+        report = train_dflash(args.out, args.target, args.work_dir, train, args.num_layers or 1, args.block_size,
+                              args.num_anchors, args.loss_decay_gamma, mask_token_id=args.mask_token_id,
+                              corpus_root=args.corpus_root, progress=not args.no_progress,
+                              num_generated=args.num_generated, data_parallel_size=args.data_parallel_size)
+        print(f"held-out loss {report['heldout_loss']:.3f}, {report['heldout_accepted']:.2f} greedy drafts accepted "
+              f"per block; wrote {args.out}")
     else:
         from jspec.train.draft_model import train_draft_model
 
-        report = train_draft_model(args.out, args.target, args.work_dir, train, args.num_layers,
+        report = train_draft_model(args.out, args.target, args.work_dir, train, args.num_layers or 2,
                                    args.corpus_root, progress=not args.no_progress)
         print(f"held-out distillation loss {report['heldout_distill_loss']:.3f}; wrote {args.out}")
     return 0

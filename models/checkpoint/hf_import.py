@@ -13,10 +13,12 @@ The public entry; the readers and converters, one per kind of source:
     hf_llama.py        a Llama-family target (streamed, one stacked parameter at a time)
     hf_mtp.py          the MTP modules a target ships
     hf_eagle3.py       an EAGLE-3 head (safetensors or EAGLE's pytorch_model.bin)
+    hf_dflash.py       a DFlash drafter (z-lab's DFlashDraftModel)
 """
 
 from __future__ import annotations
 
+from models.checkpoint.hf_dflash import convert_hf_dflash
 from models.checkpoint.hf_eagle3 import convert_hf_eagle3, eagle3_tensor_files, iter_torch_bin, looks_like_eagle3
 from models.checkpoint.hf_llama import convert_hf_llama
 from models.checkpoint.safetensors_io import tensor_names
@@ -24,15 +26,19 @@ from models.checkpoint.store import read_hf_config
 
 
 def checkpoint_kind(src: str) -> str:
-    """'eagle3' or 'llama' for the HF directory ``src``.
+    """'dflash', 'eagle3' or 'llama' for the HF directory ``src``.
 
+    DFlash when config.json's architectures names ``DFlashDraftModel`` (z-lab's).
     EAGLE-3 when config.json's architectures names one of ``EAGLE3_ARCHITECTURES``, or when the tensors are an
     EAGLE-3 head's (``fc.weight`` + ``midlayer.*``/``layers.0.*``; some writers leave architectures out or copy
     the target's); Llama-family otherwise.
     """
+    from models.dflash import DFLASH_ARCHITECTURES
     from models.eagle3 import EAGLE3_ARCHITECTURES
 
     architectures = read_hf_config(src).get("architectures") or []
+    if any(arch in DFLASH_ARCHITECTURES for arch in architectures):
+        return "dflash"
     if any(arch in EAGLE3_ARCHITECTURES for arch in architectures):
         return "eagle3"
     files, reader = eagle3_tensor_files(src)
@@ -43,6 +49,7 @@ def checkpoint_kind(src: str) -> str:
 
 def convert_hf_checkpoint(src: str, dst: str, dtype: str = "auto", overwrite: bool = False,
                           progress: bool = True) -> str:
-    """Converts a HF directory (Llama-family target or EAGLE-3 head, see ``checkpoint_kind``) to ``dst``."""
-    convert = convert_hf_eagle3 if checkpoint_kind(src) == "eagle3" else convert_hf_llama
+    """Converts a HF directory (Llama-family target, EAGLE-3 head or DFlash drafter, see ``checkpoint_kind``) to
+    ``dst``."""
+    convert = {"dflash": convert_hf_dflash, "eagle3": convert_hf_eagle3}.get(checkpoint_kind(src), convert_hf_llama)
     return convert(src, dst, dtype=dtype, overwrite=overwrite, progress=progress)

@@ -1,11 +1,11 @@
 """The jspec checkpoint directory: what ``convert_hf_checkpoint`` writes and ``load_llama``/``load_eagle3``/
-``load_mtp`` read.
+``load_mtp``/``load_dflash`` read.
 
 A converted directory holds::
 
     config.json        the Hugging Face config (verbatim for targets; for EAGLE-3 heads the flat Llama-style config
                        plus "jspec_eagle3": layout, resolved tap layers, suggested num_steps)
-    jspec.json         {"format": 2, "kind": "llama" | "eagle3" | "mtp", "dtype": "bfloat16"}
+    jspec.json         {"format": 2, "kind": "llama" | "eagle3" | "mtp" | "dflash", "dtype": "bfloat16"}
     params/            the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]}), one orbax
                        checkpoint per leaf: params/leaves.json lists the leaf paths, params/<a.b.c>/ holds the
                        leaf at path (a, b, c) (as the one-leaf tree {a: {b: {c: array}}}). Written leaf by leaf, so
@@ -285,6 +285,25 @@ def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax
     restored = load_params(os.path.join(model_dir, "params"), abstract)
     head, dtype_name = _cast_params(restored["head"], stored, dtype)
     return config, head, restored["d2t"], dtype_name
+
+
+
+def abstract_dflash(config: Any, dtype: str) -> Any:
+    """The DFlashDraft param tree of ``config`` as jax.ShapeDtypeStruct leaves in ``dtype`` (no memory)."""
+    from models.dflash import init_dflash_params
+
+    return jax.eval_shape(lambda: init_dflash_params(config, jax.random.key(0), DTYPES[dtype]))
+
+
+def load_dflash(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, str]:
+    """Loads a converted DFlash directory -> (DFlashConfig, params, dtype name); ``dtype`` casts if given."""
+    from models.dflash import dflash_config_from_hf
+
+    meta = _read_kind(model_dir, "dflash")
+    config = dflash_config_from_hf(read_hf_config(model_dir))
+    stored = meta["dtype"]
+    params = load_params(os.path.join(model_dir, "params"), abstract_dflash(config, stored))
+    return (config,) + _cast_params(params, stored, dtype)
 
 
 

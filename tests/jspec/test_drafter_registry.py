@@ -19,10 +19,11 @@ SPEC = jspec.SpecConfig(tree="chain", num_steps=3)
 
 
 def test_every_entry_is_complete():
-    assert set(DRAFTERS) == {"eagle3", "draft", "ngram", "ngram+eagle3", "mtp", "mtp_vanilla"}
+    assert set(DRAFTERS) == {"eagle3", "draft", "ngram", "ngram+eagle3", "mtp", "mtp_vanilla", "dflash"}
     for name, entry in DRAFTERS.items():
         assert callable(entry.load) and entry.description
-        assert (entry.checkpoint_kind is None) == (entry.bundled_part is None), name
+        assert entry.bundled_part is None or entry.checkpoint_kind is not None, name
+        assert (entry.checkpoint_kind is None) == (entry.bundled_part is None) or name == "dflash", name
         assert entry.weights_from_target == name.startswith("mtp"), name  # weights inside the target directory
 
 
@@ -58,7 +59,8 @@ def test_a_weighted_name_needs_the_bundled_target():
 
 
 def test_unknown_names_and_kinds_are_refused(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"drafter='medusa': expected one of \['draft', 'eagle3', 'mtp', 'mtp_vanilla', 'ngram', 'ngram\+eagle3'\]"):
+    with pytest.raises(FileNotFoundError, match=r"drafter='medusa': expected one of \['dflash', 'draft', 'eagle3', 'mtp', "
+                       r"'mtp_vanilla', 'ngram', 'ngram\+eagle3'\]"):
         resolve("medusa", None)
     (tmp_path / "jspec.json").write_text(json.dumps({"kind": "mtp"}))
     with pytest.raises(ValueError, match=r"holds a 'mtp' checkpoint"):

@@ -125,3 +125,16 @@ def test_the_adapter_measures_a_fresh_request_where_the_estimate_alone_would_kee
     assert crowd < 1.25 and not adapter.choose(32, crowd)
     with pytest.raises(ValueError, match="explore=-1"):
         LoadAdapter(costs, acceptance=1.25, explore=-1)
+
+
+def test_an_untimed_program_is_probed_only_where_its_estimate_could_pay():
+    # 32 rows: by the table a verify pass of the whole chain costs six plain steps
+    adapter = LoadAdapter(CostTable({32: 0.06}, {32: 0.01}), acceptance=2.0, probe_every=100)
+    assert adapter.choose_program(32, seq_len=256) == PLAIN
+    adapter.observe(PLAIN, tokens=0, steps=0, rows=32, seconds=0.02, loop_steps=4, seq_len=256)
+    # plain steps here cost 0.005 s, 0.59 of the table's moved 0.0085: the whole chain's estimate falls as much
+    assert adapter.step_seconds(FULL, 32, seq_len=256) == pytest.approx(0.06 * 0.005 / 0.0085)
+    # 2 tokens per verify step over 0.0353 s: 57 tokens/s, short of plain's 200 even at 1.5 times: never timed here
+    assert [adapter.choose_program(32, seq_len=256) for _ in range(5)] == [PLAIN] * 5
+    # rows that accept 5 per step could pay (142 tokens/s, 212 at 1.5 times): timed here at once
+    assert adapter.choose_program(32, acceptance=5.0, seq_len=256) == FULL

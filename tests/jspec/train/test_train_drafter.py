@@ -118,3 +118,34 @@ def test_draft_model_trains_and_converts(setup):
     config, params, _ = load_llama(dst)
     assert config.num_layers == 1 and config.vocab_size == 300
     assert jax.tree.leaves(params)[0].dtype == np.dtype("bfloat16")
+
+
+def test_dflash_trains_converts_and_drives_the_engine_losslessly(setup):
+    """train (SpecForge's recipe) -> z-lab's layout -> convert -> from_pretrained (the drafter's default tree: its
+    whole block as a chain): greedy output is the target's own, and the trained blocks get drafts accepted (the
+    few-step target repeats itself)."""
+    import jspec
+    from tokenizers import Tokenizer
+
+    from jspec.train.dflash import train_dflash
+    from models.checkpoint import load_dflash
+
+    tmp, target_hf, corpus = setup
+    out = os.path.join(tmp, "dflash_hf")
+    report = train_dflash(out, target_hf, os.path.join(tmp, "dflash_work"), tf.FEW_STEPS, num_layers=1,
+                          block_size=4, num_anchors=8, corpus_root=corpus, progress=False, log=lambda line: None)
+    assert tf.loss_fell(report["first_losses"] + report["last_losses"], by=0.3), report
+    assert checkpoint_kind(out) == "dflash" and len(report["heldout_accuracy"]) == 3
+    drafter_dir = convert_hf_checkpoint(out, os.path.join(tmp, "dflash"), progress=False)
+    config, _, _ = load_dflash(drafter_dir)
+    target, _, _ = load_hf_llama(target_hf)
+    assert config.tap_layers(target) == tuple(i + 1 for i in report["target_layer_ids"])
+    target_dir = convert_hf_checkpoint(target_hf, os.path.join(tmp, "dflash_target"), progress=False)
+    engine = jspec.SpecEngine.from_pretrained(target_dir, drafter=drafter_dir, max_batch_size=4, max_seq_len=96)
+    assert engine.setup.spec == jspec.SpecConfig(tree="chain", num_steps=3)
+    tokenizer = Tokenizer.from_file(os.path.join(target_hf, "tokenizer.json"))
+    prompts = [tokenizer.encode(text).ids for text in ("def insort(a, x):\n    ", "import ", "class Scheduler:\n")]
+    plain = jspec.SpecEngine.from_pretrained(target_dir, max_batch_size=4, max_seq_len=96)
+    out = engine.generate(prompts, max_new_tokens=24)
+    assert out.token_ids == plain.generate(prompts, max_new_tokens=24).token_ids
+    assert out.stats.acceptance_length > 1.5, out.stats

@@ -1,0 +1,163 @@
+"""DFlash drafter: the block drafter of models/dflash.py, fed by the target's hidden states, drafting a whole block
+in one forward.
+
+Per sequence, between steps (R = cache_len, the root's position)::
+
+    target:   tokens 0 .. R-1 in its cache, root token R pending
+    drafter:  cache slots 0 .. R-1 hold each committed token's context K/V (from the target's features there)
+
+``propose`` runs one forward over the block ``[root, mask, ..., mask]`` at positions R .. R + block_size - 1 and
+reads each mask slot's distribution over the token at its position. A chain takes each position's top-1; a static
+tree takes at depth d the rank-r token of position d (the block's positions are drafted independently of one
+another, so a node's children depend on its depth only). ``commit`` appends the accepted path's context K/V, the
+target's features at those nodes (root included), at positions R .. R + accepted: the root's features exist only
+after the verify pass, so the token committed last (the new root) enters the context one step later, as in
+z-lab's reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.config import SpecConfig
+from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
+from jspec.drafters.common import DrafterBase
+from jspec.drafters.tree_search import static_draft_tree
+from models.attention import KVCache, pad_slots
+from models.checkpoint import DTYPES, load_dflash
+from models.config import ModelConfig
+from models.dflash import DFlashConfig, DFlashDraft
+
+
+class DFlashState(NamedTuple):
+    cache: KVCache  # per layer [B, S_draft, Hkv, D]: slot p the context K/V of the committed token at position p
+
+
+def target_logits(params_t: Any, target: ModelConfig, normed: jax.Array) -> jax.Array:
+    """f32[..., V]: the target's lm_head (or its tied embedding) over ``normed`` [..., H]."""
+    if target.tie_word_embeddings:
+        kernel = params_t["embed_tokens"]["embedding"].T
+    else:
+        kernel = params_t["lm_head"]["kernel"]
+    return jnp.einsum("...h,hv->...v", normed.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashDrafter(DrafterBase):
+    """Static description of the drafter (hashable: part of the generate setup). params_d: the DFlashDraft tree.
+
+    spec: a chain of at most block_size - 1 drafts, or a static tree no deeper than that (dynamic trees are
+    refused: a block's positions are drafted independently, so a best-first search has nothing to condition on)."""
+
+    model: DFlashConfig
+    target: ModelConfig
+    spec: SpecConfig
+    max_seq_len: int
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        self.model.check_target(self.target)
+        if self.spec.tree == "dynamic":
+            raise ValueError(f"DFlash drafts a chain or a static tree, not tree={self.spec.tree!r}: a block's "
+                             f"positions are drafted in one forward, independently of one another")
+        if self.spec.max_depth > self.model.num_drafts:
+            raise ValueError(f"the {self.spec.tree} of depth {self.spec.max_depth} is deeper than the DFlash block "
+                             f"drafts (block_size={self.model.block_size}: at most {self.model.num_drafts})")
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return self.model.tap_layers(self.target)
+
+    @property
+    def model_cache_slots(self) -> int:
+        """Committed slots, then the block's window (block_size slots; a commit writes at most max_depth + 1)."""
+        return self.max_seq_len + self.model.block_size
+
+    def _draft(self) -> DFlashDraft:
+        return DFlashDraft(self.model, DTYPES[self.dtype])
+
+    @staticmethod
+    def _features(taps: jax.Array) -> jax.Array:
+        """[n_ctx, B, N, H] -> [B, N, n_ctx * H] in target_layer_ids order."""
+        return jnp.concatenate(list(taps), axis=-1)
+
+    def _context(self, params_d, cache, taps, positions, start):
+        return self._draft().apply({"params": params_d}, self._features(taps), positions, cache, start,
+                                   method=DFlashDraft.context)
+
+    def _empty_cache(self, batch: int, slots: int) -> KVCache:
+        cfg = self.model.layer
+        return KVCache.zeros(cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.head_dim, DTYPES[self.dtype],
+                             per_layer=True)
+
+    # --- the protocol ------------------------------------------------------------------------------------------
+
+    def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> DFlashState:
+        del params_t
+        batch, width = ctx.prompt_ids.shape
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+        cache = self._context(params_d, self._empty_cache(batch, width), ctx.taps, positions,
+                              jnp.zeros((batch,), jnp.int32))
+        return DFlashState(pad_slots(cache, self.model_cache_slots))
+
+    @property
+    def caches_prefix(self) -> bool:
+        return True
+
+    def prefill_cached(self, params_t: Any, params_d: Any, state: DFlashState, ctx: PrefillContext,
+                       cached_lens: jax.Array) -> DFlashState:
+        """The context of positions cached_lens[b] on, over the cached slots (``DrafterBase.prefill_cached``)."""
+        del params_t
+        width = ctx.taps.shape[2]
+        positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        return DFlashState(self._context(params_d, state.cache, ctx.taps, positions, cached_lens))
+
+    def block_logits(self, params_t: Any, params_d: Any, state: DFlashState, root: jax.Array,
+                     cache_len: jax.Array) -> tuple[KVCache, jax.Array]:
+        """The block's forward: (the cache, its window written), f32[B, block_size - 1, V] the distributions of
+        the tokens at positions cache_len + 1 .. cache_len + block_size - 1."""
+        batch, size = root.shape[0], self.model.block_size
+        tokens = jnp.concatenate([root[:, None], jnp.full((batch, size - 1), self.model.mask_token_id, jnp.int32)],
+                                 axis=1)
+        embeds = jnp.take(params_t["embed_tokens"]["embedding"], tokens, axis=0)
+        positions = cache_len[:, None] + jnp.arange(size, dtype=jnp.int32)[None]
+        normed, cache = self._draft().apply({"params": params_d}, embeds, positions, state.cache, cache_len)
+        return cache, target_logits(params_t, self.target, normed[:, 1:])
+
+    def propose(self, params_t: Any, params_d: Any, state: DFlashState, root: jax.Array, cache_len: jax.Array,
+                *, sampling: Any = None, key: jax.Array | None = None) -> tuple[DFlashState, DraftTree]:
+        del sampling, key  # top-k drafts: deterministic, verified as such
+        cache, logits = self.block_logits(params_t, params_d, state, root, cache_len)
+        tree = self.static_tree
+        depth, rank = tree.depth[1:] - 1, tree.rank[1:]  # per non-root node: its block position and rank there
+        top = jax.lax.top_k(logits[:, :tree.max_depth], tree.topk)[1]  # [B, depth, k]
+        nodes = top[:, np.asarray(depth), np.asarray(rank)]
+        tokens = jnp.concatenate([root[:, None], nodes.astype(jnp.int32)], axis=1)
+        return state._replace(cache=cache), static_draft_tree(tree, tokens, cache_len)
+
+    def commit(self, params_t: Any, params_d: Any, state: DFlashState, ctx: CommitContext) -> DFlashState:
+        del params_t
+        width = ctx.accept_index.shape[1]
+        path = jnp.maximum(ctx.accept_index, 0)
+        taps = jnp.take_along_axis(ctx.taps, path[None, :, :, None], axis=2)  # [n_ctx, B, D + 1, H]
+        positions = ctx.cache_len[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        return DFlashState(self._context(params_d, state.cache, taps, positions, ctx.cache_len))
+
+
+def default_spec(path: str | None) -> SpecConfig:
+    """The whole block as a chain: block_size - 1 drafts per step."""
+    from models.checkpoint import read_hf_config
+    from models.dflash import dflash_config_from_hf
+
+    return SpecConfig(tree="chain", num_steps=dflash_config_from_hf(read_hf_config(path)).num_drafts)
+
+
+def load(source: DrafterSource) -> tuple[DFlashDrafter, Any]:
+    """A converted DFlash directory -> (drafter, params)."""
+    config, params, _ = load_dflash(source.path, source.dtype)
+    return DFlashDrafter(config, source.target, source.spec, source.max_seq_len, source.dtype), params

@@ -1,0 +1,55 @@
+"""The DFlash drafter (jspec/drafters/dflash.py) in the engine: greedy output equal to plain decoding for a chain of
+the block and a per-position top-k static tree, ragged prompts, batch buckets; sampled output follows the target
+(chi-square in test_spec_sampling's way is the deterministic-drafts path: test_ngram)."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+import jspec
+from jspec.drafters.dflash import DFlashDrafter
+from models.dflash import DFlashConfig, init_dflash_params
+from models.config import ModelConfig
+from tests import spec_fixtures as fx
+
+RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
+LAYER = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                    head_dim=8, model_type="qwen3", qk_norm=True)
+MODEL = DFlashConfig(LAYER, block_size=5, mask_token_id=63, target_layer_ids=(0, 2), target_hidden_size=32)
+SPECS = {"chain": jspec.SpecConfig(tree="chain", num_steps=4),
+         "static": jspec.SpecConfig(tree="static", tree_choices=((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return fx.near_bigram_target()
+
+
+def dflash_engine(target, spec, max_batch_size=4):
+    drafter = DFlashDrafter(MODEL, fx.TARGET, spec, fx.MAX_SEQ_LEN)
+    return jspec.SpecEngine(fx.TARGET, target, drafter=drafter,
+                            drafter_params=init_dflash_params(MODEL, jax.random.key(3)),
+                            max_batch_size=max_batch_size, max_seq_len=fx.MAX_SEQ_LEN)
+
+
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_greedy_output_equals_plain_decoding(target, tree):
+    plain = fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
+    engine = dflash_engine(target, SPECS[tree])
+    out = engine.generate(RAGGED, max_new_tokens=33)
+    assert out.token_ids == plain
+    assert out.stats.num_verify_steps > 0
+
+
+def test_forced_acceptance_commits_the_whole_block(target):
+    engine = dflash_engine(target, SPECS["chain"]).forcing_acceptance(4)
+    out = engine.generate(RAGGED, max_new_tokens=1 + 3 * 5)
+    assert out.stats.acceptance_length == 5 and all(len(t) == 16 for t in out.token_ids)
+
+
+def test_a_dynamic_tree_or_a_tree_deeper_than_the_block_is_refused():
+    with pytest.raises(ValueError, match="tree='dynamic'"):
+        DFlashDrafter(MODEL, fx.TARGET, jspec.SpecConfig(), fx.MAX_SEQ_LEN)
+    with pytest.raises(ValueError, match="depth 5 is deeper than the DFlash block drafts"):
+        DFlashDrafter(MODEL, fx.TARGET, jspec.SpecConfig(tree="chain", num_steps=5), fx.MAX_SEQ_LEN)

@@ -1,0 +1,119 @@
+"""The DFlash draft network (models/dflash.py) and its converter (models/checkpoint/hf_dflash.py) against a torch
+reference of z-lab's DFlashDraftModel (tests/models/dflash_reference.py): a checkpoint written under the publisher's
+tensor names converts, and a block over a context cached in pieces, per row at its own length, equals the
+reference's forward over the whole context."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers.models.qwen3 import modeling_qwen3 as qwen3
+
+from models.attention import KVCache
+from models.checkpoint import checkpoint_kind, convert_hf_checkpoint, load_dflash
+from models.config import ModelConfig
+from models.dflash import DFlashDraft, default_target_layer_ids, dflash_config_from_hf
+from tests.models.dflash_reference import DFlashReference
+
+HF = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64,
+      "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512, "attention_bias": False,
+      "tie_word_embeddings": False, "block_size": 4, "num_target_layers": 4, "torch_dtype": "float32",
+      "dflash_config": {"mask_token_id": 63, "target_layer_ids": [0, 2]}}
+BLOCK = HF["block_size"]
+
+
+def write_zlab(directory, hf: dict, tensors: dict) -> str:
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf, f)
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def reference() -> DFlashReference:
+    torch.manual_seed(0)
+    model = DFlashReference(qwen3.Qwen3Config(**HF), num_context_layers=2).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:  # not all ones, so a norm applied to the wrong tensor shows
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def converted(reference, tmp_path_factory):
+    work = tmp_path_factory.mktemp("dflash")
+    src = write_zlab(work / "hf", HF, reference.tensors())
+    assert checkpoint_kind(src) == "dflash"
+    dst = convert_hf_checkpoint(src, str(work / "jspec"), progress=False)
+    return load_dflash(dst)[:2]
+
+
+def test_a_block_over_a_context_cached_in_pieces_equals_the_publishers_forward(reference, converted):
+    config, params = converted
+    model = DFlashDraft(config)
+    rng = np.random.default_rng(0)
+    lengths = [7, 5]  # each row's context, cached as 3 then 4 tokens: row 1's last 2 lie past its length, unread
+    features = rng.normal(size=(2, 7, 2 * 32)).astype(np.float32)
+    embeds = rng.normal(size=(2, BLOCK, 32)).astype(np.float32)
+    layer = config.layer
+    cache = KVCache.zeros(layer.num_layers, 2, 16, layer.num_kv_heads, layer.head_dim, jnp.float32, per_layer=True)
+    for start, width in ((np.array([0, 0]), 3), (np.array([3, 3]), 4)):
+        positions = start[:, None] + np.arange(width)[None]
+        piece = np.take_along_axis(features, np.minimum(positions, 6)[:, :, None], axis=1)
+        cache = model.apply({"params": params}, piece, positions, cache, start, method=DFlashDraft.context)
+    lens = np.array(lengths)
+    out, _ = model.apply({"params": params}, embeds, lens[:, None] + np.arange(BLOCK)[None], cache, lens)
+    for row, length in enumerate(lengths):
+        with torch.no_grad():
+            want = reference(torch.from_numpy(embeds[row:row + 1]), torch.from_numpy(features[row:row + 1, :length]),
+                             torch.arange(length + BLOCK)[None])
+        np.testing.assert_allclose(np.asarray(out[row]), want[0].numpy(), atol=2e-5, rtol=1e-5)
+
+
+def test_default_layer_ids_follow_the_publishers_rule():
+    assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)  # Qwen3-8B's shipped ids
+    assert default_target_layer_ids(36, 1) == (18,)
+    hf = {**HF, "dflash_config": {"mask_token_id": 63}}  # no ids: derived from num_target_layers
+    assert dflash_config_from_hf(hf).target_layer_ids == default_target_layer_ids(4, 2)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"dflash_config": {"mask_token_id": 63, "target_layer_ids": [0, 2], "use_swa": True}}, "use_swa=True"),
+    ({"causal": True}, "causal=True"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention"),
+    ({"block_size": 1}, "block_size=1"),
+    ({"dflash_config": {"target_layer_ids": [0, 2]}}, "mask_token_id=None"),
+    ({"dflash_config": {"mask_token_id": 64, "target_layer_ids": [0, 2]}}, "mask_token_id=64"),
+])
+def test_options_jspec_does_not_implement_are_refused_by_name(change, message):
+    with pytest.raises(ValueError, match=message):
+        dflash_config_from_hf({**HF, **change})
+
+
+def test_a_target_layer_past_the_last_is_refused():
+    config = dflash_config_from_hf({**HF, "dflash_config": {"mask_token_id": 63, "target_layer_ids": [0, 3]}})
+    target = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
+                         num_kv_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match=r"\[3\] must be below the target's last layer 3"):
+        config.check_target(target)
+    assert dflash_config_from_hf(HF).tap_layers(target) == (1, 3)
+
+
+def test_a_drafter_with_its_own_lm_head_is_refused_and_nothing_is_written(reference, tmp_path):
+    tensors = {**reference.tensors(), "lm_head.weight": torch.zeros(64, 32)}
+    src = write_zlab(tmp_path / "hf", HF, tensors)
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        convert_hf_checkpoint(src, str(tmp_path / "out"), progress=False)
+    assert not os.path.exists(tmp_path / "out")
+    missing = {k: v for k, v in reference.tensors().items() if k != "layers.1.self_attn.k_norm.weight"}
+    with pytest.raises(ValueError, match="k_norm"):
+        convert_hf_checkpoint(write_zlab(tmp_path / "hf2", HF, missing), str(tmp_path / "out"), progress=False)
