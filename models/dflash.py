@@ -1,6 +1,7 @@
 """DFlash block drafter (z-lab, "DFlash: Block Diffusion for Flash Speculative Decoding"): a few Qwen3 decoder
 layers that fill a block of mask tokens in one forward, conditioned on the target's hidden states, numerics as
-z-lab's ``DFlashDraftModel`` and SGLang's / vLLM's ports.
+z-lab's ``DFlashDraftModel`` and SGLang's / vLLM's ports; and DSpark (deepseek-ai/DeepSpec's
+``Qwen3DSparkModel``): the same backbone with a Markov head and a confidence head.
 
 Per sequence, between steps::
 
@@ -10,7 +11,11 @@ Per sequence, between steps::
     block     [bonus, mask, ..., mask] (block_size tokens, the target's embedding) at positions R .. R + bs - 1
               (R = the bonus token's position); each layer: queries from the block, keys and values = the
               cached context (< R) then the block's own, all visible (no causal mask inside the block)
-    drafts    lm_head(norm(x))[1:]: block slot j predicts the token at R + j (slot 0, the bonus, is not read)
+    drafts    z-lab's layout: lm_head(norm(x))[1:]: block slot j predicts the token at R + j (slot 0 unread);
+              DSpark's: every slot k predicts the token at R + k + 1 (block_size drafts), and a Markov head adds
+              a rank-r bias from the token before: logits_k = lm_head(h_k) + markov_w2(markov_w1[x_{k-1}])
+              (x_{-1} = the bonus, x_k = slot k's draft: a scan over the block), and a confidence head
+              c_k = proj([h_k; markov_w1[x_{k-1}]]) estimates whether draft k is accepted (sigmoid)
 
 The context rows are not layer-normed before k_proj / v_proj (they do not pass through ``input_layernorm``), and
 every layer reads the same projected ctx. The embedding and lm_head are the target's (the checkpoint has
@@ -26,6 +31,9 @@ Parameter tree (HF names; Dense kernels are HF weights transposed, [in, out])::
     layers_i/post_attention_layernorm/weight
     layers_i/mlp/{gate,up,down}_proj/kernel
     norm/weight                          [H]
+    markov_head/markov_w1/embedding      [V, r]           (DSpark)
+    markov_head/markov_w2/kernel         [r, V]           (DSpark)
+    confidence_head/proj/kernel, bias    [H (+ r), 1], [1]  (DSpark)
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from models.config import ModelConfig, from_hf_config
 from models.llama import MLP, RMSNorm, apply_rope, rope_cos_sin
 
 DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
+DSPARK_ARCHITECTURES = ("Qwen3DSparkModel",)
+LAYOUTS = ("dflash", "dspark")
 # Options other ports add that change the network (vLLM's, SpecForge's): refused unless absent or at the value that
 # means z-lab's model.
 REFUSED_UNLESS: dict[str, tuple] = {"use_swa": (None, False), "causal": (None, False), "is_causal": (None, False),
@@ -53,28 +63,49 @@ class DFlashConfig:
     """layer: the draft decoder's shapes (num_layers = draft layers; vocab_size = the target's, whose embedding and
     lm_head it uses); block_size: tokens per block (the bonus and block_size - 1 masks: block_size - 1 drafts);
     mask_token_id: the mask token's id in the target's vocabulary; target_layer_ids: the target layers whose
-    outputs fc reads, in its order (HF ``hidden_states[id + 1]``); target_hidden_size: H of the target."""
+    outputs fc reads, in its order (HF ``hidden_states[id + 1]``; -1: the embedding's, DSpark); target_hidden_size:
+    H of the target. layout: "dflash" (z-lab: slot j predicts the token at R + j, block_size - 1 drafts) or
+    "dspark" (DeepSpec: slot k predicts R + k + 1, block_size drafts); markov_rank: r of DSpark's Markov head (0:
+    none); confidence_head: DSpark's confidence head, reading the Markov embedding too with
+    confidence_with_markov."""
 
     layer: ModelConfig
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
     target_hidden_size: int
+    layout: str = "dflash"
+    markov_rank: int = 0
+    confidence_head: bool = False
+    confidence_with_markov: bool = False
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 2:
             raise ValueError(f"DFlash block_size={self.block_size!r}: expected an integer >= 2 (the bonus token "
                              f"and at least one mask)")
-        if not self.target_layer_ids or any(not isinstance(i, int) or i < 0 for i in self.target_layer_ids):
-            raise ValueError(f"DFlash target_layer_ids={list(self.target_layer_ids)!r}: expected one or more "
-                             f"non-negative layer indices")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout={self.layout!r}: expected one of {LAYOUTS}")
+        lowest = -1 if self.layout == "dspark" else 0  # DSpark's -1: the embedding output
+        if not self.target_layer_ids or any(not isinstance(i, int) or i < lowest for i in self.target_layer_ids):
+            raise ValueError(f"{self.layout} target_layer_ids={list(self.target_layer_ids)!r}: expected one or more "
+                             f"layer indices >= {lowest}")
+        if not isinstance(self.markov_rank, int) or self.markov_rank < 0:
+            raise ValueError(f"markov_rank={self.markov_rank!r}: expected an integer >= 0")
+        if self.confidence_with_markov and not (self.confidence_head and self.markov_rank):
+            raise ValueError("confidence_with_markov needs a confidence head and a Markov head (markov_rank > 0)")
         if not 0 <= self.mask_token_id < self.layer.vocab_size:
             raise ValueError(f"DFlash mask_token_id={self.mask_token_id}: expected an id below vocab_size="
                              f"{self.layer.vocab_size}")
 
     @property
     def num_drafts(self) -> int:
-        return self.block_size - 1
+        """Drafts one block gives: z-lab's slots 1 .. block_size - 1, or every slot (DSpark)."""
+        return self.block_size if self.layout == "dspark" else self.block_size - 1
+
+    @property
+    def first_draft_slot(self) -> int:
+        """The block slot whose output is the first draft: 1 (z-lab: slot j is the token at R + j) or 0 (DSpark)."""
+        return 0 if self.layout == "dspark" else 1
 
     def check_target(self, target: ModelConfig) -> None:
         """Raises ValueError when this drafter was not made for ``target``."""
@@ -98,15 +129,6 @@ class DFlashConfig:
                              f"hidden_states[{target.num_layers}], after the final norm, which jspec does not tap)")
         return taps
 
-    def to_json_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer.to_json_dict(), "block_size": self.block_size,
-                "mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
-                "target_hidden_size": self.target_hidden_size}
-
-    @classmethod
-    def from_json_dict(cls, data: dict[str, Any]) -> "DFlashConfig":
-        return cls(ModelConfig.from_json_dict(data["layer"]), int(data["block_size"]), int(data["mask_token_id"]),
-                   tuple(int(i) for i in data["target_layer_ids"]), int(data["target_hidden_size"]))
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -120,9 +142,17 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
 
 def dflash_config_from_hf(hf: dict[str, Any]) -> DFlashConfig:
     """DFlashConfig from z-lab's config.json (``DFlashDraftModel``: a Qwen3 config plus top-level ``block_size``,
-    ``num_target_layers`` and ``dflash_config.{mask_token_id, target_layer_ids}``); options of other ports that
-    change the network are refused by name."""
+    ``num_target_layers`` and ``dflash_config.{mask_token_id, target_layer_ids}``) or DeepSpec's
+    (``Qwen3DSparkModel``: the same knobs at top level, plus ``markov_rank``, ``markov_head_type``,
+    ``enable_confidence_head``, ``confidence_head_with_markov``); options that change the network and that jspec
+    does not implement are refused by name."""
+    dspark = any(arch in DSPARK_ARCHITECTURES for arch in hf.get("architectures") or [])
     dflash = dict(hf.get("dflash_config") or {})
+    if dspark:
+        head_type = hf.get("markov_head_type", "vanilla")
+        if head_type != "vanilla":
+            raise ValueError(f"DSpark markov_head_type={head_type!r} is not supported: jspec implements 'vanilla' "
+                             f"(logits + markov_w2(markov_w1[previous token]))")
     for option, allowed in REFUSED_UNLESS.items():
         for where, value in (("dflash_config", dflash.get(option)), ("config.json", hf.get(option))):
             if value not in allowed:
@@ -139,7 +169,7 @@ def dflash_config_from_hf(hf: dict[str, Any]) -> DFlashConfig:
     if not isinstance(mask_token_id, int) or isinstance(mask_token_id, bool):
         raise ValueError(f"DFlash config.json dflash_config.mask_token_id={mask_token_id!r}: expected an integer")
     layer = from_hf_config({**hf, "model_type": "qwen3", "use_sliding_window": False, "tie_word_embeddings": False})
-    ids = dflash.get("target_layer_ids")
+    ids = dflash.get("target_layer_ids", hf.get("target_layer_ids"))
     if ids is None:
         num_target = dflash.get("num_target_layers", hf.get("num_target_layers"))
         if not isinstance(num_target, int) or num_target < 1:
@@ -148,8 +178,15 @@ def dflash_config_from_hf(hf: dict[str, Any]) -> DFlashConfig:
         ids = default_target_layer_ids(num_target, layer.num_layers)
     if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError(f"DFlash dflash_config.target_layer_ids={ids!r}: expected a list of layer indices")
+    extra = {}
+    if dspark:
+        rank = hf.get("markov_rank", 0)
+        confidence = bool(hf.get("enable_confidence_head", False))
+        extra = dict(layout="dspark", markov_rank=rank, confidence_head=confidence,
+                     confidence_with_markov=confidence and bool(rank) and bool(hf.get("confidence_head_with_markov",
+                                                                                        False)))
     return DFlashConfig(layer, block_size, mask_token_id, tuple(ids),
-                        int(hf.get("target_hidden_size") or hf["hidden_size"]))
+                        int(hf.get("target_hidden_size") or hf["hidden_size"]), **extra)
 
 
 def _dense(features: int, bias: bool, dtype, name: str) -> nn.Dense:
@@ -212,6 +249,35 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), k_cache, v_cache
 
 
+class MarkovHead(nn.Module):
+    """DSpark's vanilla Markov head: a rank-r bias on the logits from the previous token."""
+
+    vocab_size: int
+    rank: int
+    dtype: jnp.dtype
+
+    def setup(self):
+        self.markov_w1 = nn.Embed(self.vocab_size, self.rank, dtype=self.dtype, param_dtype=self.dtype)
+        self.markov_w2 = _dense(self.vocab_size, False, self.dtype, "markov_w2")
+
+    def embed(self, previous: jax.Array) -> jax.Array:
+        return self.markov_w1(previous)
+
+    def __call__(self, previous: jax.Array) -> jax.Array:
+        """previous: i32[...] -> f32[..., V] the bias of the next token's logits."""
+        return self.markov_w2(self.markov_w1(previous)).astype(jnp.float32)
+
+
+class ConfidenceHead(nn.Module):
+    dtype: jnp.dtype
+
+    def setup(self):
+        self.proj = _dense(1, True, self.dtype, "proj")
+
+    def __call__(self, features: jax.Array) -> jax.Array:
+        return self.proj(features)[..., 0].astype(jnp.float32)
+
+
 class DFlashDraft(nn.Module):
     """The draft network. :meth:`context` writes committed tokens' context K/V into the cache; ``__call__`` runs a
     block over it. The cache is a per-layer ``KVCache`` (tuples of [B, S, Hkv, D]) in the target's slot layout
@@ -228,6 +294,24 @@ class DFlashDraft(nn.Module):
         self.layers = [DFlashLayer(cfg, self.attention_fn, self.dtype, name=f"layers_{i}")
                        for i in range(cfg.num_layers)]
         self.norm = RMSNorm(cfg.rms_norm_eps, self.dtype)
+        if self.config.markov_rank:
+            self.markov_head = MarkovHead(cfg.vocab_size, self.config.markov_rank, self.dtype)
+        if self.config.confidence_head:
+            self.confidence_head = ConfidenceHead(self.dtype)
+
+    def markov_bias(self, previous: jax.Array) -> jax.Array:
+        """i32[...] -> f32[..., V]: DSpark's Markov bias of the token after ``previous`` (zeros without a head)."""
+        if not self.config.markov_rank:
+            return jnp.zeros(previous.shape + (self.config.layer.vocab_size,), jnp.float32)
+        return self.markov_head(previous)
+
+    def confidence(self, normed: jax.Array, previous: jax.Array) -> jax.Array:
+        """normed: [..., H] a slot's output, previous: i32[...] the token before its draft -> f32[...] the logit of
+        the draft being accepted."""
+        features = normed
+        if self.config.confidence_with_markov:
+            features = jnp.concatenate([normed, self.markov_head.embed(previous).astype(normed.dtype)], axis=-1)
+        return self.confidence_head(features)
 
     def _rope(self, positions):
         return rope_cos_sin(positions, self.config.layer.rope_inv_freq(), self.dtype)
@@ -268,7 +352,12 @@ def init_dflash_params(config: DFlashConfig, key: jax.Array, dtype=jnp.float32) 
     zeros = jnp.zeros((1,), jnp.int32)
 
     def both(module, embeds, positions):
-        return module(embeds, positions, module.context(features, positions, cache, zeros), zeros)
+        normed, cache_out = module(embeds, positions, module.context(features, positions, cache, zeros), zeros)
+        if config.markov_rank:
+            module.markov_bias(positions)
+        if config.confidence_head:
+            module.confidence(normed, positions)
+        return normed, cache_out
 
     return nn.init(both, model)(key, jnp.zeros((1, 1, cfg.hidden_size), dtype), jnp.zeros((1, 1), jnp.int32))[
         "params"]

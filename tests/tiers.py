@@ -96,6 +96,9 @@ SLOW: dict[str, str] = {
         "request (the CPU default drafter)",
     "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[ngram]":
         "the slot engine with n-gram drafting equals generate alone; default: [eagle3-dynamic], test_app",
+    "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[dflash]":
+        "the server's DFlash rows each equal offline generate; default: test_paged's cached-prefix test [dflash] "
+        "(its paged state), test_dflash (offline = plain)",
     "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[draft-model]":
         "the slot engine with a draft model equals generate alone; default: [eagle3-dynamic], test_app",
     "tests/jspec/serve/test_paged.py::test_paged_rows_equal_generate_alone":

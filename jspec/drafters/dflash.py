@@ -1,5 +1,5 @@
-"""DFlash drafter: the block drafter of models/dflash.py, fed by the target's hidden states, drafting a whole block
-in one forward.
+"""DFlash and DSpark drafters: the block drafter of models/dflash.py, fed by the target's hidden states, drafting a
+whole block in one forward.
 
 Per sequence, between steps (R = cache_len, the root's position)::
 
@@ -13,6 +13,13 @@ another, so a node's children depend on its depth only). ``commit`` appends the 
 target's features at those nodes (root included), at positions R .. R + accepted: the root's features exist only
 after the verify pass, so the token committed last (the new root) enters the context one step later, as in
 z-lab's reference.
+
+DSpark (``DFlashConfig.layout == "dspark"``): every block slot k drafts the token at R + k + 1, and its Markov head
+makes draft k's logits depend on draft k - 1 (a ``lax.scan`` over the block after the one forward): chains only. Its
+confidence head estimates each draft's acceptance; with ``confidence_threshold`` > 0 a row's draft is cut at the
+first draft below it (DeepSpec's rule): a row with none left proposes nothing (``DraftTree.drafted``; a step where
+no row proposes runs the target on the roots alone), and with ``short_drafts`` a row cut to at most that many is
+not ``full`` (a step where no row is full verifies only the first ``short_drafts``).
 """
 
 from __future__ import annotations
@@ -51,23 +58,43 @@ def target_logits(params_t: Any, target: ModelConfig, normed: jax.Array) -> jax.
 class DFlashDrafter(DrafterBase):
     """Static description of the drafter (hashable: part of the generate setup). params_d: the DFlashDraft tree.
 
-    spec: a chain of at most block_size - 1 drafts, or a static tree no deeper than that (dynamic trees are
-    refused: a block's positions are drafted independently, so a best-first search has nothing to condition on)."""
+    spec: a chain of at most ``model.num_drafts`` drafts, or a static tree no deeper than that (dynamic trees are
+    refused: a block's positions are drafted in one forward, so a best-first search has nothing to condition on;
+    with a Markov head, chains only). confidence_threshold, short_drafts: DSpark's truncation (module docstring;
+    0 and None: off)."""
 
     model: DFlashConfig
     target: ModelConfig
     spec: SpecConfig
     max_seq_len: int
     dtype: str = "float32"
+    confidence_threshold: float = 0.0
+    short_drafts: int | None = None
 
     def __post_init__(self):
         self.model.check_target(self.target)
         if self.spec.tree == "dynamic":
             raise ValueError(f"DFlash drafts a chain or a static tree, not tree={self.spec.tree!r}: a block's "
                              f"positions are drafted in one forward, independently of one another")
+        if self.model.markov_rank and self.spec.tree != "chain":
+            raise ValueError(f"DSpark's Markov head makes each draft depend on the one before: chains only, not "
+                             f"tree={self.spec.tree!r}")
+        if not 0.0 <= self.confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold={self.confidence_threshold!r}: expected a number in [0, 1)")
+        if self.confidence_threshold and not self.model.confidence_head:
+            raise ValueError(f"confidence_threshold={self.confidence_threshold}: the drafter has no confidence head")
+        if self.short_drafts is not None and not (self.confidence_threshold and 1 <= self.short_drafts
+                                                  < self.spec.num_steps):
+            raise ValueError(f"short_drafts={self.short_drafts!r}: expected 1 .. num_steps - 1 = "
+                             f"{self.spec.num_steps - 1} with a confidence_threshold")
         if self.spec.max_depth > self.model.num_drafts:
-            raise ValueError(f"the {self.spec.tree} of depth {self.spec.max_depth} is deeper than the DFlash block "
-                             f"drafts (block_size={self.model.block_size}: at most {self.model.num_drafts})")
+            raise ValueError(f"the {self.spec.tree} of depth {self.spec.max_depth} is deeper than the "
+                             f"{self.model.layout} block drafts (block_size={self.model.block_size}: at most "
+                             f"{self.model.num_drafts})")
+
+    @property
+    def short_chain_nodes(self) -> int | None:
+        return None if self.short_drafts is None else self.short_drafts + 1
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
@@ -75,8 +102,8 @@ class DFlashDrafter(DrafterBase):
 
     @property
     def model_cache_slots(self) -> int:
-        """Committed slots, then the block's window (block_size slots; a commit writes at most max_depth + 1)."""
-        return self.max_seq_len + self.model.block_size
+        """Committed slots, then the larger of the block's window (block_size slots) and a commit's (max_depth + 1)."""
+        return self.max_seq_len + max(self.model.block_size, self.spec.max_depth + 1)
 
     def _draft(self) -> DFlashDraft:
         return DFlashDraft(self.model, DTYPES[self.dtype])
@@ -117,22 +144,50 @@ class DFlashDrafter(DrafterBase):
         positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
         return DFlashState(self._context(params_d, state.cache, ctx.taps, positions, cached_lens))
 
-    def block_logits(self, params_t: Any, params_d: Any, state: DFlashState, root: jax.Array,
-                     cache_len: jax.Array) -> tuple[KVCache, jax.Array]:
-        """The block's forward: (the cache, its window written), f32[B, block_size - 1, V] the distributions of
-        the tokens at positions cache_len + 1 .. cache_len + block_size - 1."""
+    def block_outputs(self, params_t: Any, params_d: Any, state: DFlashState, root: jax.Array,
+                      cache_len: jax.Array) -> tuple[KVCache, jax.Array, jax.Array]:
+        """The block's forward: (the cache, its window written; the draft slots' outputs [B, num_drafts, H]; their
+        logits f32[B, num_drafts, V] before any Markov bias): slot i's is the token at cache_len + 1 + i."""
         batch, size = root.shape[0], self.model.block_size
         tokens = jnp.concatenate([root[:, None], jnp.full((batch, size - 1), self.model.mask_token_id, jnp.int32)],
                                  axis=1)
         embeds = jnp.take(params_t["embed_tokens"]["embedding"], tokens, axis=0)
         positions = cache_len[:, None] + jnp.arange(size, dtype=jnp.int32)[None]
         normed, cache = self._draft().apply({"params": params_d}, embeds, positions, state.cache, cache_len)
-        return cache, target_logits(params_t, self.target, normed[:, 1:])
+        normed = normed[:, self.model.first_draft_slot:]
+        return cache, normed, target_logits(params_t, self.target, normed)
+
+    def _markov_chain(self, params_d, normed, logits, root):
+        """DSpark's chain: draft k = argmax(logits_k + bias(draft k - 1)), draft -1 = the root -> (i32[B, n]
+        drafts, f32[B, n] confidence logits or None), n = spec.num_steps."""
+        draft = self._draft()
+        steps = self.spec.num_steps
+
+        def step(previous, slot):
+            h, base = slot
+            bias = draft.apply({"params": params_d}, previous, method=DFlashDraft.markov_bias)
+            token = jnp.argmax(base + bias, axis=-1).astype(jnp.int32)
+            confidence = (draft.apply({"params": params_d}, h, previous, method=DFlashDraft.confidence)
+                          if self.model.confidence_head else jnp.zeros(previous.shape, jnp.float32))
+            return token, (token, confidence)
+
+        slots = (jnp.swapaxes(normed[:, :steps], 0, 1), jnp.swapaxes(logits[:, :steps], 0, 1))
+        _, (tokens, confidence) = jax.lax.scan(step, root, slots)
+        return tokens.T, confidence.T
 
     def propose(self, params_t: Any, params_d: Any, state: DFlashState, root: jax.Array, cache_len: jax.Array,
                 *, sampling: Any = None, key: jax.Array | None = None) -> tuple[DFlashState, DraftTree]:
         del sampling, key  # top-k drafts: deterministic, verified as such
-        cache, logits = self.block_logits(params_t, params_d, state, root, cache_len)
+        cache, normed, logits = self.block_outputs(params_t, params_d, state, root, cache_len)
+        if self.model.layout == "dspark" and self.spec.tree == "chain":
+            nodes, confidence = self._markov_chain(params_d, normed, logits, root)
+            tree = static_draft_tree(self.static_tree, jnp.concatenate([root[:, None], nodes], axis=1), cache_len)
+            if self.confidence_threshold:
+                below = jax.nn.sigmoid(confidence) < self.confidence_threshold
+                count = jnp.where(jnp.any(below, axis=1), jnp.argmax(below, axis=1), nodes.shape[1])
+                tree = tree._replace(drafted=count >= 1,
+                                     full=None if self.short_drafts is None else count > self.short_drafts)
+            return state._replace(cache=cache), tree
         tree = self.static_tree
         depth, rank = tree.depth[1:] - 1, tree.rank[1:]  # per non-root node: its block position and rank there
         top = jax.lax.top_k(logits[:, :tree.max_depth], tree.topk)[1]  # [B, depth, k]

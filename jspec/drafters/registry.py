@@ -55,7 +55,8 @@ class DrafterEntry:
 
 DRAFTERS: dict[str, DrafterEntry] = {
     "eagle3": DrafterEntry(eagle3.load, "eagle3", "eagle3", "an EAGLE-3 head on the target's hidden states"),
-    "draft": DrafterEntry(draft_model.load, "llama", "draft", "a Llama-family draft model with the target's vocabulary"),
+    "draft": DrafterEntry(draft_model.load, "llama", "draft", "a Llama-family draft model with the target's vocabulary "
+                          "(a PARD draft: K tokens in one forward)", default_spec=draft_model.default_spec),
     "ngram": DrafterEntry(ngram.load, None, None, "prompt lookup (n-gram), no weights"),
     "ngram+eagle3": DrafterEntry(hybrid.load_ngram_eagle3, "eagle3", "eagle3", "prompt lookup where the last 3 "
                                  "tokens were seen before, the bundled EAGLE-3 head elsewhere (chains)"),

@@ -44,6 +44,8 @@ dflash: a --num-layers DFlash block drafter (SpecForge's recipe: --num-anchors r
 the context strictly before its anchor, bidirectional inside, position k's loss weighted exp(-(k-1)/gamma)), on
 the target's own greedy continuations (--num-generated), written in z-lab's layout (config.json +
 model.safetensors) that `jspec convert`, SGLang and vLLM read.
+dspark: the same backbone with a --markov-rank Markov head and a confidence head, DeepSpec's loss (0.1 CE +
+0.9 L1 + 1.0 confidence BCE), written in DeepSpec's layout (Qwen3DSparkModel).
 All resume from --work-dir/checkpoints after a kill.
 """
 
@@ -97,7 +99,7 @@ def train_target_main(argv: list[str] | None = None, prog: str | None = None) ->
 def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DRAFTER_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, choices=["eagle3", "draft_model", "dflash"])
+    parser.add_argument("--kind", required=True, choices=["eagle3", "draft_model", "dflash", "dspark"])
     parser.add_argument("--target", required=True, help="HF directory of the trained target")
     parser.add_argument("--out", required=True, help="HF output directory")
     parser.add_argument("--work-dir", required=True, help="token cache and orbax checkpoints")
@@ -105,15 +107,18 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="eagle3: most frequent target tokens kept (default: the whole target vocab)")
     parser.add_argument("--unroll", type=int, default=7, help="eagle3: training-time-test steps")
     parser.add_argument("--decay", type=float, default=0.8, help="eagle3: loss weight of step i is decay ** i")
-    parser.add_argument("--num-layers", type=int, default=None, help="draft_model: layers (default 2); dflash: "
-                        "draft layers (default 1)")
-    parser.add_argument("--block-size", type=int, default=8, help="dflash: tokens per block (block_size - 1 drafts)")
-    parser.add_argument("--num-anchors", type=int, default=16, help="dflash: blocks per training window")
-    parser.add_argument("--loss-decay-gamma", type=float, default=7.0,
-                        help="dflash: position k's loss weighs exp(-(k - 1) / gamma) (SpecForge's recipes: 7)")
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help="draft_model: layers (default 2); dflash, dspark: draft layers (default 1)")
+    parser.add_argument("--block-size", type=int, default=8,
+                        help="dflash, dspark: tokens per block (DFlash drafts block_size - 1, DSpark block_size)")
+    parser.add_argument("--num-anchors", type=int, default=16, help="dflash, dspark: blocks per training window")
+    parser.add_argument("--loss-decay-gamma", type=float, default=None,
+                        help="dflash, dspark: draft i's loss weighs exp(-i / gamma) (default: 7 as SpecForge's DFlash "
+                             "recipes, 4 as DeepSpec's DSpark configs)")
+    parser.add_argument("--markov-rank", type=int, default=64, help="dspark: rank of the Markov head")
     parser.add_argument("--mask-token-id", type=int, default=None,
-                        help="dflash: the mask token (default: the tokenizer's mask token, an unused embedding row, "
-                             "<unk> or </s>, in that order)")
+                        help="dflash, dspark: the mask token (default: the tokenizer's mask token, an unused embedding "
+                             "row, <unk> or </s>, in that order)")
     parser.add_argument("--num-generated", type=int, default=2048,
                         help="eagle3, dflash: regenerate the data: the target's greedy continuations of this many "
                              "corpus windows (cached in --work-dir; 0: train on the corpus itself)")
@@ -142,13 +147,16 @@ def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -
                               num_generated=args.num_generated, generated_fraction=args.generated_fraction,
                               data_parallel_size=args.data_parallel_size, init_head=args.init_head)
         print(f"held-out distillation loss {report['heldout_loss']:.3f}; wrote {args.out}")
-    elif args.kind == "dflash":
+    elif args.kind in ("dflash", "dspark"):
         from jspec.train.dflash import train_dflash
 
+        dspark = args.kind == "dspark"
+        gamma = args.loss_decay_gamma or (4.0 if dspark else 7.0)
         report = train_dflash(args.out, args.target, args.work_dir, train, args.num_layers or 1, args.block_size,
-                              args.num_anchors, args.loss_decay_gamma, mask_token_id=args.mask_token_id,
+                              args.num_anchors, gamma, mask_token_id=args.mask_token_id,
                               corpus_root=args.corpus_root, progress=not args.no_progress,
-                              num_generated=args.num_generated, data_parallel_size=args.data_parallel_size)
+                              num_generated=args.num_generated, data_parallel_size=args.data_parallel_size,
+                              markov_rank=args.markov_rank if dspark else None)
         print(f"held-out loss {report['heldout_loss']:.3f}, {report['heldout_accepted']:.2f} greedy drafts accepted "
               f"per block; wrote {args.out}")
     else:

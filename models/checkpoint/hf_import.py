@@ -28,16 +28,17 @@ from models.checkpoint.store import read_hf_config
 def checkpoint_kind(src: str) -> str:
     """'dflash', 'eagle3' or 'llama' for the HF directory ``src``.
 
-    DFlash when config.json's architectures names ``DFlashDraftModel`` (z-lab's).
+    DFlash when config.json's architectures names ``DFlashDraftModel`` (z-lab's) or ``Qwen3DSparkModel``
+    (DeepSpec's DSpark).
     EAGLE-3 when config.json's architectures names one of ``EAGLE3_ARCHITECTURES``, or when the tensors are an
     EAGLE-3 head's (``fc.weight`` + ``midlayer.*``/``layers.0.*``; some writers leave architectures out or copy
     the target's); Llama-family otherwise.
     """
-    from models.dflash import DFLASH_ARCHITECTURES
+    from models.dflash import DFLASH_ARCHITECTURES, DSPARK_ARCHITECTURES
     from models.eagle3 import EAGLE3_ARCHITECTURES
 
     architectures = read_hf_config(src).get("architectures") or []
-    if any(arch in DFLASH_ARCHITECTURES for arch in architectures):
+    if any(arch in DFLASH_ARCHITECTURES + DSPARK_ARCHITECTURES for arch in architectures):
         return "dflash"
     if any(arch in EAGLE3_ARCHITECTURES for arch in architectures):
         return "eagle3"

@@ -3,6 +3,11 @@ transformers' own Qwen3 pieces (RMSNorm, MLP, rotary embedding, eager attention)
 attention around them: queries from the block only (q_norm), keys and values from ``[context, block]`` (each
 through the layer's k_proj / v_proj, k_norm on both), RoPE of the absolute positions (queries: the last T),
 no mask (the block sees all of the context and all of itself). Its state_dict has the publisher's tensor names.
+
+``DSparkReference`` adds DeepSpec's vanilla Markov head (``markov_w1`` an Embedding [V, r], ``markov_w2`` a Linear
+r -> V) and confidence head (``proj`` over [h; markov_w1[previous]]), and the frozen embedding / lm_head copies
+DeepSpec saves; ``draft_chain`` is its greedy ``sample_block_tokens``: a loop over the block slots, each slot's
+token fed to the next slot's Markov bias.
 """
 
 from __future__ import annotations
@@ -77,3 +82,27 @@ class DFlashReference(nn.Module):
     def tensors(self) -> dict[str, torch.Tensor]:
         """The state dict under the publisher's names (the rotary buffers are not in a checkpoint)."""
         return {name: t.detach().contiguous() for name, t in self.state_dict().items() if not name.startswith("rotary")}
+
+
+class DSparkReference(DFlashReference):
+    def __init__(self, config: qwen3.Qwen3Config, num_context_layers: int, markov_rank: int):
+        super().__init__(config, num_context_layers)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.markov_head = nn.Module()
+        self.markov_head.markov_w1 = nn.Embedding(config.vocab_size, markov_rank)
+        self.markov_head.markov_w2 = nn.Linear(markov_rank, config.vocab_size, bias=False)
+        self.confidence_head = nn.Module()
+        self.confidence_head.proj = nn.Linear(config.hidden_size + markov_rank, 1)
+
+    def draft_chain(self, normed: torch.Tensor, root: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """normed [B, T, H] (every slot drafts), root i64[B] -> (greedy drafts i64[B, T], confidence logits
+        [B, T])."""
+        previous, tokens, confidence = root, [], []
+        for k in range(normed.shape[1]):
+            embedded = self.markov_head.markov_w1(previous)
+            logits = self.lm_head(normed[:, k]) + self.markov_head.markov_w2(embedded)
+            confidence.append(self.confidence_head.proj(torch.cat([normed[:, k], embedded], dim=-1))[:, 0])
+            previous = logits.argmax(dim=-1)
+            tokens.append(previous)
+        return torch.stack(tokens, 1), torch.stack(confidence, 1)

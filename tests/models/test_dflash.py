@@ -15,11 +15,12 @@ import torch
 from safetensors.torch import save_file
 from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
+import jspec
 from models.attention import KVCache
 from models.checkpoint import checkpoint_kind, convert_hf_checkpoint, load_dflash
 from models.config import ModelConfig
 from models.dflash import DFlashDraft, default_target_layer_ids, dflash_config_from_hf
-from tests.models.dflash_reference import DFlashReference
+from tests.models.dflash_reference import DFlashReference, DSparkReference
 
 HF = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64,
@@ -27,6 +28,12 @@ HF = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size
       "tie_word_embeddings": False, "block_size": 4, "num_target_layers": 4, "torch_dtype": "float32",
       "dflash_config": {"mask_token_id": 63, "target_layer_ids": [0, 2]}}
 BLOCK = HF["block_size"]
+DSPARK_HF = {**{k: v for k, v in HF.items() if k not in ("dflash_config", "num_target_layers")},
+             "architectures": ["Qwen3DSparkModel"], "mask_token_id": 63, "target_layer_ids": [-1, 2],
+             "markov_rank": 8, "markov_head_type": "vanilla", "enable_confidence_head": True,
+             "confidence_head_with_markov": True, "num_anchors": 512}
+TARGET = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                     head_dim=8)
 
 
 def write_zlab(directory, hf: dict, tensors: dict) -> str:
@@ -117,3 +124,36 @@ def test_a_drafter_with_its_own_lm_head_is_refused_and_nothing_is_written(refere
     missing = {k: v for k, v in reference.tensors().items() if k != "layers.1.self_attn.k_norm.weight"}
     with pytest.raises(ValueError, match="k_norm"):
         convert_hf_checkpoint(write_zlab(tmp_path / "hf2", HF, missing), str(tmp_path / "out"), progress=False)
+
+
+def test_dspark_converts_and_drafts_deepspecs_greedy_chain(tmp_path):
+    """DeepSpec's layout (the knobs at top level, -1 for the embedding output, frozen embedding / lm_head copies
+    dropped): every slot drafts, and the Markov scan and confidence logits equal DeepSpec's slot-by-slot loop."""
+    from jspec.drafters.dflash import DFlashDrafter
+
+    torch.manual_seed(1)
+    reference = DSparkReference(qwen3.Qwen3Config(**DSPARK_HF), num_context_layers=2, markov_rank=8).eval()
+    src = write_zlab(tmp_path / "hf", DSPARK_HF, reference.tensors())
+    assert checkpoint_kind(src) == "dflash"
+    config, params, _ = load_dflash(convert_hf_checkpoint(src, str(tmp_path / "jspec"), progress=False))
+    assert (config.layout, config.num_drafts, config.tap_layers(TARGET)) == ("dspark", BLOCK, (0, 3))
+    drafter = DFlashDrafter(config, TARGET, jspec.SpecConfig(tree="chain", num_steps=BLOCK), 32)
+    normed = np.random.default_rng(2).normal(size=(3, BLOCK, 32)).astype(np.float32)
+    root = np.array([5, 17, 63])
+    kernel = reference.lm_head.weight.detach().numpy().T
+    tokens, confidence = drafter._markov_chain(params, normed, normed @ kernel, root)
+    with torch.no_grad():
+        want_tokens, want_confidence = reference.draft_chain(torch.from_numpy(normed), torch.from_numpy(root))
+    assert np.asarray(tokens).tolist() == want_tokens.tolist()
+    np.testing.assert_allclose(np.asarray(confidence), want_confidence.numpy(), atol=1e-5)
+
+
+def test_dspark_options_jspec_does_not_implement_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="markov_head_type='gated'"):
+        dflash_config_from_hf({**DSPARK_HF, "markov_head_type": "gated"})
+    torch.manual_seed(1)
+    tensors = DSparkReference(qwen3.Qwen3Config(**DSPARK_HF), num_context_layers=2, markov_rank=8).tensors()
+    tensors["lm_head.weight"] = torch.zeros(64, 16)  # not a copy of a [V, H] lm_head
+    with pytest.raises(ValueError, match=r"DSpark tensor lm_head.weight: got \(64, 16\)"):
+        convert_hf_checkpoint(write_zlab(tmp_path / "hf", DSPARK_HF, tensors), str(tmp_path / "out"), progress=False)
+    assert not os.path.exists(tmp_path / "out")

@@ -78,7 +78,7 @@ def stale(pool: jax.Array, seed: int) -> jax.Array:
     return jax.random.normal(key, pool.shape, pool.dtype)
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram"])
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram", "dflash"])
 def test_paged_rows_equal_generate_alone(params_t, name):
     engine = make_engine(params_t, name)
     prompts, budgets = PROMPTS[:5], BUDGETS[:5]
@@ -95,11 +95,12 @@ def engine_with(params_t, name: str):
     return make_engine(params_t, name)
 
 
-@pytest.mark.parametrize("name", ["eagle3-dynamic", "hybrid", "plain"])
+@pytest.mark.parametrize("name", ["eagle3-dynamic", "hybrid", "plain", "dflash"])
 def test_a_cached_prefix_continues_as_a_whole_prefill(params_t, name):
     """A prompt prefilled whole into row 1, then the same prompt into row 2 from row 1's first three pages (its
     fourth recomputed, as the server does for a head pairing slot p with token p + 1): row 2's state (the target's
-    K/V, the tokens, and the drafter's: the head's K/V slots, its last logits and feature) equals row 1's."""
+    K/V, the tokens, and the drafter's: the head's K/V slots, its last logits and feature; DFlash's context K/V)
+    equals row 1's."""
     engine = engine_with(params_t, name)
     setup = engine.setup.with_max_seq_len(SEQ_LEN)
     args = (engine.params, engine.drafter_params)
@@ -130,6 +131,10 @@ def test_a_cached_prefix_continues_as_a_whole_prefill(params_t, name):
         for layer in k:
             np.testing.assert_allclose(layer[1, :len(prompt)], layer[0, :len(prompt)], atol=2e-5)
     if name == "plain":
+        return
+    if name == "dflash":  # per layer [B, S, Hkv, D]: slot p the context of the token at p
+        for layer in state.draft.cache.k + state.draft.cache.v:
+            np.testing.assert_allclose(layer[1, :len(prompt)], layer[0, :len(prompt)], atol=2e-5)
         return
     head = state.draft.model if name == "hybrid" else state.draft
     np.testing.assert_allclose(head.logits[1], head.logits[0], atol=2e-5)

@@ -37,6 +37,9 @@ def make_engine(params_t, name: str) -> jspec.SpecEngine:
         return fx.plain_engine(params_t)
     if name == "eagle3-dynamic":
         return fx.spec_engine(params_t, fx.random_head(), "dynamic")
+    if name == "dflash":
+        from tests.jspec.test_dflash import SPECS, dflash_engine
+        return dflash_engine(params_t, SPECS["chain"])
     if name == "draft-model":
         return jspec.SpecEngine(fx.TARGET, params_t, drafter=DraftModelDrafter(
             fx.TARGET, fx.TARGET, fx.SPECS["chain"], fx.MAX_SEQ_LEN), drafter_params=params_t, max_batch_size=4,
@@ -110,7 +113,7 @@ def adaptive(params_t):
     slots.shutdown(10)
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram"])
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram", "dflash"])
 def test_every_request_equals_generate_alone_greedy(servers, name):
     engine, slots = servers(name)
     sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n, seed=i)

@@ -149,3 +149,31 @@ def test_dflash_trains_converts_and_drives_the_engine_losslessly(setup):
     out = engine.generate(prompts, max_new_tokens=24)
     assert out.token_ids == plain.generate(prompts, max_new_tokens=24).token_ids
     assert out.stats.acceptance_length > 1.5, out.stats
+
+
+def test_dspark_trains_in_deepspecs_layout_and_drives_the_engine_losslessly(setup):
+    """DeepSpec's recipe (Markov head teacher-forced, CE + L1 + confidence BCE) -> DeepSpec's layout (with the
+    frozen embedding / lm_head copies) -> convert -> the engine with the confidence cut: output = plain decoding."""
+    import jspec
+    from jspec.train.dflash import train_dflash
+    from models.checkpoint import load_dflash
+
+    tmp, target_hf, corpus = setup
+    out = os.path.join(tmp, "dspark_hf")
+    report = train_dflash(out, target_hf, os.path.join(tmp, "dspark_work"), tf.FEW_STEPS, num_layers=1,
+                          block_size=3, num_anchors=8, gamma=4.0, corpus_root=corpus, progress=False,
+                          log=lambda line: None, markov_rank=16)
+    assert tf.loss_fell(report["first_losses"] + report["last_losses"], by=0.1), report
+    from safetensors.numpy import load_file
+    assert {"embed_tokens.weight", "lm_head.weight", "markov_head.markov_w1.weight",
+            "confidence_head.proj.weight"} <= set(load_file(os.path.join(out, "model.safetensors")))
+    drafter_dir = convert_hf_checkpoint(out, os.path.join(tmp, "dspark"), progress=False)
+    config, _, _ = load_dflash(drafter_dir)
+    assert (config.layout, config.markov_rank, config.num_drafts) == ("dspark", 16, 3)
+    target_dir = convert_hf_checkpoint(target_hf, os.path.join(tmp, "dspark_target"), progress=False)
+    engine = jspec.SpecEngine.from_pretrained(target_dir, drafter=drafter_dir, max_batch_size=4, max_seq_len=96)
+    assert engine.setup.spec == jspec.SpecConfig(tree="chain", num_steps=3)
+    plain = jspec.SpecEngine.from_pretrained(target_dir, max_batch_size=4, max_seq_len=96)
+    prompts = [[1, 40, 41, 42], [1, 7, 9]]
+    out = engine.generate(prompts, max_new_tokens=20)
+    assert out.token_ids == plain.generate(prompts, max_new_tokens=20).token_ids

@@ -1,0 +1,83 @@
+"""PARD (jspec/drafters/pard.py): K drafts from one causal forward over ``pard_token``s, equal to AMD's reading of
+an ordinary causal pass over ``[prompt, root, pard, ...]``; greedy output equal to plain decoding for a chain and a
+static tree; a converted PARD checkpoint (config.json ``pard_token``, ``spd_type``) loads as one."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec.drafters.base import DrafterSource, PrefillContext
+from jspec.drafters.draft_model import default_spec, load
+from jspec.drafters.pard import PardDrafter
+from models.attention import KVCache
+from models.checkpoint import convert_hf_checkpoint, write_hf_llama
+from models.llama import LlamaModel
+from tests import spec_fixtures as fx
+
+RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
+PARD_TOKEN = 63
+SPECS = {"chain": jspec.SpecConfig(tree="chain", num_steps=4),
+         "static": jspec.SpecConfig(tree="static", tree_choices=((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))}
+
+
+@pytest.fixture(scope="module")
+def models():
+    """(target, a draft: the target with its attention damped differently, so drafts are partly accepted)."""
+    target = fx.near_bigram_target()
+    return target, fx.near_bigram_target(seed=1)
+
+
+def test_the_drafts_are_one_causal_forward_over_the_pard_tokens(models):
+    target, draft = models
+    drafter = PardDrafter(fx.TARGET, fx.TARGET, SPECS["chain"], 32, pard_token=PARD_TOKEN)
+    prompts = np.array([[5, 9, 13, 2], [40, 41, 0, 0]], np.int32)
+    lens, roots = np.array([4, 2], np.int32), np.array([17, 33], np.int32)
+    state = drafter.prefill(target, draft, PrefillContext(jnp.asarray(prompts), jnp.asarray(lens),
+                                                          jnp.asarray(roots), None))
+    _, tree = drafter.propose(target, draft, state, jnp.asarray(roots), jnp.asarray(lens))
+    for row in range(2):
+        sequence = list(prompts[row, :lens[row]]) + [roots[row]] + [PARD_TOKEN] * 3
+        cache = KVCache.zeros(fx.TARGET.num_layers, 1, len(sequence), fx.TARGET.num_kv_heads, fx.TARGET.head_dim,
+                              jnp.float32)
+        logits = LlamaModel(fx.TARGET).apply({"params": draft}, jnp.asarray([sequence]),
+                                             jnp.arange(len(sequence))[None], cache, jnp.zeros((1,), jnp.int32)).logits
+        want = np.argmax(np.asarray(logits[0, lens[row]:]), axis=-1).tolist()  # at the root and each pard token
+        assert np.asarray(tree.tokens[row]).tolist() == [int(roots[row])] + want
+
+
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_greedy_output_equals_plain_decoding(models, tree):
+    target, draft = models
+    drafter = PardDrafter(fx.TARGET, fx.TARGET, SPECS[tree], fx.MAX_SEQ_LEN, pard_token=PARD_TOKEN)
+    engine = jspec.SpecEngine(fx.TARGET, target, drafter=drafter, drafter_params=draft, max_batch_size=4,
+                              max_seq_len=fx.MAX_SEQ_LEN)
+    out = engine.generate(RAGGED, max_new_tokens=33)
+    assert out.token_ids == fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
+    assert out.stats.acceptance_length > 1.0, out.stats
+
+
+def test_a_converted_pard_checkpoint_loads_as_pard(models, tmp_path):
+    _, draft = models
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+          "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 8, "rms_norm_eps": 1e-6, "max_position_embeddings": 512, "pard_token": PARD_TOKEN,
+          "spd_type": "pard"}
+    src = write_hf_llama(str(tmp_path / "hf"), hf, draft)
+    path = convert_hf_checkpoint(src, str(tmp_path / "pard"), progress=False)
+    assert default_spec(path) == jspec.SpecConfig(tree="chain", num_steps=8)
+    drafter, _ = load(DrafterSource(path, fx.TARGET, None, SPECS["chain"], 64, "float32"))
+    assert type(drafter) is PardDrafter and drafter.pard_token == PARD_TOKEN
+    with open(os.path.join(src, "config.json")) as f:
+        bad = dict(json.load(f), pard_token=None)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(bad, f)
+    with pytest.raises(ValueError, match="pard_token=None"):
+        load(DrafterSource(path, fx.TARGET, None, SPECS["chain"], 64, "float32"))
+    with pytest.raises(ValueError, match="tree='dynamic'"):
+        PardDrafter(fx.TARGET, fx.TARGET, jspec.SpecConfig(), 64, pard_token=PARD_TOKEN)
