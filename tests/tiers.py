@@ -75,7 +75,7 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_tree_selection.py::test_top1_chain_greedy_equals_plain_on_the_bundled_model[draft]":
         "top1_chain selection with the bundled draft model = plain; default: [eagle3]",
     "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[branches]":
-        "n-gram branching tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
+        "n-gram branching tree greedy = plain; default: test_random_target_greedy_is_lossless (branches)",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[dynamic]":
         "draft-model dynamic tree greedy = plain; default: [chain], test_spec_engine's EOS test [dynamic]",
     "tests/jspec/test_hybrid.py::test_greedy_output_equals_plain_decoding":
@@ -88,7 +88,7 @@ SLOW: dict[str, str] = {
         "ngram+eagle3 with the head's chain shorter than lookup's greedy = plain; default: the bundled chain of "
         "11 (test_bundled_ngram_eagle3_equals_plain_decoding), whose head drafts 7",
     "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[dynamic]":
-        "n-gram dynamic tree greedy = plain; default: [chain], test_random_target_greedy_is_lossless",
+        "n-gram dynamic tree greedy = plain; default: test_random_target_greedy_is_lossless, the EOS test (chain)",
     "tests/jspec/test_user_drafters.py::test_cli_generate_with_an_entry_point_drafter":
         "jspec generate runs a drafter registered by entry point; default: the registry and Python-usage tests",
     "tests/jspec/serve/test_slots.py::test_every_request_equals_generate_alone_greedy[plain]":
@@ -203,6 +203,16 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_ngram.py::test_no_match_skips_the_verify_pass[False]":
         "no lookup match: the step runs the target on the root alone; default: [True] (the same step with a "
         "match), test_random_target_greedy_is_lossless (steps with and without matches = plain)",
+    "tests/jspec/test_pard.py::test_greedy_output_equals_plain_decoding[static]":
+        "PARD's per-position top-k static tree greedy = plain; default: [chain], test_dflash's [static] (the same "
+        "per-position tree from one forward)",
+    "tests/jspec/train/test_train_drafter.py::test_dspark_trains_in_deepspecs_layout_and_drives_the_engine_losslessly":
+        "DSpark trained with DeepSpec's loss, exported in its layout, converted, lossless in the engine; default: "
+        "test_dflash_trains_converts_and_drives_the_engine_losslessly (the same loop and round trip), "
+        "test_dflash's DSpark reference and engine tests",
+    "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[chain]":
+        "n-gram chain greedy = plain on the near-bigram target; default: test_random_target_greedy_is_lossless, "
+        "test_no_match_skips_the_verify_pass[True], test_hybrid's bundled lookup",
     "tests/jspec/train/test_train_drafter.py::test_exported_head_drives_the_engine_losslessly":
         "a trained, exported, converted EAGLE-3 head drives the engine = plain; default: "
         "test_dflash_trains_converts_and_drives_the_engine_losslessly (the same round trip for DFlash), "
