@@ -54,7 +54,8 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_spec_engine.py::test_stops_at_eos_inside_an_accepted_run[static]":
         "EAGLE-3 stops at EOS inside an accepted run of a static tree; default: [chain], [dynamic]",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[static]":
-        "draft-model static tree greedy = plain; default: [chain], [dynamic]",
+        "draft-model static tree greedy = plain; default: test_pard's [chain] and test_dflash's [static] (the "
+        "verify and commit of a static tree)",
     "tests/jspec/test_draft_model.py::test_exact_copy_of_the_target_accepts_every_draft[static]":
         "a copy of the target accepts every draft of a static tree; default: [chain]",
     "tests/jspec/test_draft_model.py::test_from_pretrained_with_a_draft_model_or_ngram":
@@ -77,7 +78,8 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_ngram.py::test_greedy_output_equals_plain_decoding[branches]":
         "n-gram branching tree greedy = plain; default: test_random_target_greedy_is_lossless (branches)",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[dynamic]":
-        "draft-model dynamic tree greedy = plain; default: [chain], test_spec_engine's EOS test [dynamic]",
+        "draft-model dynamic tree greedy = plain; default: test_pard's [chain], test_spec_engine's EOS test "
+        "[dynamic]",
     "tests/jspec/test_hybrid.py::test_greedy_output_equals_plain_decoding":
         "ngram+eagle3 with a random head greedy = plain; default: test_bundled_ngram_eagle3_equals_plain_decoding",
     "tests/jspec/test_hybrid.py::test_the_servers_short_chain_composes_with_the_shorter_model_chain":
@@ -203,6 +205,12 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_ngram.py::test_no_match_skips_the_verify_pass[False]":
         "no lookup match: the step runs the target on the root alone; default: [True] (the same step with a "
         "match), test_random_target_greedy_is_lossless (steps with and without matches = plain)",
+    "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[chain]":
+        "draft-model chain greedy = plain; default: test_pard's greedy [chain] (the draft model's prefill and "
+        "commit), test_a_shortened_chain_follows_the_exact_target_distribution (its drafting, sampled)",
+    "tests/jspec/serve/test_slots.py::test_a_cancelled_request_frees_its_slot_and_the_queue_is_bounded":
+        "a cancelled request frees its slot within one chunk; the queue is bounded; default: test_app's "
+        "test_a_closed_stream_frees_its_slot and test_a_dropped_connection_frees_its_slot, its 503 tests",
     "tests/jspec/test_pard.py::test_greedy_output_equals_plain_decoding[static]":
         "PARD's per-position top-k static tree greedy = plain; default: [chain], test_dflash's [static] (the same "
         "per-position tree from one forward)",

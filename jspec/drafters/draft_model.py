@@ -162,30 +162,16 @@ def _sampled_expand(sampling: SamplingArrays):
     return expand
 
 
-def load(source: DrafterSource) -> tuple[DraftModelDrafter, Any]:
-    """A converted Llama-family directory with the target's vocabulary -> (drafter, per-layer params); a PARD
-    draft (config.json ``pard_token``) drafts its K tokens in one forward (``jspec.drafters.pard``)."""
-    from jspec.drafters.pard import PardDrafter, pard_token_of
-    from models.checkpoint import read_hf_config
-
+def load(source: DrafterSource, drafter_class: type = DraftModelDrafter,
+         **fields: Any) -> tuple[DraftModelDrafter, Any]:
+    """A converted Llama-family directory with the target's vocabulary -> (drafter, per-layer params): a
+    ``drafter_class`` (a PARD draft's is ``jspec.drafters.pard.PardDrafter``, with its ``fields``)."""
     draft_config, draft_params, _ = load_llama(source.path, source.dtype)
     check_same_vocab(draft_config, source.target)
     if source.target_dir is not None:
         check_same_tokenizer(source.path, source.target_dir)
-    args = (draft_config, source.target, source.spec, source.max_seq_len, source.dtype)
-    pard_token = pard_token_of(read_hf_config(source.path))
-    drafter = DraftModelDrafter(*args) if pard_token is None else PardDrafter(*args, pard_token=pard_token)
+    drafter = drafter_class(draft_config, source.target, source.spec, source.max_seq_len, source.dtype, **fields)
     return drafter, unstack_layers_jit(draft_params, config=draft_config)
-
-
-def default_spec(path: str | None) -> SpecConfig:
-    """SpecConfig() for a draft model; a chain of ``pard.DEFAULT_DRAFTS`` for a PARD draft."""
-    from jspec.drafters.pard import DEFAULT_DRAFTS, pard_token_of
-    from models.checkpoint import read_hf_config
-
-    if path is not None and pard_token_of(read_hf_config(path)) is not None:
-        return SpecConfig(tree="chain", num_steps=DEFAULT_DRAFTS)
-    return SpecConfig()
 
 
 def check_same_tokenizer(drafter_dir: str, target_dir: str) -> None:

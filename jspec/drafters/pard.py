@@ -22,9 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.drafters.base import DraftTree
+from jspec.config import SpecConfig
+from jspec.drafters import draft_model
+from jspec.drafters.base import DraftTree, DrafterSource
 from jspec.drafters.draft_model import DraftModelDrafter, DraftModelState
 from jspec.drafters.tree_search import static_draft_tree
+from models.checkpoint import read_hf_config
 
 DEFAULT_DRAFTS = 8  # the K of AMD's training examples (para_num)
 
@@ -74,3 +77,19 @@ class PardDrafter(DraftModelDrafter):
         nodes = top[:, np.asarray(tree.depth[1:] - 1), np.asarray(tree.rank[1:])]
         tokens = jnp.concatenate([root[:, None], nodes.astype(jnp.int32)], axis=1)
         return state._replace(cache=cache), static_draft_tree(tree, tokens, cache_len)
+
+
+def load(source: DrafterSource) -> tuple[DraftModelDrafter, Any]:
+    """A converted Llama-family draft directory: a PARD draft when its config.json says so (``pard_token``), else
+    an ordinary draft model (``draft_model.load``)."""
+    pard_token = pard_token_of(read_hf_config(source.path))
+    if pard_token is None:
+        return draft_model.load(source)
+    return draft_model.load(source, PardDrafter, pard_token=pard_token)
+
+
+def default_spec(path: str | None) -> SpecConfig:
+    """A PARD draft's default tree, a chain of ``DEFAULT_DRAFTS``; SpecConfig() for any other draft model."""
+    if path is not None and pard_token_of(read_hf_config(path)) is not None:
+        return SpecConfig(tree="chain", num_steps=DEFAULT_DRAFTS)
+    return SpecConfig()

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from jspec.bundle import PARTS, bundled_dir, is_bundled
 from jspec.config import SpecConfig
-from jspec.drafters import dflash, draft_model, eagle3, hybrid, mtp, ngram
+from jspec.drafters import dflash, eagle3, hybrid, mtp, ngram, pard
 from jspec.drafters.base import Drafter, DrafterSource, check_drafter
 from models.checkpoint import MTP_DIR, has_mtp, read_jspec_meta
 from models.config import ModelConfig
@@ -55,8 +55,8 @@ class DrafterEntry:
 
 DRAFTERS: dict[str, DrafterEntry] = {
     "eagle3": DrafterEntry(eagle3.load, "eagle3", "eagle3", "an EAGLE-3 head on the target's hidden states"),
-    "draft": DrafterEntry(draft_model.load, "llama", "draft", "a Llama-family draft model with the target's vocabulary "
-                          "(a PARD draft: K tokens in one forward)", default_spec=draft_model.default_spec),
+    "draft": DrafterEntry(pard.load, "llama", "draft", "a Llama-family draft model with the target's vocabulary (a "
+                          "PARD draft: K tokens in one forward)", default_spec=pard.default_spec),
     "ngram": DrafterEntry(ngram.load, None, None, "prompt lookup (n-gram), no weights"),
     "ngram+eagle3": DrafterEntry(hybrid.load_ngram_eagle3, "eagle3", "eagle3", "prompt lookup where the last 3 "
                                  "tokens were seen before, the bundled EAGLE-3 head elsewhere (chains)"),

@@ -279,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", default=None, help="converted target (default: the bundled code model)")
     parser.add_argument("--eagle3", default=None, help="converted EAGLE-3 head (default: the bundled one)")
     parser.add_argument("--draft", default=None, help="converted draft model (default: the bundled one)")
+    parser.add_argument("--dflash", default=None, help="converted DFlash or DSpark drafter (method 'dflash': its "
+                        "whole block as a chain)")
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated jspec methods")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated transformers peers ('' for none)")
     parser.add_argument("--batch-sizes", default="1,4,16", help="comma-separated")
@@ -322,6 +324,8 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     unknown = [m for m in methods if m not in known]
     if unknown or "plain" not in methods:
         raise ValueError(f"--methods {args.methods!r}: expected 'plain' and some of {list(known)}")
+    if "dflash" in methods and args.dflash is None:
+        raise ValueError("--methods dflash needs --dflash DIR (a converted DFlash or DSpark drafter)")
     args.peers = [p for p in args.peers.split(",") if p]
     bad_peers = [p for p in args.peers if p not in PEERS]
     if bad_peers:
@@ -343,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jspec.train.corpus import human_eval_prompts
 
     target = args.target or jspec.bundled_model()
-    drafters = {"eagle3": args.eagle3, "draft": args.draft}
+    drafters = {"eagle3": args.eagle3, "draft": args.draft, "dflash": args.dflash}
     prompts = [p["prompt"] for p in human_eval_prompts()[:args.num_prompts]]
     os.makedirs(args.out, exist_ok=True)
     report = {"environment": environment(), "args": vars(args), "rows": []}

@@ -59,12 +59,14 @@ def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
         "ngram": ("ngram", spec_for("dynamic", num_draft_tokens, num_steps, topk, selection)),
         "ngram-chain": ("ngram", spec_for("chain", chain_tokens if ngram_depth is None else ngram_depth + 1)),
         "ngram+eagle3-chain": ("ngram+eagle3", spec_for("chain", chain_tokens)),
+        "dflash": ("dflash", None),  # a DFlash / DSpark directory (--dflash): its whole block as a chain
     }
 
 
 def method_drafter(drafter: str | None, drafter_dirs: dict[str, str | None]) -> str | None:
     """A method's drafter name -> what ``SpecEngine.from_pretrained`` takes: the user's directory for it when one
-    was given (``--eagle3``, ``--draft``), else the registered name itself (the bundled part, or "ngram")."""
+    was given (``--eagle3``, ``--draft``, ``--dflash``), else the registered name itself (the bundled part, or
+    "ngram")."""
     return None if drafter is None else (drafter_dirs.get(drafter) or drafter)
 
 
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", default=None, help="converted target (default: the bundled one)")
     parser.add_argument("--eagle3", default=None, help="converted EAGLE-3 head (default: the bundled one)")
     parser.add_argument("--draft", default=None, help="converted draft model (default: the bundled one)")
+    parser.add_argument("--dflash", default=None, help="converted DFlash or DSpark drafter (method 'dflash')")
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                         help=f"comma-separated, of {list(method_specs(16, 6, 4))}")
     parser.add_argument("--num-draft-tokens", type=int, default=DEFAULT_SPEC.num_draft_tokens)
@@ -203,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     target = args.target or jspec.bundled_model()
-    drafters = {"eagle3": args.eagle3, "draft": args.draft}
+    drafters = {"eagle3": args.eagle3, "draft": args.draft, "dflash": args.dflash}
     problems = human_eval_prompts()
     if args.prompts is not None:
         problems = problems[prompt_slice(args.prompts, len(problems))]

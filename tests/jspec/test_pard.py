@@ -13,8 +13,7 @@ import pytest
 
 import jspec
 from jspec.drafters.base import DrafterSource, PrefillContext
-from jspec.drafters.draft_model import default_spec, load
-from jspec.drafters.pard import PardDrafter
+from jspec.drafters.pard import PardDrafter, default_spec, load
 from models.attention import KVCache
 from models.checkpoint import convert_hf_checkpoint, write_hf_llama
 from models.llama import LlamaModel

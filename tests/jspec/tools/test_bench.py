@@ -25,6 +25,7 @@ def test_acceptance_histogram_from_per_position_fractions():
     (["--batch-sizes", "0"], "positive"),
     (["--repeats", "0"], "--repeats 0"),
     (["--ngram-depth", "0"], "--ngram-depth 0"),
+    (["--methods", "plain,dflash"], "needs --dflash DIR"),
 ])
 def test_bad_arguments_are_refused_before_any_model_loads(flags, message, monkeypatch):
     monkeypatch.setattr(bench, "jspec_rows", lambda *a, **k: pytest.fail("a model was loaded"))
