@@ -221,7 +221,7 @@ def train_dflash(out_dir: str, target_dir: str, work_dir: str, train, num_layers
     import os
     import time
 
-    from jspec.train.target import (corpus_for, data_mesh, heldout_windows, load_hf_llama, replicate,
+    from jspec.train.target import (corpus_for, data_mesh, heldout_mean, load_hf_llama, replicate,
                                     self_generated_tokens, train_loop)
     from models.dflash import default_target_layer_ids, dflash_config_from_hf
 
@@ -247,13 +247,7 @@ def train_dflash(out_dir: str, target_dir: str, work_dir: str, train, num_layers
     params_t = replicate(params_t, mesh)
     metrics = functools.partial(block_metrics, params_t=params_t, target=target, config=config,
                                 num_anchors=num_anchors, gamma=gamma)
-    held = replicate(jnp.asarray(heldout_windows(splits["heldout"], train.eval_batches * train.batch_size,
-                                                 train.seq_len + 1)), mesh)
-
-    @jax.jit
-    def heldout(params):
-        parts = [metrics(params, held[i:i + train.batch_size]) for i in range(0, len(held), train.batch_size)]
-        return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *parts)
+    heldout = heldout_mean(metrics, splits["heldout"], train, mesh)
 
     def shown(params, windows):
         out = metrics(params, windows)

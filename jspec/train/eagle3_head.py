@@ -206,7 +206,7 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     import os
     import time
 
-    from jspec.train.target import (corpus_for, data_mesh, heldout_windows, load_hf_llama, mix_with_generated,
+    from jspec.train.target import (corpus_for, data_mesh, heldout_mean, load_hf_llama, mix_with_generated,
                                     replicate, self_generated_tokens, train_loop)
     from models.checkpoint import write_hf_eagle3
     from models.eagle3 import eagle3_config_from_hf
@@ -236,13 +236,7 @@ def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_voca
     metrics = functools.partial(windows_metrics, params_t=params_t, target=target, config=config,
                                 keep_ids=keep_ids, unroll=unroll, decay=decay)
     loss = lambda head, windows: metrics(head, windows).loss  # noqa: E731
-    held = replicate(jnp.asarray(heldout_windows(splits["heldout"], train.eval_batches * train.batch_size,
-                                                 train.seq_len + 1)), mesh)
-
-    @jax.jit
-    def heldout(head):
-        parts = [metrics(head, held[i:i + train.batch_size]) for i in range(0, len(held), train.batch_size)]
-        return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *parts)
+    heldout = heldout_mean(metrics, splits["heldout"], train, mesh)
 
     def shown(head, windows):  # the progress bar: loss and top-1 accuracy per unroll step
         out = metrics(head, windows)

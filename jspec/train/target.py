@@ -104,6 +104,21 @@ def heldout_windows(tokens: np.ndarray, num: int, width: int) -> np.ndarray:
     return np.stack([tokens[s:s + width] for s in starts]).astype(np.int32)
 
 
+def heldout_mean(metrics: Callable[[Any, jax.Array], Any], tokens: np.ndarray, train: TrainConfig,
+                 mesh: jax.sharding.Mesh | None = None) -> Callable[[Any], Any]:
+    """A jitted ``params -> metrics`` averaged over ``train.eval_batches`` batches of held-out windows of
+    ``tokens`` (``metrics(params, windows)`` returns a pytree of arrays; every leaf is averaged)."""
+    held = replicate(jnp.asarray(heldout_windows(tokens, train.eval_batches * train.batch_size, train.seq_len + 1)),
+                     mesh)
+
+    @jax.jit
+    def mean(params):
+        parts = [metrics(params, held[i:i + train.batch_size]) for i in range(0, len(held), train.batch_size)]
+        return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *parts)
+
+    return mean
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def eval_loss(params: Any, windows: jax.Array, *, config: ModelConfig) -> jax.Array:
     return lm_loss(params, windows, config=config)

@@ -5,14 +5,12 @@ reference's forward over the whole context."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 from transformers.models.qwen3 import modeling_qwen3 as qwen3
 
 import jspec
@@ -21,6 +19,7 @@ from models.checkpoint import checkpoint_kind, convert_hf_checkpoint, load_dflas
 from models.config import ModelConfig
 from models.dflash import DFlashDraft, default_target_layer_ids, dflash_config_from_hf
 from tests.models.dflash_reference import DFlashReference, DSparkReference
+from tests.models.test_eagle3 import write_hf_dir
 
 HF = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64,
@@ -37,11 +36,8 @@ TARGET = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_la
 
 
 def write_zlab(directory, hf: dict, tensors: dict) -> str:
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf, f)
-    save_file(tensors, os.path.join(directory, "model.safetensors"))
-    return str(directory)
+    """config.json + model.safetensors, as the publishers' save_pretrained writes them."""
+    return write_hf_dir(directory, tensors, hf)
 
 
 @pytest.fixture(scope="module")
