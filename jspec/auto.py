@@ -103,11 +103,28 @@ CANDIDATE_SPECS: dict[str, tuple[SpecConfig, ...]] = {
 }
 
 
+def candidate_specs(drafter: str) -> tuple[SpecConfig, ...]:
+    """The trees auto weighs for a drafter: CANDIDATE_SPECS by its name, or by the name a converted directory
+    resolves to; a DFlash / DSpark directory's whole block as a chain and half of it; the n-gram shapes for any
+    other name."""
+    if drafter in CANDIDATE_SPECS:
+        return CANDIDATE_SPECS[drafter]
+    if os.path.isdir(drafter):
+        from jspec.drafters import dflash, resolve
+
+        name, path = resolve(drafter, None)
+        if name == "dflash":
+            whole = dflash.default_spec(path).num_steps
+            return tuple(_chain(n) for n in sorted({max(1, whole // 2), whole}))
+        return CANDIDATE_SPECS.get(name, CANDIDATE_SPECS["ngram"])
+    return CANDIDATE_SPECS["ngram"]
+
+
 def candidates(drafters: Sequence[str]) -> list[Candidate]:
-    """Plain decoding, then CANDIDATE_SPECS of each named drafter (an unknown name gets the n-gram shapes)."""
+    """Plain decoding, then :func:`candidate_specs` of each named drafter."""
     out = [Candidate(None, None)]
     for name in drafters:
-        out += [Candidate(name, spec) for spec in CANDIDATE_SPECS.get(name, CANDIDATE_SPECS["ngram"])]
+        out += [Candidate(name, spec) for spec in candidate_specs(name)]
     return out
 
 

@@ -146,22 +146,23 @@ class DFlashDrafter(DrafterBase):
 
     def block_outputs(self, params_t: Any, params_d: Any, state: DFlashState, root: jax.Array,
                       cache_len: jax.Array) -> tuple[KVCache, jax.Array, jax.Array]:
-        """The block's forward: (the cache, its window written; the draft slots' outputs [B, num_drafts, H]; their
-        logits f32[B, num_drafts, V] before any Markov bias): slot i's is the token at cache_len + 1 + i."""
+        """The block's forward: (the cache, its window written; the outputs of the spec's D = max_depth draft slots
+        [B, D, H]; their logits f32[B, D, V] before any Markov bias): slot i's is the token at cache_len + 1 + i
+        (the lm_head runs on the slots the tree reads only)."""
         batch, size = root.shape[0], self.model.block_size
         tokens = jnp.concatenate([root[:, None], jnp.full((batch, size - 1), self.model.mask_token_id, jnp.int32)],
                                  axis=1)
         embeds = jnp.take(params_t["embed_tokens"]["embedding"], tokens, axis=0)
         positions = cache_len[:, None] + jnp.arange(size, dtype=jnp.int32)[None]
         normed, cache = self._draft().apply({"params": params_d}, embeds, positions, state.cache, cache_len)
-        normed = normed[:, self.model.first_draft_slot:]
+        first = self.model.first_draft_slot
+        normed = normed[:, first:first + self.spec.max_depth]
         return cache, normed, target_logits(params_t, self.target, normed)
 
     def _markov_chain(self, params_d, normed, logits, root):
         """DSpark's chain: draft k = argmax(logits_k + bias(draft k - 1)), draft -1 = the root -> (i32[B, n]
-        drafts, f32[B, n] confidence logits or None), n = spec.num_steps."""
+        drafts, f32[B, n] confidence logits, zeros without a confidence head), n = spec.num_steps."""
         draft = self._draft()
-        steps = self.spec.num_steps
 
         def step(previous, slot):
             h, base = slot
@@ -171,7 +172,7 @@ class DFlashDrafter(DrafterBase):
                           if self.model.confidence_head else jnp.zeros(previous.shape, jnp.float32))
             return token, (token, confidence)
 
-        slots = (jnp.swapaxes(normed[:, :steps], 0, 1), jnp.swapaxes(logits[:, :steps], 0, 1))
+        slots = (jnp.swapaxes(normed, 0, 1), jnp.swapaxes(logits, 0, 1))
         _, (tokens, confidence) = jax.lax.scan(step, root, slots)
         return tokens.T, confidence.T
 
@@ -190,7 +191,7 @@ class DFlashDrafter(DrafterBase):
             return state._replace(cache=cache), tree
         tree = self.static_tree
         depth, rank = tree.depth[1:] - 1, tree.rank[1:]  # per non-root node: its block position and rank there
-        top = jax.lax.top_k(logits[:, :tree.max_depth], tree.topk)[1]  # [B, depth, k]
+        top = jax.lax.top_k(logits, tree.topk)[1]  # [B, depth, k]
         nodes = top[:, np.asarray(depth), np.asarray(rank)]
         tokens = jnp.concatenate([root[:, None], nodes.astype(jnp.int32)], axis=1)
         return state._replace(cache=cache), static_draft_tree(tree, tokens, cache_len)

@@ -52,12 +52,25 @@ def reference() -> DFlashReference:
 
 
 @pytest.fixture(scope="module")
-def converted(reference, tmp_path_factory):
+def converted_dir(reference, tmp_path_factory):
     work = tmp_path_factory.mktemp("dflash")
     src = write_zlab(work / "hf", HF, reference.tensors())
     assert checkpoint_kind(src) == "dflash"
-    dst = convert_hf_checkpoint(src, str(work / "jspec"), progress=False)
-    return load_dflash(dst)[:2]
+    return convert_hf_checkpoint(src, str(work / "jspec"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def converted(converted_dir):
+    return load_dflash(converted_dir)[:2]
+
+
+def test_a_converted_directory_drafts_its_whole_block_by_default_and_auto_weighs_half_of_it_too(converted_dir):
+    from jspec import auto
+    from jspec.drafters import dflash
+
+    assert dflash.default_spec(converted_dir) == jspec.SpecConfig(tree="chain", num_steps=BLOCK - 1)
+    assert auto.candidate_specs(converted_dir) == (jspec.SpecConfig(tree="chain", num_steps=1),
+                                                   jspec.SpecConfig(tree="chain", num_steps=BLOCK - 1))
 
 
 def test_a_block_over_a_context_cached_in_pieces_equals_the_publishers_forward(reference, converted):
