@@ -211,6 +211,9 @@ SLOW: dict[str, str] = {
     "tests/jspec/serve/test_slots.py::test_a_cancelled_request_frees_its_slot_and_the_queue_is_bounded":
         "a cancelled request frees its slot within one chunk; the queue is bounded; default: test_app's "
         "test_a_closed_stream_frees_its_slot and test_a_dropped_connection_frees_its_slot, its 503 tests",
+    "tests/jspec/test_dflash.py::test_dspark_dynamic_tree_greedy_equals_plain_decoding":
+        "DSpark's best-first tree with Markov-biased children greedy = plain; default: test_dflash's [dynamic] (the "
+        "same search), the DSpark chain test (the same bias)",
     "tests/jspec/test_pard.py::test_greedy_output_equals_plain_decoding[static]":
         "PARD's per-position top-k static tree greedy = plain; default: [chain], test_dflash's [static] (the same "
         "per-position tree from one forward)",

@@ -9,13 +9,16 @@ Per sequence, between steps (R = cache_len, the root's position)::
 ``propose`` runs one forward over the block ``[root, mask, ..., mask]`` at positions R .. R + block_size - 1 and
 reads each mask slot's distribution over the token at its position. A chain takes each position's top-1; a static
 tree takes at depth d the rank-r token of position d (the block's positions are drafted independently of one
-another, so a node's children depend on its depth only). ``commit`` appends the accepted path's context K/V, the
+another, so a node's children depend on its depth only); a dynamic tree is EAGLE-2's best-first search over
+those per-position distributions (the shared ``tree_search.search_tree``, each depth's "forward" a lookup of its
+slot): the tree of the most probable paths, as DDTree builds one from a block. ``commit`` appends the accepted path's context K/V, the
 target's features at those nodes (root included), at positions R .. R + accepted: the root's features exist only
 after the verify pass, so the token committed last (the new root) enters the context one step later, as in
 z-lab's reference.
 
 DSpark (``DFlashConfig.layout == "dspark"``): every block slot k drafts the token at R + k + 1, and its Markov head
-makes draft k's logits depend on draft k - 1 (a ``lax.scan`` over the block after the one forward): chains only. Its
+makes draft k's logits depend on draft k - 1 (a ``lax.scan`` over the block after the one forward for a chain;
+in a dynamic tree each node's children get its own token's bias): chains and dynamic trees. Its
 confidence head estimates each draft's acceptance; with ``confidence_threshold`` > 0 a row's draft is cut at the
 first draft below it (DeepSpec's rule): a row with none left proposes nothing (``DraftTree.drafted``; a step where
 no row proposes runs the target on the roots alone), and with ``short_drafts`` a row cut to at most that many is
@@ -34,7 +37,7 @@ import numpy as np
 from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
-from jspec.drafters.tree_search import static_draft_tree
+from jspec.drafters.tree_search import search_tree, static_draft_tree
 from models.attention import KVCache, pad_slots
 from models.checkpoint import DTYPES, load_dflash
 from models.config import ModelConfig
@@ -58,10 +61,9 @@ def target_logits(params_t: Any, target: ModelConfig, normed: jax.Array) -> jax.
 class DFlashDrafter(DrafterBase):
     """Static description of the drafter (hashable: part of the generate setup). params_d: the DFlashDraft tree.
 
-    spec: a chain of at most ``model.num_drafts`` drafts, or a static tree no deeper than that (dynamic trees are
-    refused: a block's positions are drafted in one forward, so a best-first search has nothing to condition on;
-    with a Markov head, chains only). confidence_threshold, short_drafts: DSpark's truncation (module docstring;
-    0 and None: off)."""
+    spec: a chain, static or dynamic tree no deeper than ``model.num_drafts`` (with a Markov head: no static
+    tree). confidence_threshold, short_drafts: DSpark's truncation of a chain (module docstring; 0 and None:
+    off)."""
 
     model: DFlashConfig
     target: ModelConfig
@@ -73,16 +75,15 @@ class DFlashDrafter(DrafterBase):
 
     def __post_init__(self):
         self.model.check_target(self.target)
-        if self.spec.tree == "dynamic":
-            raise ValueError(f"DFlash drafts a chain or a static tree, not tree={self.spec.tree!r}: a block's "
-                             f"positions are drafted in one forward, independently of one another")
-        if self.model.markov_rank and self.spec.tree != "chain":
-            raise ValueError(f"DSpark's Markov head makes each draft depend on the one before: chains only, not "
-                             f"tree={self.spec.tree!r}")
+        if self.model.markov_rank and self.spec.tree == "static":
+            raise ValueError("DSpark's Markov head makes each draft depend on the one before: a chain or a dynamic "
+                             "tree, not tree='static'")
         if not 0.0 <= self.confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold={self.confidence_threshold!r}: expected a number in [0, 1)")
         if self.confidence_threshold and not self.model.confidence_head:
             raise ValueError(f"confidence_threshold={self.confidence_threshold}: the drafter has no confidence head")
+        if self.confidence_threshold and self.spec.tree != "chain":
+            raise ValueError(f"confidence_threshold cuts a chain, not tree={self.spec.tree!r}")
         if self.short_drafts is not None and not (self.confidence_threshold and 1 <= self.short_drafts
                                                   < self.spec.num_steps):
             raise ValueError(f"short_drafts={self.short_drafts!r}: expected 1 .. num_steps - 1 = "
@@ -176,6 +177,25 @@ class DFlashDrafter(DrafterBase):
         _, (tokens, confidence) = jax.lax.scan(step, root, slots)
         return tokens.T, confidence.T
 
+    def _best_first_tree(self, params_d, logits, root, cache_len) -> DraftTree:
+        """EAGLE-2's dynamic tree over the block's per-position distributions: a depth-d node's children are drawn
+        from slot d's logits (plus, for DSpark, its own token's Markov bias), so the search needs no forward."""
+        batch = root.shape[0]
+        rows = jnp.arange(batch)[:, None]
+
+        def markov(tokens):
+            if not self.model.markov_rank:
+                return 0.0
+            return self._draft().apply({"params": params_d}, tokens, method=DFlashDraft.markov_bias)
+
+        def forward(carry, tokens, hidden, positions, offset, mask):
+            slot = positions - cache_len[:, None] + 1  # search_tree runs a depth-d node at the root's position + d - 1
+            return carry, logits[rows, slot] + markov(tokens), hidden
+
+        _, tree = search_tree(forward, (), root, logits[:, 0] + markov(root), jnp.zeros((batch, 1), jnp.float32),
+                              cache_len, spec=self.spec, static_tree=None, to_target=lambda ids: ids)
+        return tree
+
     def propose(self, params_t: Any, params_d: Any, state: DFlashState, root: jax.Array, cache_len: jax.Array,
                 *, sampling: Any = None, key: jax.Array | None = None) -> tuple[DFlashState, DraftTree]:
         del sampling, key  # top-k drafts: deterministic, verified as such
@@ -189,6 +209,8 @@ class DFlashDrafter(DrafterBase):
                 tree = tree._replace(drafted=count >= 1,
                                      full=None if self.short_drafts is None else count > self.short_drafts)
             return state._replace(cache=cache), tree
+        if self.spec.tree == "dynamic":
+            return state._replace(cache=cache), self._best_first_tree(params_d, logits, root, cache_len)
         tree = self.static_tree
         depth, rank = tree.depth[1:] - 1, tree.rank[1:]  # per non-root node: its block position and rank there
         top = jax.lax.top_k(logits, tree.topk)[1]  # [B, depth, k]

@@ -20,6 +20,7 @@ MODEL = DFlashConfig(LAYER, block_size=5, mask_token_id=63, target_layer_ids=(0,
 DSPARK = DFlashConfig(LAYER, block_size=4, mask_token_id=63, target_layer_ids=(-1, 2), target_hidden_size=32,
                       layout="dspark", markov_rank=8, confidence_head=True, confidence_with_markov=True)
 SPECS = {"chain": jspec.SpecConfig(tree="chain", num_steps=4),
+         "dynamic": jspec.SpecConfig(tree="dynamic", num_steps=4, topk=3, num_draft_tokens=10),
          "static": jspec.SpecConfig(tree="static", tree_choices=((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))}
 
 
@@ -35,7 +36,7 @@ def dflash_engine(target, spec, max_batch_size=4, model=MODEL, **drafter_kwargs)
                             max_batch_size=max_batch_size, max_seq_len=fx.MAX_SEQ_LEN)
 
 
-@pytest.mark.parametrize("tree", ["chain", "static"])
+@pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
 def test_greedy_output_equals_plain_decoding(target, tree):
     plain = fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
     engine = dflash_engine(target, SPECS[tree])
@@ -50,9 +51,7 @@ def test_forced_acceptance_commits_the_whole_block(target):
     assert out.stats.acceptance_length == 5 and all(len(t) == 16 for t in out.token_ids)
 
 
-def test_a_dynamic_tree_or_a_tree_deeper_than_the_block_is_refused():
-    with pytest.raises(ValueError, match="tree='dynamic'"):
-        DFlashDrafter(MODEL, fx.TARGET, jspec.SpecConfig(), fx.MAX_SEQ_LEN)
+def test_a_tree_deeper_than_the_block_is_refused():
     with pytest.raises(ValueError, match="depth 5 is deeper than the dflash block drafts"):
         DFlashDrafter(MODEL, fx.TARGET, jspec.SpecConfig(tree="chain", num_steps=5), fx.MAX_SEQ_LEN)
 
@@ -64,5 +63,11 @@ def test_dspark_greedy_output_equals_plain_decoding_under_its_confidence_cut(tar
     chain = jspec.SpecConfig(tree="chain", num_steps=4)
     engine = dflash_engine(target, chain, model=DSPARK, confidence_threshold=0.5, short_drafts=2)
     assert engine.generate(RAGGED, max_new_tokens=33).token_ids == plain
-    with pytest.raises(ValueError, match="chains only"):
+    with pytest.raises(ValueError, match="not tree='static'"):
         DFlashDrafter(DSPARK, fx.TARGET, SPECS["static"], fx.MAX_SEQ_LEN)
+
+
+def test_dspark_dynamic_tree_greedy_equals_plain_decoding(target):
+    """The best-first tree with each node's children biased by its own token (the Markov head)."""
+    plain = fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
+    assert dflash_engine(target, SPECS["dynamic"], model=DSPARK).generate(RAGGED, max_new_tokens=33).token_ids == plain
