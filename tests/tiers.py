@@ -181,7 +181,7 @@ SLOW: dict[str, str] = {
         "a copy of the target as draft model accepts every draft; default: test_spec_engine's forced-acceptance "
         "statistics",
     "tests/jspec/test_user_drafters.py::test_greedy_output_is_the_targets_and_drafts_are_accepted[branches]":
-        "a user drafter's branching tree greedy = plain; default: [chain]",
+        "a user drafter's branching tree greedy = plain; default: test_docs_python_usage_runs (its chain)",
     "tests/jspec/test_hybrid.py::test_stops_at_eos_inside_an_accepted_run":
         "ngram+eagle3 stops at EOS inside an accepted run; default: test_spec_engine's and test_ngram's EOS tests",
     "tests/jspec/train/test_train_drafter.py::test_draft_model_trains_and_converts":
@@ -214,6 +214,12 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_dflash.py::test_dspark_dynamic_tree_greedy_equals_plain_decoding":
         "DSpark's best-first tree with Markov-biased children greedy = plain; default: test_dflash's [dynamic] (the "
         "same search), the DSpark chain test (the same bias)",
+    "tests/jspec/test_user_drafters.py::test_greedy_output_is_the_targets_and_drafts_are_accepted[chain]":
+        "a user-registered chain drafter's greedy output = plain with drafts accepted; default: "
+        "test_docs_python_usage_runs (the docs' usage of the same drafter asserts both)",
+    "tests/jspec/test_user_drafters.py::test_sampled_output_is_reproducible_per_prompt":
+        "a user drafter's sampled tokens repeat per prompt seed, greedy and sampled share a program; default: "
+        "test_per_request_seeds (the same property for the built-in drafters)",
     "tests/jspec/test_pard.py::test_greedy_output_equals_plain_decoding[static]":
         "PARD's per-position top-k static tree greedy = plain; default: [chain], test_dflash's [static] (the same "
         "per-position tree from one forward)",

@@ -11,10 +11,10 @@ reads each mask slot's distribution over the token at its position. A chain take
 tree takes at depth d the rank-r token of position d (the block's positions are drafted independently of one
 another, so a node's children depend on its depth only); a dynamic tree is EAGLE-2's best-first search over
 those per-position distributions (the shared ``tree_search.search_tree``, each depth's "forward" a lookup of its
-slot): the tree of the most probable paths, as DDTree builds one from a block. ``commit`` appends the accepted path's context K/V, the
-target's features at those nodes (root included), at positions R .. R + accepted: the root's features exist only
-after the verify pass, so the token committed last (the new root) enters the context one step later, as in
-z-lab's reference.
+slot): the tree of the most probable paths, as DDTree builds one from a block. ``commit`` appends the accepted
+path's context K/V, the target's features at those nodes (root included), at positions R .. R + accepted: the
+root's features exist only after the verify pass, so the token committed last (the new root) enters the context
+one step later, as in z-lab's reference.
 
 DSpark (``DFlashConfig.layout == "dspark"``): every block slot k drafts the token at R + k + 1, and its Markov head
 makes draft k's logits depend on draft k - 1 (a ``lax.scan`` over the block after the one forward for a chain;

@@ -88,8 +88,9 @@ def load(source: DrafterSource) -> tuple[DraftModelDrafter, Any]:
     return draft_model.load(source, PardDrafter, pard_token=pard_token)
 
 
-def default_spec(path: str | None) -> SpecConfig:
-    """A PARD draft's default tree, a chain of ``DEFAULT_DRAFTS``; SpecConfig() for any other draft model."""
+def default_spec(path: str | None) -> SpecConfig | None:
+    """A PARD draft's default tree, a chain of ``DEFAULT_DRAFTS``; None (no default of its own) for any other
+    draft model."""
     if path is not None and pard_token_of(read_hf_config(path)) is not None:
         return SpecConfig(tree="chain", num_steps=DEFAULT_DRAFTS)
-    return SpecConfig()
+    return None

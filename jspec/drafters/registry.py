@@ -49,8 +49,8 @@ class DrafterEntry:
     bundled_part: str | None
     description: str
     weights_from_target: bool = False
-    default_spec: Callable[[str | None], SpecConfig] | None = None  # weights directory -> the tree drafted when
-                                                                     # none is given; None: SpecConfig()
+    default_spec: Callable[[str | None], SpecConfig | None] | None = None  # weights directory -> the tree drafted
+                                                                            # when none is given (None: SpecConfig())
 
 
 DRAFTERS: dict[str, DrafterEntry] = {
@@ -127,7 +127,7 @@ def load(drafter: str | os.PathLike, *, target: ModelConfig, target_dir: str | N
     name, path = resolve(drafter, target_dir)
     entry = DRAFTERS[name]
     if spec is None:
-        spec = SpecConfig() if entry.default_spec is None else entry.default_spec(path)
+        spec = (entry.default_spec and entry.default_spec(path)) or SpecConfig()
     loaded = entry.load(DrafterSource(path, target, target_dir, spec, max_seq_len, dtype))
     what = f"drafter {name!r} (load={_qualname(entry.load)})"
     if not isinstance(loaded, tuple) or len(loaded) != 2:

@@ -35,8 +35,18 @@ def default_method(backend: str) -> tuple[str, SpecConfig]:
 
 def default_spec(drafter: str) -> SpecConfig:
     """The tree a drafter runs when no tree flag is given: the n-gram chain for prompt lookup (drafts cost nothing,
-    so long chains pay), DEFAULT_SPEC for model drafters."""
-    return CPU_SPEC if drafter == CPU_DRAFTER else DEFAULT_SPEC
+    so long chains pay), a converted directory's own default where its drafter has one (a DFlash/DSpark block as a
+    chain, a PARD draft's chain), DEFAULT_SPEC for model drafters."""
+    if drafter == CPU_DRAFTER:
+        return CPU_SPEC
+    if os.path.isdir(drafter):
+        from jspec.drafters import DRAFTERS, resolve
+
+        name, path = resolve(drafter, None)
+        own = DRAFTERS[name].default_spec and DRAFTERS[name].default_spec(path)
+        if own is not None:
+            return own
+    return DEFAULT_SPEC
 # Static tree paths, most likely first (every path's parent precedes it): a static tree of T nodes is the first
 # T - 1 of them, so static, chain and dynamic trees can be compared at the same num_draft_tokens.
 RANKED_PATHS = ((0,), (0, 0), (1,), (0, 0, 0), (0, 1), (2,), (1, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2), (3,),

@@ -70,6 +70,8 @@ def test_a_converted_pard_checkpoint_loads_as_pard(models, tmp_path):
     src = write_hf_llama(str(tmp_path / "hf"), hf, draft)
     path = convert_hf_checkpoint(src, str(tmp_path / "pard"), progress=False)
     assert default_spec(path) == jspec.SpecConfig(tree="chain", num_steps=8)
+    from jspec.tools.bundled import default_spec as cli_default_spec
+    assert cli_default_spec(path) == default_spec(path)  # jspec generate / serve --drafter DIR without tree flags
     drafter, _ = load(DrafterSource(path, fx.TARGET, None, SPECS["chain"], 64, "float32"))
     assert type(drafter) is PardDrafter and drafter.pard_token == PARD_TOKEN
     with open(os.path.join(src, "config.json")) as f:

@@ -67,7 +67,7 @@ def models():
     sequences = np.array([p + g for p, g in zip(prompts, generated)], np.int32)
     batch = make_batch(params, TARGET, sequences, np.full(32, sequences.shape[1]))
     head, _ = distill_eagle3_head(init_eagle3_params(HEAD, jax.random.key(8)), params, batch, config=HEAD,
-                                  steps=150, learning_rate=1e-2, unroll=2)
+                                  steps=60, learning_rate=1e-2, unroll=2)
     return params, {"head": head, "d2t": jnp.zeros((VOCAB,), jnp.int32)}
 
 
