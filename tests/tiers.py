@@ -53,6 +53,13 @@ SLOW: dict[str, str] = {
         "stream = generate for a chain; default: [dynamic]",
     "tests/jspec/test_spec_engine.py::test_stops_at_eos_inside_an_accepted_run[static]":
         "EAGLE-3 stops at EOS inside an accepted run of a static tree; default: [chain], [dynamic]",
+    "tests/jspec/test_dflash.py::test_sampled_tokens_follow_the_exact_target_distribution":
+        "DFlash chains and dynamic trees and DSpark under its confidence cut, sampled at T=1, follow the target's "
+        "exact distribution (chi-square); default: test_spec_sampling (the same verify walk over deterministic "
+        "drafts) and test_draft_model's shortened chain (rows drafting part of the chain)",
+    "tests/jspec/test_pard.py::test_sampled_tokens_follow_the_exact_target_distribution":
+        "a PARD chain sampled at T=1 follows the target's exact distribution (chi-square); default: "
+        "test_spec_sampling (the same verify walk over deterministic drafts)",
     "tests/jspec/test_draft_model.py::test_greedy_output_equals_plain_decoding[static]":
         "draft-model static tree greedy = plain; default: test_pard's [chain] and test_dflash's [static] (the "
         "verify and commit of a static tree)",

@@ -6,18 +6,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
 
 import jspec
 from jspec.drafters.draft_model import DraftModelDrafter
 from jspec.generate import generate_start, run_loop
 from jspec.generate_setup import GenerateSetup
 from jspec.step import short_draft_nodes
-from jspec.sampling import SamplingArrays, sampling_probs
-from models.attention import KVCache
+from jspec.sampling import SamplingArrays
 from models.config import ModelConfig
-from models.llama import LlamaModel, init_params, unstack_layers
+from models.llama import init_params, unstack_layers
 from tests import spec_fixtures as fx
+from tests.exact_distribution import PROMPT, TINY, assert_triples_follow, exact_triples, varied
 from tests.program_structure import CALLBACK_PRIMITIVES, all_primitives, top_level_eqns
 
 RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
@@ -99,30 +98,6 @@ def test_vocab_mismatch_is_refused():
 
 # --- sampling: drafts drawn from the draft model, verified by (recursive) rejection sampling ---------------------
 
-TINY = ModelConfig(vocab_size=6, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                   head_dim=8)
-PROMPT = [1, 4, 2]
-
-
-def varied(params):
-    return jax.tree.map(lambda a: a * 2.0 if a.ndim >= 2 else a, params)  # non-uniform distributions
-
-
-def exact_triples(params, temperature: float, prompt=PROMPT) -> np.ndarray:
-    """p(x1, x2, x3 | prompt) by enumeration: [V, V, V]."""
-    vocab = TINY.vocab_size
-    seqs = np.array([list(prompt) + [a, b] for a in range(vocab) for b in range(vocab)])
-    cache = KVCache.zeros(TINY.num_layers, len(seqs), seqs.shape[1], TINY.num_kv_heads, TINY.head_dim, jnp.float32)
-    logits = LlamaModel(TINY).apply({"params": params}, jnp.asarray(seqs),
-                                    jnp.broadcast_to(jnp.arange(seqs.shape[1]), seqs.shape), cache,
-                                    jnp.zeros((len(seqs),), jnp.int32)).logits
-    rows = SamplingArrays(jnp.full((len(seqs),), temperature), jnp.zeros((len(seqs),), jnp.int32),
-                          jnp.ones((len(seqs),)))
-    probs = np.asarray(sampling_probs(logits, rows), np.float64)  # [V*V, P+2, V]
-    first = probs[0, len(prompt) - 1]
-    second = probs[::vocab, len(prompt)]                          # given x1 = a (rows a*V + 0)
-    third = probs[:, len(prompt) + 1].reshape(vocab, vocab, vocab)
-    return first[:, None, None] * second[:, :, None] * third
 
 
 @pytest.mark.parametrize("spec", [jspec.SpecConfig(tree="chain", num_steps=2),
@@ -138,7 +113,7 @@ def test_sampled_drafts_follow_the_exact_target_distribution(spec):
                               max_seq_len=16)
     out = engine.generate([PROMPT] * rows, max_new_tokens=3, temperature=1.0, seed=3)
     assert 1.1 < out.stats.acceptance_length < spec.max_depth + 1  # drafts both accepted and rejected
-    assert_triples_follow(out.token_ids, exact_triples(target, 1.0))
+    assert_triples_follow(out.token_ids, exact_triples(TINY, target, PROMPT))
 
 
 def test_a_shortened_chain_follows_the_exact_target_distribution():
@@ -162,20 +137,7 @@ def test_a_shortened_chain_follows_the_exact_target_distribution():
     hist = np.asarray(state.accepted_hist).sum(axis=0)
     assert hist[1] > 0 and hist[2:].sum() == 0  # one draft accepted at most: the short chain ran, and accepted
     tokens = np.asarray(state.tokens)[:, len(PROMPT):len(PROMPT) + 3]
-    assert_triples_follow(tokens.tolist(), exact_triples(target, 1.0))
-
-
-def assert_triples_follow(token_ids, joint: np.ndarray) -> None:
-    """Chi-square of the counts of (x1, x2, x3) against ``joint`` [V, V, V]; cells expecting < 5 pooled."""
-    triples = np.array(token_ids)
-    counts = np.zeros(joint.shape)
-    np.add.at(counts, tuple(triples.T), 1)
-    expected, counts = joint.ravel() / joint.sum() * len(triples), counts.ravel()
-    big = expected >= 5
-    assert big.sum() >= 50, "the test distribution is too peaked to test anything"
-    observed = np.append(counts[big], counts[~big].sum())
-    pvalue = scipy.stats.chisquare(observed, np.append(expected[big], expected[~big].sum())).pvalue
-    assert pvalue > 1e-3, pvalue
+    assert_triples_follow(tokens.tolist(), exact_triples(TINY, target, PROMPT))
 
 
 # --- loading: from_pretrained(target, drafter=draft_dir | "ngram") ------------------------------------------------
