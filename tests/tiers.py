@@ -57,6 +57,10 @@ SLOW: dict[str, str] = {
         "DFlash chains and dynamic trees and DSpark under its confidence cut, sampled at T=1, follow the target's "
         "exact distribution (chi-square); default: test_spec_sampling (the same verify walk over deterministic "
         "drafts) and test_draft_model's shortened chain (rows drafting part of the chain)",
+    "tests/jspec/train/test_pard.py::test_pard_trains_converts_and_drives_the_engine_losslessly":
+        "PARD training -> AMD's layout -> convert -> the engine, greedy = plain; default: "
+        "test_every_copy_position_equals_the_inference_forward (the packed copies are PARD's inference) and "
+        "test_train_drafter's DFlash round trip (train, export, convert, drive the engine)",
     "tests/jspec/test_pard.py::test_sampled_tokens_follow_the_exact_target_distribution":
         "a PARD chain sampled at T=1 follows the target's exact distribution (chi-square); default: "
         "test_spec_sampling (the same verify walk over deterministic drafts)",

@@ -31,6 +31,7 @@ Train a drafter for a trained target (an HF directory, e.g. from `jspec train-ta
     jspec train-drafter --kind eagle3 --target TARGET_HF --out HEAD_HF --work-dir WORK
     jspec train-drafter --kind draft_model --target TARGET_HF --out DRAFT_HF --work-dir WORK
     jspec train-drafter --kind dflash --target TARGET_HF --out DFLASH_HF --work-dir WORK
+    jspec train-drafter --kind pard --target TARGET_HF --out PARD_HF --work-dir WORK
 
 eagle3: an EAGLE-3 head distilled on the frozen target's features (layers 2, L//2, L-3) and next-token
 distributions over the text the target itself generates (--num-generated), with EAGLE-3's training-time test
@@ -46,6 +47,10 @@ the target's own greedy continuations (--num-generated), written in z-lab's layo
 model.safetensors) that `jspec convert`, SGLang and vLLM read.
 dspark: the same backbone with a --markov-rank Markov head and a confidence head, DeepSpec's loss (0.1 CE +
 0.9 L1 + 1.0 confidence BCE), written in DeepSpec's layout (Qwen3DSparkModel).
+pard: a --num-layers PARD draft drafting --num-copies tokens per forward (AMD's shifted mask copies: the window
+and K - 1 copies of pard tokens in one masked forward, each (copy k, position p) predicting the token after p from
+the text up to p - k), distilled from the target's distributions on corpus text, in AMD's layout (a Llama
+config.json with pard_token and spd_type "pard").
 All resume from --work-dir/checkpoints after a kill.
 """
 
@@ -99,7 +104,7 @@ def train_target_main(argv: list[str] | None = None, prog: str | None = None) ->
 def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DRAFTER_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, choices=["eagle3", "draft_model", "dflash", "dspark"])
+    parser.add_argument("--kind", required=True, choices=["eagle3", "draft_model", "dflash", "dspark", "pard"])
     parser.add_argument("--target", required=True, help="HF directory of the trained target")
     parser.add_argument("--out", required=True, help="HF output directory")
     parser.add_argument("--work-dir", required=True, help="token cache and orbax checkpoints")
@@ -108,7 +113,7 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--unroll", type=int, default=7, help="eagle3: training-time-test steps")
     parser.add_argument("--decay", type=float, default=0.8, help="eagle3: loss weight of step i is decay ** i")
     parser.add_argument("--num-layers", type=int, default=None,
-                        help="draft_model: layers (default 2); dflash, dspark: draft layers (default 1)")
+                        help="draft_model, pard: layers (default 2); dflash, dspark: draft layers (default 1)")
     parser.add_argument("--block-size", type=int, default=8,
                         help="dflash, dspark: tokens per block (DFlash drafts block_size - 1, DSpark block_size)")
     parser.add_argument("--num-anchors", type=int, default=16, help="dflash, dspark: blocks per training window")
@@ -116,15 +121,17 @@ def train_drafter_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="dflash, dspark: draft i's loss weighs exp(-i / gamma) (default: 7 as SpecForge's DFlash "
                              "recipes, 4 as DeepSpec's DSpark configs)")
     parser.add_argument("--markov-rank", type=int, default=64, help="dspark: rank of the Markov head")
+    parser.add_argument("--num-copies", type=int, default=8,
+                        help="pard: drafts per forward, K (the shifted mask copies trained together)")
     parser.add_argument("--mask-token-id", type=int, default=None,
-                        help="dflash, dspark: the mask token (default: the tokenizer's mask token, an unused embedding "
-                             "row, <unk> or </s>, in that order)")
+                        help="dflash, dspark: the mask token; pard: the pard token (default: the tokenizer's mask "
+                             "token, an unused embedding row, <unk> or </s>, in that order)")
     parser.add_argument("--num-generated", type=int, default=2048,
-                        help="eagle3, dflash: regenerate the data: the target's greedy continuations of this many "
-                             "corpus windows (cached in --work-dir; 0: train on the corpus itself)")
+                        help="eagle3, dflash, dspark: regenerate the data: the target's greedy continuations of this "
+                             "many corpus windows (cached in --work-dir; 0: train on the corpus itself)")
     parser.add_argument("--generated-fraction", type=float, default=1.0,
-                        help="eagle3: share of the training text that is the target's continuations (1.0: only "
-                             "them, as SpecForge recommends; the rest is corpus text)")
+                        help="eagle3, dflash, dspark: share of the training text that is the target's continuations "
+                             "(1.0: only them, as SpecForge recommends; the rest is corpus text)")
     parser.add_argument("--data-parallel-size", type=int, default=1,
                         help="eagle3, dflash: split each batch's rows over this many devices (a data-parallel mesh; "
                              "--batch-size must be a multiple of it)")
@@ -156,9 +163,15 @@ def train_drafter_main(argv: list[str] | None = None, prog: str | None = None) -
                               args.num_anchors, gamma, mask_token_id=args.mask_token_id,
                               corpus_root=args.corpus_root, progress=not args.no_progress,
                               num_generated=args.num_generated, data_parallel_size=args.data_parallel_size,
-                              markov_rank=args.markov_rank if dspark else None)
+                              markov_rank=args.markov_rank if dspark else None,
+                              generated_fraction=args.generated_fraction)
         print(f"held-out loss {report['heldout_loss']:.3f}, {report['heldout_accepted']:.2f} greedy drafts accepted "
               f"per block; wrote {args.out}")
+    elif args.kind == "pard":
+        from jspec.train.pard import train_pard
+
+        train_pard(args.out, args.target, args.work_dir, train, args.num_layers or 2, args.num_copies,
+                   args.mask_token_id, args.corpus_root, progress=not args.no_progress)
     else:
         from jspec.train.draft_model import train_draft_model
 

@@ -208,25 +208,28 @@ def train_dflash(out_dir: str, target_dir: str, work_dir: str, train, num_layers
                  num_anchors: int = 16, gamma: float = 7.0, target_layer_ids: tuple[int, ...] | None = None,
                  mask_token_id: int | None = None, corpus_root: str | None = None, progress: bool = True,
                  log=print, num_generated: int = 0, data_parallel_size: int = 1,
-                 markov_rank: int | None = None) -> dict:
+                 markov_rank: int | None = None, generated_fraction: float = 1.0) -> dict:
     """Trains a DFlash drafter for the HF target at ``target_dir`` and writes it in z-lab's layout to ``out_dir``
     (module docstring); with ``markov_rank``, a DSpark drafter (a Markov head of that rank and a confidence head,
     DeepSpec's loss and layout). ``train``: a jspec.train.target.TrainConfig; ``target_layer_ids``: None for
     z-lab's rule (one per draft layer, ``models.dflash.default_target_layer_ids``); ``mask_token_id``: None
     resolves it (:func:`resolve_mask_token_id`); ``num_generated`` > 0: train on that many of the target's greedy
-    continuations of corpus windows (cached in ``work_dir``). Resumable (orbax, ``work_dir/checkpoints``); data
+    continuations of corpus windows (cached in ``work_dir``), ``generated_fraction`` of the training text (the rest
+    the corpus's train split, as ``train_eagle3``). Resumable (orbax, ``work_dir/checkpoints``); data
     parallel over ``data_parallel_size`` devices. Returns the report (also ``out_dir/train_report.json``)."""
     import dataclasses
     import json
     import os
     import time
 
-    from jspec.train.target import (corpus_for, data_mesh, heldout_mean, load_hf_llama, replicate,
-                                    self_generated_tokens, train_loop)
+    from jspec.train.target import (corpus_for, data_mesh, heldout_mean, load_hf_llama, mix_with_generated,
+                                    replicate, self_generated_tokens, train_loop)
     from models.dflash import default_target_layer_ids, dflash_config_from_hf
 
     if gamma <= 0:
         raise ValueError(f"gamma={gamma}: expected a positive loss decay")
+    if not 0.0 < generated_fraction <= 1.0:
+        raise ValueError(f"generated_fraction={generated_fraction}: expected a number in (0, 1]")
     if num_anchors < 1:
         raise ValueError(f"num_anchors={num_anchors}: expected >= 1")
     if num_anchors > train.seq_len - 1:
@@ -243,7 +246,9 @@ def train_dflash(out_dir: str, target_dir: str, work_dir: str, train, num_layers
     config.check_target(target)  # before any data is made
     tokens = splits["train"]
     if num_generated:
-        tokens = self_generated_tokens(target, params_t, tokens, work_dir, num_generated, seed=train.seed, log=log)
+        generated = self_generated_tokens(target, params_t, tokens, work_dir, num_generated, seed=train.seed, log=log)
+        tokens = (generated if generated_fraction == 1.0
+                  else mix_with_generated(tokens, generated, train.seed, generated_fraction))
     params_t = replicate(params_t, mesh)
     metrics = functools.partial(block_metrics, params_t=params_t, target=target, config=config,
                                 num_anchors=num_anchors, gamma=gamma)

@@ -14,11 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import jspec
+from jspec.drafters.dflash import DFlashDrafter
 from jspec.drafters.draft_model import DraftModelDrafter
 from jspec.drafters.eagle3 import Eagle3Drafter
 from jspec.drafters.ngram import NgramDrafter
 from jspec.sharding import make_mesh
 from models.config import ModelConfig
+from models.dflash import DFlashConfig, init_dflash_params
 from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
 from models.llama import init_params
 from tests.hlo_collectives import generate_loop_count, loop_collectives
@@ -29,6 +31,12 @@ TARGET = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_
 # The head splits over "model" at tp 2 and 4 (8 heads, 4 KV heads) and is replicated at tp 8.
 HEAD = eagle3_config_from_hf({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 8,
                               "num_key_value_heads": 4, "vocab_size": 256, "draft_vocab_size": 256})
+# DFlash / DSpark layers over the target's layers 0 and 1 (replicated on the mesh: no param_specs of their own).
+BLOCK_LAYER = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=8,
+                          num_kv_heads=2, head_dim=8, model_type="qwen3", qk_norm=True)
+DFLASH = DFlashConfig(BLOCK_LAYER, block_size=4, mask_token_id=255, target_layer_ids=(0, 1), target_hidden_size=64)
+DSPARK = DFlashConfig(BLOCK_LAYER, block_size=3, mask_token_id=255, target_layer_ids=(-1, 1), target_hidden_size=64,
+                      layout="dspark", markov_rank=8, confidence_head=True)
 MAX_SEQ_LEN = 128
 # tp 4 alone is left out: dp 2 x tp 4 runs the same tp-4 split (KV heads repeated twice) in each data group.
 # tp 2 runs on the bundled model below (BUNDLED_MESHES); the tiny drafters take the widest split and the mixed one.
@@ -56,6 +64,11 @@ def drafters(params_t: dict) -> dict:
         # The target drafting for itself: every draft is accepted, so commits move whole paths.
         "draft-model": (DraftModelDrafter(TARGET, TARGET, SPECS["chain"], MAX_SEQ_LEN), params_t),
         "ngram": (NgramDrafter(jspec.SpecConfig(tree="chain", num_steps=4), MAX_SEQ_LEN), {}),
+        "dflash": (DFlashDrafter(DFLASH, TARGET, SPECS["dynamic"], MAX_SEQ_LEN),
+                   init_dflash_params(DFLASH, jax.random.key(2))),
+        # Under its confidence cut rows draft a whole chain, part of it or nothing.
+        "dspark": (DFlashDrafter(DSPARK, TARGET, SPECS["chain"], MAX_SEQ_LEN, confidence_threshold=0.5,
+                                 short_drafts=1), init_dflash_params(DSPARK, jax.random.key(3))),
     }
 
 

@@ -1,8 +1,9 @@
 """A sharded engine against the single-device one, on 8 virtual CPU devices (tests/jspec/sharded_cases.py runs in a
 subprocess, since the device count is fixed when JAX starts).
 
-For plain decoding, EAGLE-3 chains and dynamic trees, a draft model and n-gram drafting, over tp 8 and
-dp 2 x tp 4 (tp 2 with the bundled model and its head): greedy float32 tokens equal one device's token for token; seeded sampling (tp 8, dp 2 x tp 4) too
+For plain decoding, EAGLE-3 chains and dynamic trees, a draft model, n-gram drafting, a DFlash dynamic tree and a
+DSpark chain under its confidence cut, over tp 8 and dp 2 x tp 4 (tp 2 with the bundled model and its head):
+greedy float32 tokens equal one device's token for token; seeded sampling (tp 8, dp 2 x tp 4) too
 (the vocabulary-split logits are gathered before sampling, and threefry draws do not depend on the sharding); a
 second call in the same bucket compiles nothing. The compiled loop body holds one all-reduce per target layer
 after o_proj and one after down_proj per target forward (likewise in the split EAGLE-3 head), and never gathers
@@ -19,7 +20,7 @@ import pytest
 from tests.jspec import sharded_cases as cases
 from tests.virtual_devices import run_on_virtual_devices
 
-DRAFTERS = ("plain", "eagle3-chain", "eagle3-dynamic", "draft-model", "ngram")
+DRAFTERS = ("plain", "eagle3-chain", "eagle3-dynamic", "draft-model", "ngram", "dflash", "dspark")
 
 
 @pytest.fixture(scope="module")

@@ -104,8 +104,9 @@ class Server:
 @pytest.fixture(scope="module")
 def server():
     """8 slots, load adaptation and prefix caching on (the defaults); one occupancy bucket (fewer programs to
-    compile than the default four) and prefills of at most 128 prompt slots (fewer batch sizes per width)."""
-    served = Server(max_batch_size=8, row_buckets=(8,), max_num_batched_tokens=MAX_SEQ_LEN)
+    compile than the default four) and prefills of at most 32 prompt slots: two prompt widths, a longer prompt
+    prefilled in pieces between chunks (9 programs to compile against 19 at 128 slots)."""
+    served = Server(max_batch_size=8, row_buckets=(8,), max_num_batched_tokens=32)
     yield served
     served.stop()
 
