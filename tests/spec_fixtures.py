@@ -6,6 +6,11 @@ the current one, so a head distilled for a few seconds on the target's own sampl
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,8 +46,31 @@ def random_head(seed: int = 1) -> dict:
     return {"head": init_eagle3_params(HEAD, jax.random.key(seed)), "d2t": jnp.zeros((64,), jnp.int32)}
 
 
-def distilled_head(params_t: dict, steps: int = 100) -> dict:
-    """The head trained on 32 sampled continuations of the target (temperature 1)."""
+def _session_file(name: str) -> str:
+    """A path shared by this test session's processes (xdist workers run under one PYTEST_XDIST_TESTRUNUID), in
+    a directory of its own per session: nothing outlives the run it was made in."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    directory = os.path.join(tempfile.gettempdir(), f"jspec-tests-{run}")
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, name)
+
+
+def distilled_head(params_t: dict, steps: int = 80) -> dict:
+    """The head trained on 32 sampled continuations of the target (temperature 1). Distilled once per test session
+    for given (target weights, steps): the modules that use it share the result through a file."""
+    digest = hashlib.sha1(b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params_t)))
+    path = _session_file(f"distilled-head-{steps}-{digest.hexdigest()}.pkl")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            return jax.tree.map(jnp.asarray, pickle.load(f))
+    head = _distill_head(params_t, steps)
+    with open(path + f".{os.getpid()}.tmp", "wb") as f:
+        pickle.dump(jax.tree.map(np.asarray, head), f)
+    os.replace(path + f".{os.getpid()}.tmp", path)
+    return head
+
+
+def _distill_head(params_t: dict, steps: int) -> dict:
     plain = jspec.SpecEngine(TARGET, params_t, max_batch_size=32, max_seq_len=MAX_SEQ_LEN)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, TARGET.vocab_size, 4).tolist() for _ in range(32)]

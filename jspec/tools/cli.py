@@ -77,7 +77,8 @@ FORWARDED = {
     "bench": (run_bench, "time generation methods side by side (arguments: see `jspec bench --help`)"),
     "bench-serve": (run_bench_serve, "load the HTTP server, speculative vs plain (see `jspec bench-serve --help`)"),
     "train-target": (run_train_target, "train a small Llama target on the Python stdlib"),
-    "train-drafter": (run_train_drafter, "train an EAGLE-3 head or a draft model for a trained target"),
+    "train-drafter": (run_train_drafter, "train a drafter (EAGLE-3, draft model, DFlash, DSpark, PARD) for a "
+                                         "trained target"),
 }
 
 

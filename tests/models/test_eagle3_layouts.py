@@ -30,7 +30,7 @@ NEW_TOKENS = 12
 def setup(tmp_path_factory):
     """(target params, original head params, its HF tensors by canonical name, work dir)."""
     params_t = near_bigram_target()
-    params_d = distilled_head(params_t, steps=80)
+    params_d = distilled_head(params_t)  # test_spec_engine's head: distilled once per session
     work = tmp_path_factory.mktemp("layouts")
     write_hf_eagle3(work / "canonical", SPECFORGE, params_d["head"], params_d["d2t"])
     tensors = load_file(str(work / "canonical" / "model.safetensors"))
