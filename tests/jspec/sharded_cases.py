@@ -32,10 +32,11 @@ TARGET = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_
 HEAD = eagle3_config_from_hf({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 8,
                               "num_key_value_heads": 4, "vocab_size": 256, "draft_vocab_size": 256})
 # DFlash / DSpark layers over the target's layers 0 and 1 (replicated on the mesh: no param_specs of their own).
+# Blocks of 4: a [1, 3, 64] activation would look like the stacked [3, 64] norm weights to the weight-gather check.
 BLOCK_LAYER = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=8,
                           num_kv_heads=2, head_dim=8, model_type="qwen3", qk_norm=True)
 DFLASH = DFlashConfig(BLOCK_LAYER, block_size=4, mask_token_id=255, target_layer_ids=(0, 1), target_hidden_size=64)
-DSPARK = DFlashConfig(BLOCK_LAYER, block_size=3, mask_token_id=255, target_layer_ids=(-1, 1), target_hidden_size=64,
+DSPARK = DFlashConfig(BLOCK_LAYER, block_size=4, mask_token_id=255, target_layer_ids=(-1, 1), target_hidden_size=64,
                       layout="dspark", markov_rank=8, confidence_head=True)
 MAX_SEQ_LEN = 128
 # tp 4 alone is left out: dp 2 x tp 4 runs the same tp-4 split (KV heads repeated twice) in each data group.
