@@ -60,6 +60,8 @@ def method_specs(num_draft_tokens: int, num_steps: int, topk: int,
         "ngram-chain": ("ngram", spec_for("chain", chain_tokens if ngram_depth is None else ngram_depth + 1)),
         "ngram+eagle3-chain": ("ngram+eagle3", spec_for("chain", chain_tokens)),
         "dflash": ("dflash", None),  # a DFlash / DSpark directory (--dflash): its whole block as a chain
+        "dflash-chain": ("dflash", spec_for("chain", chain_tokens)),
+        "dflash-dynamic": ("dflash", spec_for("dynamic", num_draft_tokens, num_steps, topk, selection)),
     }
 
 

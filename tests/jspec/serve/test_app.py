@@ -103,10 +103,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server():
-    """8 slots, load adaptation and prefix caching on (the defaults); one occupancy bucket (fewer programs to
+    """4 slots, load adaptation and prefix caching on (the defaults); one occupancy bucket (fewer programs to
     compile than the default four) and prefills of at most 32 prompt slots: two prompt widths, a longer prompt
     prefilled in pieces between chunks (9 programs to compile against 19 at 128 slots)."""
-    served = Server(max_batch_size=8, row_buckets=(8,), max_num_batched_tokens=32)
+    served = Server(max_batch_size=4, row_buckets=(4,), max_num_batched_tokens=32)
     yield served
     served.stop()
 
@@ -233,7 +233,7 @@ def test_every_step_program_in_turn_keeps_greedy_output(server, tokenizer):
     whole chain, the chain cut after --short-draft-len drafts (2 by default) and plain steps. Run in turn, chunk by
     chunk, they give every request what generate gives alone."""
     slots = server.slots
-    assert slots.short_draft_len == 2 and slots.short_row_buckets == (8,)
+    assert slots.short_draft_len == 2 and slots.short_row_buckets == (4,)
     if jax.default_backend() == "cpu":  # no step program copies the KV pool (test_slots says why on a CPU only)
         for key, program in slots._compiled.items():
             memory = program.memory_analysis()
