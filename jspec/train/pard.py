@@ -93,11 +93,11 @@ def train_pard(out_dir: str, target_dir: str, work_dir: str, train: TrainConfig,
     target, params_t, target_hf = load_hf_llama(target_dir)
     if not 1 <= num_layers <= target.num_layers:
         raise ValueError(f"num_layers={num_layers}: expected 1..{target.num_layers} (the target's depth)")
+    if pard_token is not None and not 0 <= pard_token < target.vocab_size:
+        raise ValueError(f"pard_token={pard_token}: expected an id below the target's vocab_size={target.vocab_size}")
     tokenizer, splits = corpus_for(target_dir, work_dir, corpus_root)
     if pard_token is None:
         pard_token = resolve_mask_token_id(tokenizer, target.vocab_size)
-    if not 0 <= pard_token < target.vocab_size:
-        raise ValueError(f"pard_token={pard_token}: expected an id below the target's vocab_size={target.vocab_size}")
     hf_config = dict(draft_hf_config(target_hf, num_layers), pard_token=pard_token, spd_type="pard")
     draft = from_hf_config(hf_config)
     metrics = functools.partial(pard_metrics, params_t=params_t, target=target, draft=draft, num_copies=num_copies,

@@ -24,7 +24,7 @@ from jspec.generate import generate_start, run_loop
 from jspec.sampling import SamplingArrays
 from models.llama import init_params, unstack_layers
 from tests import spec_fixtures as fx
-from tests.jspec.test_draft_model import TINY, assert_triples_follow, exact_triples, varied
+from tests.exact_distribution import TINY, assert_triples_follow, exact_triples, varied
 
 CHAIN = jspec.SpecConfig(tree="chain", num_steps=4)
 RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
@@ -200,7 +200,7 @@ def test_sampling_follows_the_exact_target_distribution():
                               max_seq_len=16)
     out = engine.generate([prompt] * rows, max_new_tokens=3, temperature=1.0, seed=5)
     assert out.stats.acceptance_length > 1.1, out.stats
-    assert_triples_follow(out.token_ids, exact_triples(target, 1.0, prompt))
+    assert_triples_follow(out.token_ids, exact_triples(TINY, target, prompt))
 
 
 def test_shapes_are_validated():

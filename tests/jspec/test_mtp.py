@@ -20,7 +20,7 @@ from models.config import ModelConfig
 from models.llama import init_params
 from models.mtp import MtpConfig, init_mtp_params
 from tests import spec_fixtures as fx
-from tests.jspec import test_draft_model as draft_tests
+from tests.exact_distribution import assert_triples_follow, exact_triples, varied
 from tests.jspec import test_spec_sampling as sampling_tests
 
 RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
@@ -187,9 +187,9 @@ def test_acceptance_equals_the_host_replay(attention_free, mode, layout, scales)
 def test_sampled_tokens_follow_the_exact_target_distribution():
     """mtp_eagle, a dynamic tree, temperature 1: the first three tokens vs the enumerated joint (V = 5)."""
     target = sampling_tests.TARGET
-    params = jax.tree.map(lambda a: a * 2.0 if a.ndim >= 2 else a, init_params(target, jax.random.key(7)))
+    params = varied(init_params(target, jax.random.key(7)))
     config = MtpConfig.for_target(target, 1)
-    modules = jax.tree.map(lambda a: a * 2.0 if a.ndim >= 2 else a, init_mtp_params(config, jax.random.key(8)))
+    modules = varied(init_mtp_params(config, jax.random.key(8)))
     spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
     rows = 6000
     drafter = MtpDrafter(config, target, spec, 16)
@@ -197,8 +197,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution():
                            max_seq_len=16).generate([sampling_tests.PROMPT] * rows, max_new_tokens=3,
                                                     temperature=1.0, seed=5)
     assert out.stats.acceptance_length > 1.1, out.stats  # drafts accepted: the walk is exercised
-    joint = sampling_tests.exact_three_token_distribution(params, (1.0, 0, 1.0))
-    draft_tests.assert_triples_follow(out.token_ids, joint)
+    assert_triples_follow(out.token_ids, exact_triples(target, params, sampling_tests.PROMPT))
 
 
 # --- registry: weights from the target directory ------------------------------------------------------------------

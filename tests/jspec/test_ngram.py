@@ -19,7 +19,7 @@ from jspec.sampling import SamplingArrays, row_keys
 from models.attention import KVCache
 from models.llama import LlamaModel, init_params
 from tests import spec_fixtures as fx
-from tests.jspec.test_draft_model import TINY, assert_triples_follow, exact_triples, varied
+from tests.exact_distribution import TINY, assert_triples_follow, exact_triples, varied
 from tests.program_structure import CALLBACK_PRIMITIVES, all_primitives, top_level_eqns
 
 RAGGED = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41], [7] * 6]
@@ -132,7 +132,7 @@ def test_random_target_sampling_follows_the_exact_distribution(tree):
                               max_batch_size=rows, max_seq_len=16)
     out = engine.generate([prompt] * rows, max_new_tokens=3, temperature=1.0, seed=2)
     assert out.stats.acceptance_length > 1.1, out.stats  # drafts really are accepted
-    assert_triples_follow(out.token_ids, exact_triples(target, 1.0, prompt))
+    assert_triples_follow(out.token_ids, exact_triples(TINY, target, prompt))
 
 
 def _one_step(engine, params, prompt):

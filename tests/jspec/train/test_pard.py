@@ -9,6 +9,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jspec.train.pard import copies_mask, pard_logits
 from jspec.train.target import causal_lm_logits
@@ -67,3 +68,12 @@ def test_pard_trains_converts_and_drives_the_engine_losslessly(tmp_path_factory,
     generated = engine.generate(prompts, max_new_tokens=24)
     assert generated.token_ids == plain.generate(prompts, max_new_tokens=24).token_ids
     assert generated.stats.acceptance_length > 1.2, generated.stats
+
+
+def test_a_bad_number_of_copies_is_refused_before_any_work(tmp_path):
+    from jspec.train.pard import train_pard
+
+    with pytest.raises(ValueError, match=r"num_copies=1: expected an integer >= 2"):
+        train_pard(str(tmp_path / "out"), str(tmp_path / "no-target"), str(tmp_path / "work"), tf.FEW_STEPS,
+                   num_copies=1)
+    assert not os.listdir(tmp_path)
