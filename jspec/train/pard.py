@@ -46,7 +46,8 @@ def copies_mask(num_copies: int, width: int) -> np.ndarray:
 
 
 def copies_valid(num_copies: int, width: int) -> np.ndarray:
-    """bool[K, W]: the (k, p) that stand for an inference query (p >= k) and have a label (p + 1 < W + 1)."""
+    """bool[K, W]: the (k, p) that stand for an inference query: a real token before the run of k pards (p >= k).
+    Every one has a label: the window carries one token past its W inputs."""
     k, p = np.meshgrid(np.arange(num_copies), np.arange(width), indexing="ij")
     return p >= k
 
