@@ -263,6 +263,8 @@ def train_loop(params: Any, loss_fn: Callable[[Any, jax.Array], jax.Array], trai
     manager.close()
     if bar is not None:
         bar.close()
+    if evaluate_fn is not None and not report["heldout"]:  # resumed at its last step: the run's result is still due
+        report["heldout"].append((start, evaluate_fn(state["params"])))
     report["train_metrics"] = {name: np.asarray(value).tolist() for name, value in ema_metrics.items()}
     return state["params"], report
 

@@ -81,6 +81,20 @@ def test_killed_run_resumes_to_the_same_params(tmp_path):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), whole, resumed)
 
 
+def test_a_run_resumed_at_its_last_step_still_reports_its_held_out_loss(tmp_path):
+    """Killed after its last checkpoint but before the export: the rerun trains nothing and evaluates once, so the
+    report the export writes has its held-out figure."""
+    config = from_hf_config(tf.TINY_TARGET)
+    train = dataclasses.replace(tf.FEW_STEPS, steps=2, warmup_steps=1, checkpoint_every=2, eval_every=2)
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, 2000).astype(np.uint16)
+    loss = lambda p, w: lm_loss(p, w, config=config)  # noqa: E731
+    evaluate = lambda p: float(loss(p, jnp.asarray(tokens[:65].astype(np.int32))[None]))  # noqa: E731
+    init = init_params(config, jax.random.key(0))
+    _, first = train_loop(init, loss, train, tokens, str(tmp_path), evaluate, progress=False, log=lambda s: None)
+    _, again = train_loop(init, loss, train, tokens, str(tmp_path), evaluate, progress=False, log=lambda s: None)
+    assert again["losses"] == [] and again["heldout"] == first["heldout"]
+
+
 def test_windows_are_reproducible():
     tokens = np.arange(1000, dtype=np.uint16)
     a = sample_windows(tokens, 3, 17, np.random.default_rng((0, 5)))
