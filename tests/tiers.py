@@ -274,6 +274,9 @@ SLOW: dict[str, str] = {
         "the roofline's step time arithmetic; default: test_roofline_floor",
     "tests/jspec/tools/test_roofline.py::test_floor_of_the_row_by_hand":
         "the roofline row's floor by hand; default: test_roofline_floor",
+    "tests/jspec/tools/test_roofline.py::test_dflash_row_commits_its_whole_block_in_as_many_steps_as_the_bucket_holds":
+        "the roofline times a DFlash chain at its whole block; default: test_roofline_floor's DFlash bytes, "
+        "test_roofline_plan's bucket arithmetic",
     "tests/jspec/tools/test_roofline.py::test_table_shows_the_row":
         "the roofline table; default: test_roofline_report",
     "tests/models/test_llama_vs_hf.py::test_config_matches_family[mistral]":

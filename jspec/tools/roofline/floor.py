@@ -5,7 +5,8 @@ Memory floor per step (seconds) = bytes read per step / measured device copy ban
 target weights (the embedding table only when it is also the LM head: otherwise one row per token is
 gathered) + target KV at the mean context (2 * layers * batch * mean_context * kv_heads * head_dim * itemsize)
 + for speculative steps, per drafter forward: the head's weights (fc only in the one forward that reads
-target features) and its one-layer KV.
+target features) and its one-layer KV; a DFlash step: its weights and its layers' context KV once (one forward
+drafts the block).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import SpecConfig
-from jspec.tools.roofline.shapes import SyntheticModels
+from jspec.tools.roofline.shapes import DFLASH, SyntheticModels
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
 
@@ -39,9 +40,10 @@ def kv_bytes(config: ModelConfig, batch: int, context: float, itemsize: int) -> 
     return 2.0 * config.num_layers * batch * context * config.num_kv_heads * config.head_dim * itemsize
 
 
-def drafter_forwards(spec: SpecConfig) -> int:
-    """Head forwards per step: max_depth - 1 while drafting (the deepest nodes draft nothing) + 1 extend."""
-    return spec.max_depth
+def drafter_forwards(method: str, spec: SpecConfig) -> int:
+    """Drafter forwards per step. EAGLE-3: max_depth - 1 while drafting (the deepest nodes draft nothing) + 1
+    extend; DFlash: one (the block; the context write of the committed tokens rides in the same step)."""
+    return 1 if method == DFLASH else spec.max_depth
 
 
 def floor_bytes(models: SyntheticModels, method: str, batch: int, context: float) -> dict[str, float]:
@@ -51,9 +53,12 @@ def floor_bytes(models: SyntheticModels, method: str, batch: int, context: float
              "target_kv": kv_bytes(models.target, batch, context, itemsize),
              "drafter_weights": 0.0, "drafter_kv": 0.0}
     spec = models.shape.spec(method)
-    if spec is not None:
+    if method == DFLASH:
+        parts["drafter_weights"] = float(tree_bytes(models.params_f))
+        parts["drafter_kv"] = kv_bytes(models.dflash.layer, batch, context, itemsize)
+    elif spec is not None:
         head = models.params_d["head"]
-        forwards = drafter_forwards(spec)
+        forwards = drafter_forwards(method, spec)
         fc = tree_bytes(head["fc"])
         parts["drafter_weights"] = float(forwards * (tree_bytes(head) - fc) + fc)
         parts["drafter_kv"] = forwards * kv_bytes(models.head.layer, batch, context, itemsize)

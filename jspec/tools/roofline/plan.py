@@ -13,7 +13,7 @@ import time
 from typing import Sequence
 
 from jspec.config import SpecConfig
-from jspec.tools.roofline.shapes import CHAIN, DYNAMIC, METHODS, PLAIN, SyntheticModels
+from jspec.tools.roofline.shapes import CHAIN, METHODS, PLAIN, SPECULATIVE, SyntheticModels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,7 @@ def plan_rows(models: Sequence[SyntheticModels], batches: Sequence[int], force_a
         for batch_rank, batch in enumerate(batches):
             if PLAIN in methods:
                 plans.append((RowPlan(m.name, batch, PLAIN, None, _tier(PLAIN, None, (), batch_rank)), model_rank))
-            for method in (CHAIN, DYNAMIC):
+            for method in SPECULATIVE:
                 if method not in methods:
                     continue
                 counts = accept_counts(m.shape.spec(method), force_accepts)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import jax
 
 from jspec.tools.roofline.floor import target_weight_bytes, tree_bytes
-from jspec.tools.roofline.shapes import CHAIN, DYNAMIC, HEAD_SHARPEN, METHODS, PLAIN, SyntheticModels
+from jspec.tools.roofline.shapes import HEAD_SHARPEN, METHODS, PLAIN, SPECULATIVE, SyntheticModels
 
 
 def add_ratios(rows: list[dict], bandwidth: float) -> None:
@@ -37,11 +37,12 @@ def new_report(models: SyntheticModels, bandwidth: float, copy_runs: list[float]
         "name": models.name, "description": shape.description, "platform": jax.default_backend(),
         "device": jax.devices()[0].device_kind, "jax_version": jax.__version__, "dtype": shape.dtype,
         "target_config": models.target.to_json_dict(), "eagle3_config": dataclasses.asdict(models.head),
-        "head_sharpen": HEAD_SHARPEN,
-        "specs": {CHAIN: dataclasses.asdict(shape.chain), DYNAMIC: dataclasses.asdict(shape.dynamic)},
+        "dflash_config": shape.dflash_hf, "head_sharpen": HEAD_SHARPEN,
+        "specs": {m: dataclasses.asdict(shape.spec(m)) for m in SPECULATIVE},
         "target_param_bytes": tree_bytes(models.params_t),
         "target_weight_bytes_per_forward": target_weight_bytes(models.target, models.params_t),
         "eagle3_param_bytes": tree_bytes(models.params_d["head"]),
+        "dflash_param_bytes": tree_bytes(models.params_f),
         "copy_bandwidth_bytes_per_second": bandwidth, "copy_seconds_per_pass": copy_runs,
         "copy_bytes": copy_bytes, "prompt_len": shape.prompt_len, "sequence_bucket": 2 * shape.prompt_len,
         "steps_per_call": shape.steps, "repeats": repeats, "batches": sorted(set(batches)),

@@ -1,11 +1,13 @@
 """Timing one configuration through the public ``SpecEngine`` API: greedy, random prompts of ``prompt_len``
 tokens, at one batch size:
 
-- plain decoding (drafter=None), and EAGLE-3 with a chain and a dynamic (EAGLE-2) tree, each forced to accept
-  exactly k drafts per step (``SpecEngine(..., force_accept=k)``; a compile per k);
+- plain decoding (drafter=None), EAGLE-3 with a chain and a dynamic (EAGLE-2) tree, and a DFlash chain of its
+  whole block, each forced to accept exactly k drafts per step (``SpecEngine(..., force_accept=k)``; a compile
+  per k);
 - step time: ``t(max_new_tokens=N) - t(max_new_tokens=1)`` (the second call is prefill only) divided by the
-  verify steps the N-token call took, N = 1 + steps * (k + 1) so every row times ``steps`` loop iterations and
-  every call lands in the same sequence bucket (2 * prompt_len). Median of ``repeats`` pairs after a warm-up.
+  verify steps the N-token call took, N = 1 + steps * (k + 1) so every row times ``steps`` loop iterations (fewer
+  for the deepest DFlash commits: ``SyntheticShape.steps_for``) and every call lands in the same sequence bucket
+  (2 * prompt_len). Median of ``repeats`` pairs after a warm-up.
 
 Out-of-memory and other failures are recorded in the row, never raised.
 """
@@ -17,11 +19,12 @@ import time
 
 import numpy as np
 
+from jspec.drafters.dflash import DFlashDrafter
 from jspec.drafters.eagle3 import Eagle3Drafter
 from jspec.engine import SpecEngine
 from jspec.tools.roofline.floor import drafter_forwards, floor_bytes
 from jspec.tools.roofline.plan import RowPlan
-from jspec.tools.roofline.shapes import SyntheticModels
+from jspec.tools.roofline.shapes import DFLASH, SyntheticModels
 
 
 def make_engine(models: SyntheticModels, plan: RowPlan, mesh=None) -> SpecEngine:
@@ -32,8 +35,12 @@ def make_engine(models: SyntheticModels, plan: RowPlan, mesh=None) -> SpecEngine
     if spec is None:
         return SpecEngine(models.target, models.params_t, max_batch_size=plan.batch, max_seq_len=seq_len,
                           dtype=shape.dtype, mesh=mesh)
-    drafter = Eagle3Drafter(models.head, models.target, spec, seq_len, shape.dtype)
-    return SpecEngine(models.target, models.params_t, drafter=drafter, drafter_params=models.params_d,
+    if plan.method == DFLASH:
+        drafter = DFlashDrafter(models.dflash, models.target, spec, seq_len, shape.dtype)
+    else:
+        drafter = Eagle3Drafter(models.head, models.target, spec, seq_len, shape.dtype)
+    return SpecEngine(models.target, models.params_t, drafter=drafter,
+                      drafter_params=models.drafter_params(plan.method),
                       max_batch_size=plan.batch, max_seq_len=seq_len, dtype=shape.dtype,
                       force_accept=plan.force_accept, mesh=mesh)
 
@@ -84,7 +91,7 @@ def measure_row(models: SyntheticModels, plan: RowPlan, repeats: int, seed: int,
     if row["status"] == "ok":
         row["forced_acceptance_reached"] = abs(row["acceptance_length"] - expected) < 1e-6
         row["mean_context"] = shape.prompt_len + row["acceptance_length"] * (row["verify_steps"] - 1) / 2
-        row["drafter_forwards_per_step"] = 0 if spec is None else drafter_forwards(spec)
+        row["drafter_forwards_per_step"] = 0 if spec is None else drafter_forwards(plan.method, spec)
         row["floor_bytes"] = floor_bytes(models, plan.method, plan.batch, row["mean_context"])
         row["tokens_per_second"] = plan.batch * row["acceptance_length"] / row["step_seconds"]
     return row

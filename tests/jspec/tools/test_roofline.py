@@ -16,8 +16,8 @@ import pytest
 from jspec.tools import roofline
 from jspec.tools.roofline import run
 from jspec.tools.roofline.report import format_table
-from jspec.tools.roofline.shapes import DYNAMIC, SHAPES
-from tests.jspec.tools.test_roofline_floor import BF16, TINY_EMBED, TINY_FC, TINY_HEAD, TINY_TARGET
+from jspec.tools.roofline.shapes import DFLASH, DYNAMIC, SHAPES
+from tests.jspec.tools.test_roofline_floor import BF16, TINY_DFLASH, TINY_EMBED, TINY_FC, TINY_HEAD, TINY_TARGET
 
 FORCED = 3  # the tiny dynamic tree's depth: the deepest first-child path it can accept
 REPEATS = 3
@@ -128,3 +128,16 @@ def test_synthetic_through_a_one_device_mesh():
     assert row["status"] == "ok", row["error"]
     with pytest.raises(ValueError, match="expected DPxTP"):
         run._mesh("8")
+
+
+def test_dflash_row_commits_its_whole_block_in_as_many_steps_as_the_bucket_holds(tmp_path):
+    """The DFlash chain forced to accept its whole block (7 drafts): 8 tokens a step, 15 steps (127 // 8: the
+    prompt's 128 slots of the 256-slot bucket hold no more), one drafter forward a step."""
+    report = roofline.run_synthetic("tiny", str(tmp_path), budget_seconds=300, batches=(1,), force_accepts=(7,),
+                                    methods=(DFLASH,), repeats=1, show=False)
+    (row,) = report["rows"]
+    assert row["status"] == "ok", row["error"]
+    assert row["acceptance_length"] == 8 and row["forced_acceptance_reached"]
+    assert row["verify_steps"] == SHAPES["tiny"].steps_for(8) == 15 and row["new_tokens"] == 1 + 15 * 8
+    assert row["drafter_forwards_per_step"] == 1
+    assert report["specs"][DFLASH]["num_steps"] == 7 and report["dflash_param_bytes"] == BF16 * TINY_DFLASH

@@ -7,8 +7,9 @@ import jax
 import pytest
 
 from jspec.tools.roofline import floor
-from jspec.tools.roofline.shapes import CHAIN, DYNAMIC, PLAIN, SHAPES, SyntheticModels, abstract_params
+from jspec.tools.roofline.shapes import CHAIN, DFLASH, DYNAMIC, PLAIN, SHAPES, SyntheticModels, abstract_params
 from models.config import from_hf_config
+from models.dflash import dflash_config_from_hf
 from models.eagle3 import eagle3_config_from_hf
 
 BF16 = 2  # bytes per element of every shape's dtype
@@ -18,8 +19,10 @@ def abstract_models(name: str) -> SyntheticModels:
     """SHAPES[name] with jax.ShapeDtypeStruct params (no memory)."""
     shape = SHAPES[name]
     target, head = from_hf_config(shape.target_hf), eagle3_config_from_hf(shape.head_hf)
-    params = abstract_params(target, head, shape.dtype)
-    return SyntheticModels(name, shape, target, head, params["target"], {"head": params["head"], "d2t": None})
+    dflash = dflash_config_from_hf(shape.dflash_hf)
+    params = abstract_params(target, head, dflash, shape.dtype)
+    return SyntheticModels(name, shape, target, head, dflash, params["target"], {"head": params["head"], "d2t": None},
+                           params["dflash"])
 
 
 def llama_layer_elements(hidden, intermediate, q_width, kv_width, attn_in=None):
@@ -35,6 +38,9 @@ TINY_TARGET = TINY_EMBED + 3 * llama_layer_elements(64, 128, 64, 32) + 64 * 256 
 TINY_FC = 3 * 64 * 64
 TINY_HEAD = TINY_FC + llama_layer_elements(64, 128, 64, 32, attn_in=2 * 64) + 64 + 64 * 128 + 64  # + hidden norm,
 # lm_head, final norm
+# Its DFlash drafter: 2 Qwen3 layers of the target's shapes (q and k norms of 16 each), fc over 2 target layers'
+# outputs (2 * 64 -> 64), the hidden norm and the final norm; no embedding or lm_head (the target's).
+TINY_DFLASH = 2 * 64 * 64 + 64 + 2 * (llama_layer_elements(64, 128, 64, 32) + 2 * 16) + 64
 
 
 def test_tiny_weight_bytes_by_hand():
@@ -42,6 +48,7 @@ def test_tiny_weight_bytes_by_hand():
     assert floor.tree_bytes(models.params_t) == BF16 * TINY_TARGET
     assert floor.tree_bytes(models.params_d["head"]) == BF16 * TINY_HEAD
     assert floor.tree_bytes(models.params_d["head"]["fc"]) == BF16 * TINY_FC
+    assert floor.tree_bytes(models.params_f) == BF16 * TINY_DFLASH
     # untied: the embedding is gathered one row per token, not read whole
     assert not models.target.tie_word_embeddings
     assert floor.target_weight_bytes(models.target, models.params_t) == BF16 * (TINY_TARGET - TINY_EMBED)
@@ -70,7 +77,7 @@ def test_tiny_floor_bytes_by_hand(method, forwards):
     drafting, 1 extend) the head less fc, fc once, and the head's one-layer KV."""
     models = abstract_models("tiny")
     if method != PLAIN:
-        assert floor.drafter_forwards(models.shape.spec(method)) == forwards
+        assert floor.drafter_forwards(method, models.shape.spec(method)) == forwards
     parts = floor.floor_bytes(models, method, batch=3, context=127.5)
     target_kv = 2 * 3 * 3 * 127.5 * 2 * 16 * BF16
     head_kv = 2 * 1 * 3 * 127.5 * 2 * 16 * BF16
@@ -79,6 +86,17 @@ def test_tiny_floor_bytes_by_hand(method, forwards):
                 "drafter_kv": forwards * head_kv}
     expected["total"] = sum(expected.values())
     assert parts == pytest.approx(expected, rel=1e-12)
+
+
+def test_tiny_dflash_floor_bytes_by_hand():
+    """One block forward a step: the drafter's weights once and its two layers' context K/V once."""
+    models = abstract_models("tiny")
+    assert floor.drafter_forwards(DFLASH, models.shape.spec(DFLASH)) == 1
+    assert models.shape.spec(DFLASH).num_steps == 7  # block of 8: 7 drafts
+    parts = floor.floor_bytes(models, DFLASH, batch=3, context=127.5)
+    assert parts["drafter_weights"] == BF16 * TINY_DFLASH
+    assert parts["drafter_kv"] == 2 * 2 * 3 * 127.5 * 2 * 16 * BF16
+    assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"), rel=1e-12)
 
 
 def test_llama3_8b_chain_floor_bytes_by_hand():
