@@ -24,6 +24,7 @@ from jspec.detokenize import TextStream
 from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup, check_capture_layers
+from jspec.logprobs import SequenceLogprobs, check_num_logprobs
 from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
                             param_specs, put, replicated_specs, to_host)
@@ -53,12 +54,15 @@ class GenerateStats:
 @dataclasses.dataclass(frozen=True)
 class GenerateOutput:
     """hidden_states: None unless ``capture_hidden_states`` was given; else per prompt one float32 array
-    [len(layers), prompt_len + len(token_ids), H], position-aligned with prompt + token_ids."""
+    [len(layers), prompt_len + len(token_ids), H], position-aligned with prompt + token_ids. logprobs: None unless
+    ``logprobs`` was given; else per prompt the log-probability of each of its token_ids and the ``logprobs`` most
+    likely tokens at each position (``jspec.logprobs.SequenceLogprobs``)."""
 
     token_ids: list[list[int]]
     texts: list[str] | None
     stats: GenerateStats
     hidden_states: list[np.ndarray] | None = None
+    logprobs: list[SequenceLogprobs] | None = None
 
 
 def default_dtype() -> str | None:
@@ -203,9 +207,14 @@ class SpecEngine:
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
                  stop_token_ids: Sequence[int] | None = None,
-                 capture_hidden_states: Sequence[int] = ()) -> GenerateOutput:
+                 capture_hidden_states: Sequence[int] = (), logprobs: int | None = None) -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
         or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``).
+
+        logprobs: None, or K >= 0 (vLLM's ``SamplingParams.logprobs``): each generated token's log-probability and
+        the K most likely tokens at its position, in ``GenerateOutput.logprobs``; the target's log-softmax before
+        temperature, top-k or top-p (vLLM's default), from the pass that committed the token (the verify pass under
+        speculation: the same values as plain decoding's, up to float rounding). A compiled program per K.
 
         capture_hidden_states: target layers whose residual-stream states to return for every token of each
         sequence, prompt and generated (features for drafter training; TensorRT-LLM's SAVE_HIDDEN_STATES), in
@@ -214,8 +223,9 @@ class SpecEngine:
         ``hidden_states[-1]`` is after it). The states are gathered inside the one generate program (a separate
         compiled program per layer list); the tokens are the same as without capture."""
         layers = check_capture_layers(capture_hidden_states, self.config.num_layers)
+        num_top = check_num_logprobs(logprobs, self.config.vocab_size)
         batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
-        result, run_seconds, compile_seconds = self._run(batch, params, layers)
+        result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top)
         num_generated = to_host(result.num_generated)
         token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, num_generated, batch.batch_size)
         texts = None
@@ -227,16 +237,21 @@ class SpecEngine:
             states = to_host(result.hidden_states)
             hidden = [states[:, b, :batch.prompt_lens[b] + num_generated[b]].astype(np.float32)
                       for b in range(batch.batch_size)]
-        return GenerateOutput(token_ids, texts, stats, hidden)
+        per_token = None
+        if num_top is not None:
+            values = [to_host(x) for x in result.logprobs]
+            per_token = [SequenceLogprobs(*(x[b, batch.prompt_lens[b]:batch.prompt_lens[b] + num_generated[b]]
+                                            for x in values)) for b in range(batch.batch_size)]
+        return GenerateOutput(token_ids, texts, stats, hidden, per_token)
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]], max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
              stop_token_ids: Sequence[int] | None = None, add_generation_prompt: bool = True,
-             capture_hidden_states: Sequence[int] = ()) -> GenerateOutput:
+             capture_hidden_states: Sequence[int] = (), logprobs: int | None = None) -> GenerateOutput:
         """Generates the reply to a conversation ([{"role": "user", "content": "..."}, ...]) or to each of a list
         of them: rendered with the checkpoint's chat_template and encoded as transformers'
         ``apply_chat_template(..., tokenize=True)`` does (``jspec.chat``), then :meth:`generate` (which
-        ``capture_hidden_states`` goes to). Stops at EOS and at tokenizer_config.json's eos_token, the model's end
+        ``capture_hidden_states`` and ``logprobs`` go to). Stops at EOS and at tokenizer_config.json's eos_token, the model's end
         of turn (e.g. Qwen's ``<|im_end|>``)."""
         conversations = as_conversations(messages)
         if self.chat_template is None or self.tokenizer is None:
@@ -247,7 +262,8 @@ class SpecEngine:
         stop = tuple(stop_token_ids or ())
         stop += tuple(i for i in end_of_turn if i not in self.eos_token_ids + stop)
         return self.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             seed=seed, stop_token_ids=stop, capture_hidden_states=capture_hidden_states)
+                             seed=seed, stop_token_ids=stop, capture_hidden_states=capture_hidden_states,
+                             logprobs=logprobs)
 
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
@@ -341,14 +357,15 @@ class SpecEngine:
         key = seed_keys(params.seed, rows, rows_sharding)
         return (self.params, self.drafter_params, prompt_ids, prompt_lens, key, max_new, stop_ids, sampling)
 
-    def _run(self, batch: PaddedBatch, params: SamplingParams,
-             capture_layers: tuple[int, ...] = ()) -> tuple[GenerateResult, float, float]:
+    def _run(self, batch: PaddedBatch, params: SamplingParams, capture_layers: tuple[int, ...] = (),
+             logprobs: int | None = None) -> tuple[GenerateResult, float, float]:
         args = self._arguments(batch, params)
-        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len, capture_layers)
+        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len, capture_layers, logprobs)
         compile_seconds = 0.0
         if bucket not in self._compiled:
             start = time.perf_counter()
-            setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), capture_layers=capture_layers)
+            setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), capture_layers=capture_layers,
+                                        logprobs=logprobs)
             self._compiled[bucket] = generate.lower(*args, setup=setup).compile()
             compile_seconds = time.perf_counter() - start
         start = time.perf_counter()

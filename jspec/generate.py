@@ -24,6 +24,7 @@ from jspec.commit import commit_tokens
 from jspec.compile_options import setup_jit
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
+from jspec.logprobs import Logprobs, record
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState, write_hidden_states
@@ -40,6 +41,8 @@ class GenerateResult(NamedTuple):
     accepted_hist: jax.Array  # i32[B, D + 1] steps that committed 1..D+1 tokens
     hidden_states: jax.Array | None = None  # [C, B, S, H] the capture layers' states at positions
                                             # [0, prompt_len + num_generated); None unless capturing
+    logprobs: Logprobs | None = None        # [B, S(, K)] the generated tokens' (jspec.logprobs); None unless
+                                            # setup.logprobs
 
 
 def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: StepInputs, *,
@@ -69,8 +72,11 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
                         done=jnp.zeros((batch,), bool), num_steps=zeros,
                         accepted_hist=jnp.zeros((batch, setup.tokens_per_step), jnp.int32),
                         step=jnp.zeros((), jnp.int32), hidden_states=hidden)
-    state, _ = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens, inputs.stop_ids,
-                             counts_as_step=False)
+    state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens,
+                                     inputs.stop_ids, counts_as_step=False)
+    if setup.logprobs is not None:
+        buffers = Logprobs.zeros(batch, setup.max_seq_len, setup.logprobs)
+        state = state._replace(logprobs=record(buffers, out.logits, first[:, None], prompt_lens, committed))
     if setup.drafter is not None:
         draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first,
                                                                           constrain(setup.drafter_taps(out.taps),
@@ -160,7 +166,7 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
         if setup.capture_layers:
             state = capture_last_token(params_t, state, setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist,
-                          state.hidden_states)
+                          state.hidden_states, state.logprobs)
 
 
 def capture_last_token(params_t, state: DecodeState, *, setup: GenerateSetup) -> DecodeState:

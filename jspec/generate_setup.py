@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 from jspec.attention import target_attention
 from jspec.config import SpecConfig
 from jspec.drafters.base import Drafter
+from jspec.logprobs import check_num_logprobs
 from models.attention import AttentionFn
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
@@ -31,6 +32,8 @@ class GenerateSetup:
     generated) in ``DecodeState.hidden_states`` (:func:`check_capture_layers`); () keeps none.
     compiler_options: XLA options as ((name, value), ...) that every program of this setup compiles with; None
     (the default): chosen per backend and step kind by ``jspec.compile_options.program_options``.
+    logprobs: None (none recorded), or K >= 0: every generated token's log-probability and the K most likely
+    tokens at its position are kept in ``DecodeState.logprobs`` (``jspec.logprobs``).
     """
 
     target: ModelConfig
@@ -42,6 +45,7 @@ class GenerateSetup:
     mesh: Mesh | None = None
     capture_layers: tuple[int, ...] = ()
     compiler_options: tuple[tuple[str, str], ...] | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.max_seq_len, int) or self.max_seq_len < 2:
@@ -54,6 +58,7 @@ class GenerateSetup:
         if not isinstance(self.capture_layers, tuple):
             raise ValueError(f"capture_layers={self.capture_layers!r}: expected a tuple of layer indices")
         check_capture_layers(self.capture_layers, self.target.num_layers, name="capture_layers")
+        check_num_logprobs(self.logprobs, self.target.vocab_size)
         options = self.compiler_options
         if options is not None and not (isinstance(options, tuple) and all(
                 isinstance(o, tuple) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in options)):

@@ -6,6 +6,8 @@ Invariant between steps, per sequence b::
     cache.k[l][b, :seq_len[b] - 1]          K of tokens[b, :seq_len[b] - 1] in layer l (V likewise); the last
                                             token is the root of the next step's tree, its K/V not in the cache yet
     tokens[b, prompt_len[b] : seq_len[b]]   the num_generated[b] new tokens
+    logprobs.*[b, prompt_len[b]:seq_len[b]] when recording (``GenerateSetup.logprobs``): the generated tokens'
+                                            log-probabilities (``jspec.logprobs``)
     hidden_states[:, b, :seq_len[b] - 1]    when capturing (``GenerateSetup.capture_layers``): the target's states
                                             at each captured layer for those tokens; like its K/V, the last
                                             token's come with the next step (or ``generate``'s final pass)
@@ -18,6 +20,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jspec.logprobs import Logprobs
 from models.attention import KVCache
 
 
@@ -33,6 +36,8 @@ class DecodeState(NamedTuple):
     draft: Any = None         # the drafter's own state (its KV cache, its next prediction); None when plain
     hidden_states: jax.Array | None = None  # [C, B, S, H] compute dtype: captured states, slot = position; None
                                             # unless GenerateSetup.capture_layers (C of them)
+    logprobs: Logprobs | None = None        # [B, S(, K)] the generated tokens' log-probabilities; None unless
+                                            # GenerateSetup.logprobs
 
     @property
     def cache_len(self) -> jax.Array:

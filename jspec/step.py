@@ -22,6 +22,7 @@ from jspec.commit import commit_tokens
 from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree
 from jspec.kv_cache import commit_path
+from jspec.logprobs import record
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
 from jspec.generate_setup import GenerateSetup
@@ -54,7 +55,8 @@ def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, se
     state, committed = commit_tokens(state, next_token[:, None], jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
-    return state._replace(step=state.step + 1)
+    logprobs = record(state.logprobs, out.logits, next_token[:, None], cache_len + 1, committed)
+    return state._replace(step=state.step + 1, logprobs=logprobs)
 
 
 def capture_committed(state: DecodeState, taps: jax.Array | None, cache_len: jax.Array, committed: jax.Array, *,
@@ -165,6 +167,9 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
                            force_accept=setup.force_accept)
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
+    if state.logprobs is not None:  # new token i was drawn from the distribution at path node i (the root first)
+        path_logits = jnp.take_along_axis(out.logits, jnp.maximum(verified.accept_index, 0)[..., None], axis=1)
+        state = state._replace(logprobs=record(state.logprobs, path_logits, new_tokens, cache_len + 1, committed))
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
                                        CommitContext(new_tokens, committed, verified.accept_index,
                                                      constrain(setup.drafter_taps(out.taps), TAPS),
@@ -208,6 +213,7 @@ def _root_and_commit(params_t, params_d, state: DecodeState, draft_state, root: 
                                      inputs.stop_ids)
     accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
     state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
+    state = state._replace(logprobs=record(state.logprobs, out.logits, token[:, None], cache_len + 1, committed))
     taps = constrain(setup.drafter_taps(out.taps), TAPS)
     if taps is not None and num_nodes > 1:
         taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))

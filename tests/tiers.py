@@ -34,6 +34,13 @@ SLOW: dict[str, str] = {
         "a real `jspec serve` process answers and drains on SIGTERM; default: test_app's in-process server",
     "tests/jspec/tools/test_bench_serve.py::test_small_run_against_real_in_process_servers":
         "bench-serve end to end against real servers; default: its arithmetic and report tests",
+    # --- log-probabilities ------------------------------------------------------------------------------------
+    "tests/jspec/test_logprobs.py::test_speculative_logprobs_equal_plain_and_transformers[draft]":
+        "the draft model's logprobs equal plain decoding's and transformers'; default: the [eagle3] tree's",
+    "tests/jspec/test_logprobs.py::test_speculative_logprobs_equal_plain_and_transformers[ngram]":
+        "n-gram's logprobs equal plain decoding's and transformers'; default: the [eagle3] tree's",
+    "tests/jspec/test_logprobs.py::test_speculative_logprobs_equal_plain_and_transformers[ngram+eagle3]":
+        "the hybrid's logprobs equal plain decoding's and transformers'; default: the [eagle3] tree's",
     # --- speculative output equals plain decoding ----------------------------------------------------------------
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-chain]":
         "EAGLE-3 chain greedy = plain (random head); default: test_tree_selection's bundled chains, test_hybrid",

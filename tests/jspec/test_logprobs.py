@@ -1,0 +1,98 @@
+"""Log-probabilities of generated tokens (jspec/logprobs.py, ``SpecEngine.generate(logprobs=K)``).
+
+The oracle is transformers: the bundled target exported to Hugging Face format, run over each prompt and its
+generated tokens in one teacher-forced forward, gives the log-softmax at every position; every token's
+log-probability and the top K there must equal it, for plain decoding and for every drafter, greedy and sampled
+(the values are the raw log-softmax, vLLM's default, not the temperature-scaled one). Under greedy decoding the
+speculative and plain runs also equal each other token for token.
+"""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import jspec
+from jspec.tools.bench import export_hf
+
+TOL = 2e-5  # float32: a T-token verify pass and a 1-token decode step against torch's full forward
+SPEC_TOL = dict(atol=1e-5, rtol=1e-5)  # float32: a verify pass of T tokens against a decode step of one
+PROMPTS = ["def fibonacci(n):", "import os\nclass Config:\n    def __init__(self", "x = [i * i for i in",
+           "    return sorted("]  # ragged lengths
+NUM_TOP = 5
+DRAFTERS = {  # drafter name -> the tree it verifies
+    "eagle3": jspec.SpecConfig(tree="dynamic", num_steps=4, topk=4, num_draft_tokens=16),
+    "draft": jspec.SpecConfig(tree="chain", num_steps=4),
+    "ngram": jspec.SpecConfig(tree="chain", num_steps=5),
+    "ngram+eagle3": jspec.SpecConfig(tree="chain", num_steps=5),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_target(tmp_path_factory):
+    directory = export_hf(jspec.bundled_model(), str(tmp_path_factory.mktemp("hf") / "target"))
+    return transformers.LlamaForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def plain_engine():
+    return jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=4, max_seq_len=256)
+
+
+def hf_log_softmax(model, prompt: list[int], generated: list[int]) -> np.ndarray:
+    """f32[len(generated), V]: torch's log-softmax at the positions that predicted each generated token."""
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1]
+    return torch.log_softmax(logits.float(), dim=-1).numpy()
+
+
+def assert_logprobs_are_the_targets(model, out, prompt_ids: list[list[int]], what: str) -> None:
+    for b, (prompt, generated, got) in enumerate(zip(prompt_ids, out.token_ids, out.logprobs)):
+        want = hf_log_softmax(model, prompt, generated)
+        n = len(generated)
+        assert got.token.shape == (n,) and got.top_ids.shape == got.top.shape == (n, NUM_TOP), what
+        np.testing.assert_allclose(got.token, want[np.arange(n), generated], atol=TOL, err_msg=f"{what} row {b}")
+        np.testing.assert_allclose(got.top, np.sort(want, axis=-1)[:, ::-1][:, :NUM_TOP], atol=TOL,
+                                   err_msg=f"{what} row {b} top")
+        np.testing.assert_allclose(np.take_along_axis(want, got.top_ids, axis=-1), got.top, atol=TOL,
+                                   err_msg=f"{what} row {b}: top ids are the most likely tokens")
+
+
+def test_plain_decoding_logprobs_equal_transformers(hf_target, plain_engine):
+    out = plain_engine.generate(PROMPTS, max_new_tokens=24, logprobs=NUM_TOP)
+    assert_logprobs_are_the_targets(hf_target, out, plain_engine.encode(PROMPTS), "plain")
+    for got, ids in zip(out.logprobs, out.token_ids):
+        assert got.top_ids[:, 0].tolist() == ids  # greedy: the chosen token is the most likely
+
+
+@pytest.mark.parametrize("drafter", sorted(DRAFTERS))
+def test_speculative_logprobs_equal_plain_and_transformers(hf_target, plain_engine, drafter):
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=DRAFTERS[drafter],
+                                              max_batch_size=4, max_seq_len=256)
+    out = engine.generate(PROMPTS, max_new_tokens=40, logprobs=NUM_TOP)
+    plain = plain_engine.generate(PROMPTS, max_new_tokens=40, logprobs=NUM_TOP)
+    assert out.token_ids == plain.token_ids and out.stats.acceptance_length > 1.5
+    for got, want in zip(out.logprobs, plain.logprobs):
+        np.testing.assert_allclose(got.token, want.token, **SPEC_TOL)
+        np.testing.assert_allclose(got.top, want.top, **SPEC_TOL)
+    assert_logprobs_are_the_targets(hf_target, out, engine.encode(PROMPTS), drafter)
+
+
+def test_sampled_logprobs_are_the_raw_log_softmax(hf_target):
+    """At temperature 0.7 and top-k 8 the tokens are drawn from the processed distribution; the log-probabilities
+    reported are still the target's raw log-softmax (vLLM's default), checked on whatever was drawn."""
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter="eagle3", spec=DRAFTERS["eagle3"],
+                                              max_batch_size=4, max_seq_len=256)
+    out = engine.generate(PROMPTS, max_new_tokens=32, temperature=0.7, top_k=8, seed=3, logprobs=NUM_TOP)
+    assert_logprobs_are_the_targets(hf_target, out, engine.encode(PROMPTS), "sampled eagle3")
+    assert any(got.top_ids[:, 0].tolist() != ids for got, ids in zip(out.logprobs, out.token_ids))  # not greedy
+
+
+def test_no_logprobs_unless_asked_and_bad_values_refused(plain_engine):
+    assert plain_engine.generate(PROMPTS[:1], max_new_tokens=2).logprobs is None
+    out = plain_engine.generate(PROMPTS[:1], max_new_tokens=3, logprobs=0)
+    assert out.logprobs[0].token.shape == (3,) and out.logprobs[0].top_ids.shape == (3, 0)
+    for bad in (-1, 4097, 2.0, True):
+        with pytest.raises(ValueError, match=f"logprobs={bad!r}: expected None or an integer in \\[0, 4096\\]"):
+            plain_engine.generate(PROMPTS[:1], max_new_tokens=2, logprobs=bad)
