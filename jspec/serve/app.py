@@ -20,11 +20,14 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+import numpy as np
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from jspec.detokenize import TextStream
+from jspec.logprobs import SequenceLogprobs
+from jspec.serve.logprobs import chat_logprobs, completion_logprobs
 from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, parse_chat, parse_completion
 from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
 from jspec.serve.stop_strings import StopMatcher
@@ -41,7 +44,7 @@ def create_app(slots: SlotEngine, served_model_name: str) -> FastAPI:
     engine = slots.engine
     model = ModelInfo(name=served_model_name, tokenizer=engine.tokenizer,
                       chat_template=getattr(engine, "chat_template", None), max_seq_len=slots.max_seq_len,
-                      vocab_size=engine.config.vocab_size)
+                      vocab_size=engine.config.vocab_size, max_logprobs=slots.setup.logprobs)
     app = FastAPI(title="jspec", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
@@ -93,20 +96,24 @@ async def _json(http: HTTPRequest) -> Any:
 
 
 class _Generation:
-    """One submitted request as seen from the event loop: its token ids, and its text cut at stop strings."""
+    """One submitted request as seen from the event loop: its token ids (and their log-probabilities, when asked
+    for), and its text cut at stop strings."""
 
     def __init__(self, slots: SlotEngine, model: ModelInfo, params: GenerationParams):
         loop = asyncio.get_running_loop()
-        self.events: asyncio.Queue[tuple[list[int], str | None]] = asyncio.Queue()
+        self.events: asyncio.Queue[tuple[list[int], str | None, SequenceLogprobs | None]] = asyncio.Queue()
         self.token_ids: list[int] = []
+        self.logprobs: list[SequenceLogprobs] = []
         self.text = TextStream(model.tokenizer) if model.tokenizer is not None else None
         self.stops = StopMatcher(params.stop)
         self.finish_reason: str | None = None
+
+        def sink(tokens, reason, logprobs=None):
+            loop.call_soon_threadsafe(self.events.put_nowait, (tokens, reason, logprobs))
+
         self.request = Request(
-            list(params.prompt_ids), params.max_tokens,
-            lambda tokens, reason: loop.call_soon_threadsafe(self.events.put_nowait, (tokens, reason)),
-            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
-            stop_token_ids=params.stop_token_ids)
+            list(params.prompt_ids), params.max_tokens, sink, temperature=params.temperature, top_k=params.top_k,
+            top_p=params.top_p, seed=params.seed, stop_token_ids=params.stop_token_ids, logprobs=params.logprobs)
         try:
             slots.submit(self.request)
         except ValueError as error:
@@ -118,12 +125,15 @@ class _Generation:
             raise APIError(str(error), status=503, type="service_unavailable",
                            retry_after=RETRY_AFTER_SECONDS) from None
 
-    async def pieces(self) -> AsyncIterator[tuple[str, list[int]]]:
-        """Yields (new text, new token ids) until the request ends; then ``finish_reason`` is set. A stop string
-        ends it at once (the text is cut before it, the request cancelled with reason "stop")."""
+    async def pieces(self) -> AsyncIterator[tuple[str, list[int], SequenceLogprobs | None]]:
+        """Yields (new text, new token ids, their log-probabilities or None) until the request ends; then
+        ``finish_reason`` is set. A stop string ends it at once (the text is cut before it, the request cancelled
+        with reason "stop")."""
         while self.finish_reason is None:
-            tokens, reason = await self.events.get()
+            tokens, reason, logprobs = await self.events.get()
             self.token_ids += tokens
+            if logprobs is not None:
+                self.logprobs.append(logprobs)
             final = reason is not None
             if self.text is not None:
                 text, stopped = self.stops.feed(self.text.piece(self.token_ids, final=final), final=final)
@@ -134,7 +144,7 @@ class _Generation:
                 reason = "stop"
             self.finish_reason = reason
             if text or tokens or reason is not None:
-                yield text, tokens
+                yield text, tokens, logprobs
 
     def cancel_unless_finished(self) -> None:
         if self.finish_reason is None:
@@ -144,13 +154,13 @@ class _Generation:
 async def _answer(http: HTTPRequest, slots: SlotEngine, model: ModelInfo, params: GenerationParams,
                   chat: bool) -> Response:
     generation = _Generation(slots, model, params)
-    shape = _Shape(model.name, chat, params, len(params.prompt_ids))
+    shape = _Shape(model, chat, params, len(params.prompt_ids))
     if params.stream:
         return StreamingResponse(_stream(generation, shape), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     watcher = asyncio.ensure_future(_cancel_on_disconnect(http, generation))
     try:
-        text = "".join([piece async for piece, _ in generation.pieces()])
+        text = "".join([piece async for piece, _, _ in generation.pieces()])
     finally:
         watcher.cancel()
         generation.cancel_unless_finished()
@@ -168,9 +178,10 @@ async def _stream(generation: _Generation, shape: "_Shape") -> AsyncIterator[str
     try:
         if shape.chat:
             yield _event(shape.chunk({"role": "assistant", "content": ""}, None))
-        async for text, tokens in generation.pieces():
-            if text or (tokens and shape.params.return_token_ids):  # tokens whose text is held back: no event
-                yield _event(shape.chunk(text, None, tokens))
+        async for text, tokens, logprobs in generation.pieces():
+            # tokens whose text is held back: no event, unless their ids or log-probabilities are asked for
+            if text or (tokens and (shape.params.return_token_ids or logprobs is not None)):
+                yield _event(shape.chunk(text, None, tokens, logprobs))
         yield _event(shape.chunk("", generation.finish_reason))
         if shape.params.include_usage:
             yield _event(shape.usage_chunk(len(generation.token_ids)))
@@ -186,11 +197,12 @@ def _event(payload: dict[str, Any]) -> str:
 class _Shape:
     """OpenAI's response objects for one request (text_completion or chat.completion, whole or in chunks)."""
 
-    def __init__(self, model_name: str, chat: bool, params: GenerationParams, prompt_tokens: int):
+    def __init__(self, model: ModelInfo, chat: bool, params: GenerationParams, prompt_tokens: int):
         self.chat, self.params, self.prompt_tokens = chat, params, prompt_tokens
+        self.tokenizer = model.tokenizer
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.head = {"id": self.id, "object": "chat.completion" if chat else "text_completion",
-                     "created": int(time.time()), "model": model_name}
+                     "created": int(time.time()), "model": model.name}
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
@@ -202,18 +214,31 @@ class _Shape:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        choice.update(logprobs=None, finish_reason=generation.finish_reason)
+        logprobs = None
+        if self.params.logprobs is not None:
+            logprobs = self.logprobs(generation.token_ids, generation.logprobs)
+        choice.update(logprobs=logprobs, finish_reason=generation.finish_reason)
         if self.params.return_token_ids:
             choice["token_ids"] = generation.token_ids
         return {**self.head, "choices": [choice], "usage": self.usage(len(generation.token_ids))}
 
-    def chunk(self, delta: str | dict, finish_reason: str | None, tokens: list[int] | None = None) -> dict[str, Any]:
+    def logprobs(self, token_ids: list[int], parts: list[SequenceLogprobs]) -> dict[str, Any]:
+        """OpenAI's ``logprobs`` object of ``token_ids`` from their log-probabilities (in pieces, in order)."""
+        if not parts:
+            return {"content": []} if self.chat else {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                                     "text_offset": []}
+        values = SequenceLogprobs(*(np.concatenate(x) for x in zip(*parts)))
+        return (chat_logprobs if self.chat else completion_logprobs)(self.tokenizer, token_ids, values)
+
+    def chunk(self, delta: str | dict, finish_reason: str | None, tokens: list[int] | None = None,
+              logprobs: SequenceLogprobs | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
             choice["delta"] = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
         else:
             choice["text"] = delta
-        choice.update(logprobs=None, finish_reason=finish_reason)
+        shaped = None if logprobs is None else self.logprobs(tokens or [], [logprobs])
+        choice.update(logprobs=shaped, finish_reason=finish_reason)
         if self.params.return_token_ids:
             choice["token_ids"] = tokens or []
         out = {**self.head, "object": "chat.completion.chunk" if self.chat else "text_completion",

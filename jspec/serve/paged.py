@@ -42,6 +42,7 @@ from jspec.generate import run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
 from jspec.commit import commit_tokens
 from jspec.drafters.base import PrefillContext
+from jspec.logprobs import Logprobs, record
 from jspec.sampling import SamplingArrays, keys_at, sample_tokens
 from jspec.serve.programs import idle_slots, start_state
 from jspec.sharding import KV_POOL, TAPS, constrain, traced_on
@@ -224,7 +225,9 @@ def _is_paged(x: Any) -> bool:
 class Readout(NamedTuple):
     """What the host reads after a program, for its R rows: tokens i32[R, seq_len] (prompt + generated, slot =
     position), num_generated, num_steps i32[R], done bool[R], accepted_hist i32[R, D + 1], step i32[] (the loop's
-    counter)."""
+    counter), logprobs: where the setup records them (``jspec.logprobs``; else None), those of the W positions from
+    each row's length before the program on ([R, W(, K)]; a prefill's W = 1, its first token's): only the tokens
+    the program may have committed travel to the host."""
 
     tokens: jax.Array
     num_generated: jax.Array
@@ -232,10 +235,18 @@ class Readout(NamedTuple):
     done: jax.Array
     accepted_hist: jax.Array
     step: jax.Array
+    logprobs: Logprobs | None = None
 
 
-def _readout(state: DecodeState) -> Readout:
-    return Readout(state.tokens, state.num_generated, state.num_steps, state.done, state.accepted_hist, state.step)
+def _readout(state: DecodeState, since: jax.Array, width: int) -> Readout:
+    """state's readout; since: i32[R] each row's length before the program, width: W (:class:`Readout`)."""
+    logprobs = None
+    if state.logprobs is not None:
+        slots = jnp.minimum(since[:, None] + jnp.arange(width)[None], state.tokens.shape[1] - 1)
+        logprobs = Logprobs(*(jnp.take_along_axis(x, slots.reshape(slots.shape + (1,) * (x.ndim - 2)), axis=1)
+                              for x in state.logprobs))
+    return Readout(state.tokens, state.num_generated, state.num_steps, state.done, state.accepted_hist, state.step,
+                   logprobs)
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
@@ -257,7 +268,7 @@ def prefill_rows(params_t, params_d, store: list, prompt_ids: jax.Array, prompt_
         state = state._replace(step=store[step_index[0]] if step_index else state.step)
         since = jnp.zeros_like(prompt_lens)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
-                             write_pages=prefill_pages(layout, prompt_ids.shape[1])), _readout(state))
+                             write_pages=prefill_pages(layout, prompt_ids.shape[1])), _readout(state, prompt_lens, 1))
 
 
 def prefill_pages(layout: PagedLayout, width: int) -> int:
@@ -328,8 +339,9 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
         state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                             done=jnp.zeros((batch,), bool), num_steps=zeros,
                             accepted_hist=jnp.zeros_like(view.accepted_hist), step=view.step)
-        state, _ = commit_tokens(state, first[:, None], jnp.ones_like(zeros), max_new_tokens, stop_ids,
-                                 counts_as_step=False)
+        state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), max_new_tokens, stop_ids,
+                                         counts_as_step=False)
+        state = state._replace(logprobs=record(view.logprobs, out.logits, first[:, None], prompt_lens, committed))
         if small.drafter is not None:
             taps = constrain(small.drafter_taps(out.taps), TAPS) if small.drafter.tap_layers else None
             state = state._replace(draft=_drafter_prefill_cached(
@@ -338,7 +350,7 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
         inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys)
         state = shard_state(state)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=cached_lens,
-                             write_pages=prefill_pages(layout, width)), _readout(state))
+                             write_pages=prefill_pages(layout, width)), _readout(state, prompt_lens, 1))
 
 
 def rewritten_margin(setup: GenerateSetup) -> int:
@@ -356,11 +368,11 @@ def write_pages(layout: PagedLayout, setup: GenerateSetup, steps: int) -> int:
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate", "write_pages",
-                                               "short_nodes"), donate_argnames=("store",))
+                                               "short_nodes", "chunk_steps"), donate_argnames=("store",))
 def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
               max_steps: jax.Array, *, layout: PagedLayout, setup: GenerateSetup, seq_len: int,
-              speculate: bool = True, write_pages: int | None = None,
-              short_nodes: int | None = None) -> tuple[list, Readout]:
+              speculate: bool = True, write_pages: int | None = None, short_nodes: int | None = None,
+              chunk_steps: int = 1) -> tuple[list, Readout]:
     """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
     ``row_ids`` (i32[R], padding: the null row) at context ``seq_len`` (>= prompt + max_tokens of every row) ->
     (store, readout). speculate=False: plain steps that keep the drafter current (``jspec.step.root_step``; a
@@ -369,12 +381,15 @@ def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: j
     scheduler allocates them before the call. write_pages: None writes every page of the rows
     back; else (``write_pages(layout, setup, steps)`` for chunks of at most ``steps`` steps) only the pages the
     steps may have touched. short_nodes (a chain's, ``jspec.step.short_draft_nodes``): the speculative steps verify
-    only the chain's first short_nodes nodes (``jspec.step.spec_step``)."""
+    only the chain's first short_nodes nodes (``jspec.step.spec_step``). chunk_steps: the most steps ``max_steps``
+    asks for; the readout's log-probabilities cover the chunk_steps * tokens_per_step positions those may commit."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
+        entry_len = state.seq_len
         since = None if write_pages is None else jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
         state = run_loop(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len),
                          max_steps=max_steps, speculate=speculate, short_nodes=short_nodes)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
-                             write_pages=write_pages), _readout(state))
+                             write_pages=write_pages),
+                _readout(state, entry_len, chunk_steps * setup.tokens_per_step))

@@ -4,8 +4,10 @@ Only the HTTP shapes live here, and what jspec checks the same way everywhere (a
 vocabulary) is checked by ``jspec.config``'s own functions; the slot engine checks the rest (lengths against the
 context, stop ids) and its ValueError is answered the same way (HTTP 400). Fields follow OpenAI's API reference, plus
 vLLM's extensions ``top_k`` (-1 or 0 = off), ``stop_token_ids`` and ``return_token_ids`` (the generated token
-ids in each choice). Features this server does not have (n > 1, best_of, logprobs, echo, penalties, tools, ...)
-are refused by name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
+ids in each choice). Log-probabilities as OpenAI asks for them: completions ``logprobs: K`` (the K most likely
+tokens beside the chosen one), chat ``logprobs: true`` with ``top_logprobs: K``; at most the server's
+``--max-logprobs``. Features this server does not have (n > 1, best_of, echo, penalties, tools, ...) are refused by
+name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
 
 Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
 and an open assistant line::
@@ -48,6 +50,7 @@ class ModelInfo:
     chat_template: Any      # jspec.chat.ChatTemplate, or None (the plain fallback)
     max_seq_len: int
     vocab_size: int
+    max_logprobs: int | None = None  # the most top log-probabilities a request may ask for (None: no logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +68,7 @@ class GenerationParams:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    logprobs: int | None = None  # None: no log-probabilities; K: each token's and the K most likely at its position
 
 
 # field -> the values that ask for nothing (anything else asks for a feature this server lacks)
@@ -72,8 +76,6 @@ _NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v is None or v == 1,
     "best_of": lambda v: v is None or v == 1,
     "echo": lambda v: v is None or v is False,
-    "logprobs": lambda v: v is None or v is False,
-    "top_logprobs": lambda v: v is None or v == 0,
     "suffix": lambda v: v is None or v == "",
     "presence_penalty": lambda v: v is None or v == 0,
     "frequency_penalty": lambda v: v is None or v == 0,
@@ -88,9 +90,15 @@ _NEUTRAL: dict[str, Callable[[Any], bool]] = {
 def parse_completion(body: Any, model: ModelInfo) -> GenerationParams:
     """A ``/v1/completions`` body (prompt: a string or a list of token ids; one prompt)."""
     body = _common_checks(body, model)
+    if isinstance(body.get("logprobs"), bool):
+        raise APIError(f"logprobs={body['logprobs']}: expected an integer >= 0 (the most likely tokens to return "
+                       f"beside the chosen one) or null", param="logprobs")
+    if body.get("top_logprobs") is not None:
+        raise APIError("top_logprobs is a chat field: completions take logprobs=K", param="top_logprobs")
     prompt_ids = _prompt_ids(body.get("prompt"), model)
     default = max(1, min(COMPLETIONS_DEFAULT_MAX_TOKENS, model.max_seq_len - len(prompt_ids)))
-    return _params(body, prompt_ids, _int(body, "max_tokens", default, low=1), model.vocab_size)
+    params = _params(body, prompt_ids, _int(body, "max_tokens", default, low=1), model.vocab_size)
+    return dataclasses.replace(params, logprobs=_logprobs("logprobs", _int(body, "logprobs", None, low=0), model))
 
 
 def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
@@ -114,7 +122,21 @@ def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     params = _params(body, prompt_ids, _int(body, name, default, low=1), model.vocab_size)
     extra = tuple(i for i in stop_ids if i not in params.stop_token_ids)
-    return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra)
+    wanted = _bool(body, "logprobs", False)
+    top = _int(body, "top_logprobs", None, low=0)
+    if top is not None and top > 0 and not wanted:
+        raise APIError(f"top_logprobs={top} needs logprobs=true", param="top_logprobs")
+    logprobs = _logprobs("top_logprobs" if top else "logprobs", (top or 0) if wanted else None, model)
+    return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra, logprobs=logprobs)
+
+
+def _logprobs(param: str, wanted: int | None, model: ModelInfo) -> int | None:
+    """``wanted`` top log-probabilities, if the server records that many."""
+    if wanted is not None and (model.max_logprobs is None or wanted > model.max_logprobs):
+        most = ("none: it was started with --max-logprobs -1" if model.max_logprobs is None
+                else f"at most {model.max_logprobs} (--max-logprobs)")
+        raise APIError(f"{param}={wanted}: this server returns {most} top log-probabilities per token", param=param)
+    return wanted
 
 
 # --- fields ------------------------------------------------------------------------------------------------------
@@ -203,6 +225,9 @@ def _messages(messages: Any) -> list[dict[str, str]]:
                                param=f"{where}.content")
             content = "".join(p["text"] for p in content)
         elif content is None:
+            if message["role"] in ("user", "system", "developer"):
+                raise APIError(f"{where}.content is missing: a {message['role']} message needs its content",
+                               param=f"{where}.content")
             content = ""
         elif not isinstance(content, str):
             raise APIError(f"{where}.content={_show(content)}: expected a string or a list of text parts",

@@ -55,6 +55,7 @@ import numpy as np
 
 from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
 from jspec.config import SEED_RANGE, SamplingParams, SpecConfig, check_seed, check_token_ids
+from jspec.logprobs import SequenceLogprobs, check_num_logprobs
 from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedChunk, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
@@ -65,7 +66,8 @@ from jspec.step import short_draft_nodes
 
 logger = logging.getLogger("jspec.serve")
 
-Sink = Callable[[list[int], "str | None"], None]  # (new token ids, finish_reason or None while running)
+Sink = Callable[..., None]  # (new token ids, finish_reason or None while running[, their SequenceLogprobs where the
+                           # request asked for logprobs])
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
 SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
@@ -85,7 +87,9 @@ class Request:
     """A request. prompt_ids: its tokens; max_tokens: new tokens at most; temperature, top_k, top_p, seed,
     stop_token_ids: as ``jspec.SamplingParams`` has them (:meth:`sampling_params`), but seed None draws one when
     the request is submitted, and stop_token_ids come besides the model's EOS; sink: called from the scheduler
-    thread with the tokens the request gained and, last, its finish reason ("stop", "length" or "abort")."""
+    thread with the tokens the request gained and, last, its finish reason ("stop", "length" or "abort"); logprobs:
+    None, or K (at most the server's ``max_logprobs``): the sink gets a third argument, the new tokens'
+    ``jspec.logprobs.SequenceLogprobs`` with the K most likely tokens at each position."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -95,6 +99,7 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
     arrival: float = dataclasses.field(default_factory=time.perf_counter)
     cancelled: str | None = None  # the finish reason asked for by cancel()
 
@@ -232,7 +237,9 @@ class SlotEngine:
     nothing foreseeable (module docstring; None: ``default_async_scheduling()``);
     seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
     powers of two from 256, then max_seq_len): a chunk runs at the smallest one holding prompt + max_tokens of
-    every request in its rows.
+    every request in its rows; max_logprobs: None (requests cannot ask for logprobs), or K: every program records
+    each committed token's log-probability and the K most likely tokens at its position (``jspec.logprobs``; vLLM's
+    ``--max-logprobs``), and a request may ask for up to K.
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
@@ -240,7 +247,8 @@ class SlotEngine:
                  max_total_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
-                 seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None):
+                 seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None,
+                 max_logprobs: int | None = None):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -277,8 +285,9 @@ class SlotEngine:
         if engine.data_parallel_size != 1:
             raise ValueError(f"data_parallel_size={engine.data_parallel_size}: the server runs one replica; "
                              f"use tensor parallelism (-tp), or one server per data-parallel group")
+        check_num_logprobs(max_logprobs, engine.config.vocab_size)
         self.engine = engine
-        self.setup = engine.setup.with_max_seq_len(max_seq_len)
+        self.setup = dataclasses.replace(engine.setup.with_max_seq_len(max_seq_len), logprobs=max_logprobs)
         self.max_seq_len = max_seq_len
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
@@ -363,6 +372,13 @@ class SlotEngine:
         check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
         if request.seed is not None:
             check_seed(request.seed)
+        wanted = request.logprobs
+        if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0):
+            raise ValueError(f"logprobs={wanted!r}: expected an integer >= 0")
+        if wanted is not None and (self.setup.logprobs is None or wanted > self.setup.logprobs):
+            most = "none (start it with --max-logprobs K)" if self.setup.logprobs is None else self.setup.logprobs
+            raise ValueError(f"logprobs={wanted}: this server returns at most {most} top log-probabilities per "
+                             f"token (--max-logprobs)")
 
     def submit(self, request: Request) -> Request:
         """Queues a request (checked first: ValueError); QueueFull / NotAccepting when it cannot be taken."""
@@ -439,7 +455,7 @@ class SlotEngine:
                     *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
                     layout=layout, setup=self.setup, seq_len=seq_len, speculate=program != PLAIN,
                     write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk),
-                    short_nodes=self._short_nodes if program == SHORT else None)
+                    short_nodes=self._short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk)
         began = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # XLA compiles without the GIL
             compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
@@ -833,7 +849,7 @@ class SlotEngine:
         requests that held the rows when the program was dispatched (default: those holding them now; a row
         whose request was preempted or freed since is skipped) -> (the loop steps the program ran, (tokens the
         rows gained, verify steps they took, how many of those committed n tokens at index n - 1))."""
-        tokens, num_generated, num_steps, done, hist, step = jax.device_get(out)
+        tokens, num_generated, num_steps, done, hist, step, logprobs = jax.device_get(out)
         now = time.perf_counter()
         chunk_seconds = 0.0 if program is None else now - chunk_start
         speculated = program is not None and program != PLAIN
@@ -847,7 +863,8 @@ class SlotEngine:
                 continue
             request, pending = running.request, running.pending
             running.generated = int(num_generated[k])
-            new = tokens[k, running.context_len + running.emitted:running.seq_len].tolist()
+            first_new = running.context_len + running.emitted
+            new = tokens[k, first_new:running.seq_len].tolist()
             steps = int(num_steps[k]) - running.steps_seen
             if program is not None and steps > 0:
                 chunk_tokens += len(new)
@@ -877,7 +894,13 @@ class SlotEngine:
                 self._release(row)
                 self.metrics.requests.labels(reason).inc()
             if new or reason is not None:
-                _safe_sink(request, new, reason)
+                extra = ()
+                # The readout's window starts at the row's length before the program, which is first_new: readouts
+                # land in dispatch order, so the tokens before it were emitted by the chunk or prefill before.
+                if request.logprobs is not None:
+                    token, top_ids, top = (x[k, :len(new)] for x in logprobs)
+                    extra = (SequenceLogprobs(token, top_ids[:, :request.logprobs], top[:, :request.logprobs]),)
+                _safe_sink(request, new, reason, *extra)
         self.metrics.running.set(self.num_running)
         self.metrics.kv_cache_usage.set(self.blocks.usage)
         ran, self._host_step = int(step) - self._host_step, int(step)
@@ -1017,10 +1040,10 @@ class SlotEngine:
         return timed_chunk
 
 
-def _safe_sink(request: Request, tokens: list[int], reason: str | None) -> None:
+def _safe_sink(request: Request, tokens: list[int], reason: str | None, *logprobs: SequenceLogprobs) -> None:
     """A sink that raises (a client gone mid-write) must not stop the scheduler: the request is cancelled."""
     try:
-        request.sink(tokens, reason)
+        request.sink(tokens, reason, *logprobs)
     except Exception:  # the client's problem, never the loop's
         logger.warning("a request's sink failed; cancelling it", exc_info=True)
         request.cancel()

@@ -31,6 +31,7 @@ CALIBRATION_PROMPT = "\n\n".join(CALIBRATION_PROMPTS)
 BUNDLED_NAME = "jspec-code"
 GPU_MAX_NUM_SEQS = 256  # vLLM's default
 CPU_MAX_NUM_SEQS = 32   # a CPU steps rows one after another: more rows add latency, not throughput
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +73,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="dispatch each chunk before reading the one before back, so the host streams tokens "
                              "and admits requests while the device steps (vLLM's name; default: on a GPU or TPU, "
                              "off on a CPU, where host and steps share the cores)")
+    server.add_argument("--max-logprobs", type=int, default=DEFAULT_MAX_LOGPROBS,
+                        help=f"the most top log-probabilities a request may ask for per token (completions' logprobs, "
+                             f"chat's top_logprobs; vLLM's name; default {DEFAULT_MAX_LOGPROBS}); every step records "
+                             f"them; -1: none (requests asking for logprobs get 400)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds running requests get to finish after SIGTERM")
     add_parallel_args(parser)
@@ -82,7 +87,8 @@ def paged_kwargs(args: argparse.Namespace) -> dict:
     return dict(max_num_seqs=args.max_num_seqs, block_size=args.block_size, max_total_tokens=args.max_total_tokens,
                 kv_cache_memory_fraction=args.kv_cache_memory_fraction,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                enable_prefix_caching=args.enable_prefix_caching, async_scheduling=args.async_scheduling)
+                enable_prefix_caching=args.enable_prefix_caching, async_scheduling=args.async_scheduling,
+                max_logprobs=None if args.max_logprobs == -1 else args.max_logprobs)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -108,6 +114,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--kv-cache-memory-fraction {args.kv_cache_memory_fraction}: expected a number in (0, 1]")
     if args.short_draft_len is not None and args.short_draft_len < 0:
         raise ValueError(f"--short-draft-len {args.short_draft_len}: expected an integer >= 0 (0: no short chain)")
+    if args.max_logprobs < -1:
+        raise ValueError(f"--max-logprobs {args.max_logprobs}: expected an integer >= 0, or -1 for none")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
     if args.data_parallel_size != 1:

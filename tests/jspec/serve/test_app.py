@@ -11,6 +11,7 @@ import time
 
 import httpx
 import jax
+import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -30,6 +31,7 @@ from tests.jspec.serve.scripted_adapters import Cycling
 pytestmark = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 
 MAX_SEQ_LEN = 128
+MAX_LOGPROBS = 5
 NAME = "jspec-code"
 CODE = '''import os
 
@@ -106,7 +108,7 @@ def server():
     """4 slots, load adaptation and prefix caching on (the defaults); one occupancy bucket (fewer programs to
     compile than the default four) and prefills of at most 32 prompt slots: two prompt widths, a longer prompt
     prefilled in pieces between chunks (9 programs to compile against 19 at 128 slots)."""
-    served = Server(max_batch_size=4, row_buckets=(4,), max_num_batched_tokens=32)
+    served = Server(max_batch_size=4, row_buckets=(4,), max_num_batched_tokens=32, max_logprobs=MAX_LOGPROBS)
     yield served
     served.stop()
 
@@ -155,6 +157,54 @@ def test_chat_stream_equals_whole(server, tokenizer):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_completion_logprobs_equal_offline_plain_decoding(server):
+    """Greedy: each token's log-probability and the top 5 at its position, through the official client, equal
+    offline plain decoding's (the served step verifies the hybrid's drafts: the verify pass's values), whole and
+    streamed."""
+    prompt = "def fibonacci(n):"
+    whole = server.client.completions.create(model=NAME, prompt=prompt, max_tokens=24, logprobs=MAX_LOGPROBS)
+    chunks = list(server.client.completions.create(model=NAME, prompt=prompt, max_tokens=24, stream=True,
+                                                   logprobs=MAX_LOGPROBS))
+    plain = server.engine.plain().generate([prompt], max_new_tokens=24, logprobs=MAX_LOGPROBS)
+    want, ids = plain.logprobs[0], plain.token_ids[0]
+    got = whole.choices[0].logprobs
+    assert whole.choices[0].text == plain.texts[0]
+    np.testing.assert_allclose(got.token_logprobs, want.token, atol=1e-5, rtol=1e-5)
+    def name(token_id):
+        return server.engine.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+    assert got.tokens == [name(i) for i in ids]
+    assert got.text_offset == list(np.cumsum([0] + [len(t) for t in got.tokens[:-1]]))
+    for top, top_ids, top_values in zip(got.top_logprobs, want.top_ids, want.top):
+        expected = {}
+        for i, value in zip(top_ids, top_values):  # greedy: the chosen token is among them
+            expected.setdefault(name(i), value)
+        assert list(top) == list(expected)
+        np.testing.assert_allclose(list(top.values()), list(expected.values()), atol=1e-5, rtol=1e-5)
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    np.testing.assert_allclose(streamed, got.token_logprobs, atol=1e-5, rtol=1e-5)  # another request: other rows
+
+
+def test_chat_logprobs_and_top_logprobs(server, tokenizer):
+    messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    whole = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=12,
+                                                  logprobs=True, top_logprobs=3)
+    prompt = tokenizer.encode("user: Write a function that adds two numbers.\nassistant:").ids
+    plain = server.engine.plain().generate([prompt], max_new_tokens=12, logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert [c.token for c in content] == [tokenizer.decode([i], skip_special_tokens=False)
+                                          for i in plain.token_ids[0]]
+    np.testing.assert_allclose([c.logprob for c in content], plain.logprobs[0].token, atol=1e-5, rtol=1e-5)
+    assert all(len(c.top_logprobs) == 3 and c.bytes == list(c.token.encode()) for c in content)
+    np.testing.assert_allclose([[t.logprob for t in c.top_logprobs] for c in content], plain.logprobs[0].top,
+                               atol=1e-5, rtol=1e-5)
+    bare = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=4,
+                                                 logprobs=True)
+    assert all(c.top_logprobs == [] for c in bare.choices[0].logprobs.content)
+    assert server.client.chat.completions.create(model=NAME, messages=messages,
+                                                 max_completion_tokens=2).choices[0].logprobs is None
 
 
 def test_chat_default_max_tokens_is_the_rest_of_the_context(server, tokenizer):
@@ -359,13 +409,18 @@ BAD = [  # (path, body, the param named)
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [-3]}, None),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, "model"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": MAX_LOGPROBS + 1}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
     ("/v1/completions", {"prompt": "x", "best_of": 2}, "best_of"),
     ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
     ("/v1/chat/completions", {"model": NAME}, "messages"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages[0]"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                              "top_logprobs": MAX_LOGPROBS + 1}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
      "max_completion_tokens"),
 ]
