@@ -25,6 +25,7 @@ from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup, check_capture_layers
 from jspec.logprobs import SequenceLogprobs, check_num_logprobs
+from jspec.prompt_logprobs import score_prompts
 from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
                             param_specs, put, replicated_specs, to_host)
@@ -56,13 +57,15 @@ class GenerateOutput:
     """hidden_states: None unless ``capture_hidden_states`` was given; else per prompt one float32 array
     [len(layers), prompt_len + len(token_ids), H], position-aligned with prompt + token_ids. logprobs: None unless
     ``logprobs`` was given; else per prompt the log-probability of each of its token_ids and the ``logprobs`` most
-    likely tokens at each position (``jspec.logprobs.SequenceLogprobs``)."""
+    likely tokens at each position (``jspec.logprobs.SequenceLogprobs``). prompt_logprobs: None unless
+    ``prompt_logprobs`` was given; else per prompt the same for its tokens 1 .. P - 1 (the first has none)."""
 
     token_ids: list[list[int]]
     texts: list[str] | None
     stats: GenerateStats
     hidden_states: list[np.ndarray] | None = None
     logprobs: list[SequenceLogprobs] | None = None
+    prompt_logprobs: list[SequenceLogprobs] | None = None
 
 
 def default_dtype() -> str | None:
@@ -207,7 +210,8 @@ class SpecEngine:
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
                  stop_token_ids: Sequence[int] | None = None,
-                 capture_hidden_states: Sequence[int] = (), logprobs: int | None = None) -> GenerateOutput:
+                 capture_hidden_states: Sequence[int] = (), logprobs: int | None = None,
+                 prompt_logprobs: int | None = None) -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
         or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``).
 
@@ -215,6 +219,8 @@ class SpecEngine:
         the K most likely tokens at its position, in ``GenerateOutput.logprobs``; the target's log-softmax before
         temperature, top-k or top-p (vLLM's default), from the pass that committed the token (the verify pass under
         speculation: the same values as plain decoding's, up to float rounding). A compiled program per K.
+        prompt_logprobs: None, or K (vLLM's ``SamplingParams.prompt_logprobs``): the same for the prompt's tokens,
+        from a teacher-forced pass over the prompts in a program of its own (``jspec.prompt_logprobs``).
 
         capture_hidden_states: target layers whose residual-stream states to return for every token of each
         sequence, prompt and generated (features for drafter training; TensorRT-LLM's SAVE_HIDDEN_STATES), in
@@ -224,6 +230,7 @@ class SpecEngine:
         compiled program per layer list); the tokens are the same as without capture."""
         layers = check_capture_layers(capture_hidden_states, self.config.num_layers)
         num_top = check_num_logprobs(logprobs, self.config.vocab_size)
+        prompt_top = check_num_logprobs(prompt_logprobs, self.config.vocab_size, name="prompt_logprobs")
         batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
         result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top)
         num_generated = to_host(result.num_generated)
@@ -242,7 +249,19 @@ class SpecEngine:
             values = [to_host(x) for x in result.logprobs]
             per_token = [SequenceLogprobs(*(x[b, batch.prompt_lens[b]:batch.prompt_lens[b] + num_generated[b]]
                                             for x in values)) for b in range(batch.batch_size)]
-        return GenerateOutput(token_ids, texts, stats, hidden, per_token)
+        scored = None if prompt_top is None else self._prompt_logprobs(batch, prompt_top)
+        return GenerateOutput(token_ids, texts, stats, hidden, per_token, scored)
+
+    def _prompt_logprobs(self, batch: PaddedBatch, num_top: int) -> list[SequenceLogprobs]:
+        """Each prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``; a program per bucket)."""
+        key = ("prompt_logprobs", batch.prompt_ids.shape, num_top)
+        args = self._arguments(batch, SamplingParams())[:4]
+        if key not in self._compiled:
+            setup = self.setup.with_max_seq_len(batch.seq_len)
+            self._compiled[key] = score_prompts.lower(args[0], args[2], args[3], setup=setup,
+                                                      num_top=num_top).compile()
+        values = [to_host(x) for x in self._compiled[key](args[0], args[2], args[3])]
+        return [SequenceLogprobs(*(x[b, 1:batch.prompt_lens[b]] for x in values)) for b in range(batch.batch_size)]
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]], max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,

@@ -78,12 +78,12 @@ def record(buffers: Logprobs | None, logits: jax.Array, tokens: jax.Array, start
     return write(buffers, of_tokens(logits, tokens, buffers.top_ids.shape[-1]), start, count)
 
 
-def check_num_logprobs(logprobs: int | None, vocab_size: int) -> int | None:
+def check_num_logprobs(logprobs: int | None, vocab_size: int, name: str = "logprobs") -> int | None:
     """``logprobs`` when it is None (none recorded) or an integer in [0, vocab_size] (the most likely tokens
-    returned per position beside the chosen one); else ValueError."""
+    returned per position beside the chosen one); else ValueError naming it as ``name``."""
     if logprobs is None:
         return None
     if not isinstance(logprobs, (int, np.integer)) or isinstance(logprobs, bool) or not 0 <= logprobs <= vocab_size:
-        raise ValueError(f"logprobs={logprobs!r}: expected None or an integer in [0, {vocab_size}] (the most likely "
+        raise ValueError(f"{name}={logprobs!r}: expected None or an integer in [0, {vocab_size}] (the most likely "
                          f"tokens to return per position beside the chosen one)")
     return int(logprobs)

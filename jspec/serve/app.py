@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from jspec.detokenize import TextStream
 from jspec.logprobs import SequenceLogprobs
-from jspec.serve.logprobs import chat_logprobs, completion_logprobs
+from jspec.serve.logprobs import chat_logprobs, completion_logprobs, with_prompt
 from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, parse_chat, parse_completion
 from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
 from jspec.serve.stop_strings import StopMatcher
@@ -113,7 +113,8 @@ class _Generation:
 
         self.request = Request(
             list(params.prompt_ids), params.max_tokens, sink, temperature=params.temperature, top_k=params.top_k,
-            top_p=params.top_p, seed=params.seed, stop_token_ids=params.stop_token_ids, logprobs=params.logprobs)
+            top_p=params.top_p, seed=params.seed, stop_token_ids=params.stop_token_ids, logprobs=params.logprobs,
+            prompt_logprobs=params.echo and params.logprobs is not None)
         try:
             slots.submit(self.request)
         except ValueError as error:
@@ -160,7 +161,7 @@ async def _answer(http: HTTPRequest, slots: SlotEngine, model: ModelInfo, params
                                  headers={"Cache-Control": "no-cache"})
     watcher = asyncio.ensure_future(_cancel_on_disconnect(http, generation))
     try:
-        text = "".join([piece async for piece, _, _ in generation.pieces()])
+        text = shape.echoed_text + "".join([piece async for piece, _, _ in generation.pieces()])
     finally:
         watcher.cancel()
         generation.cancel_unless_finished()
@@ -178,7 +179,11 @@ async def _stream(generation: _Generation, shape: "_Shape") -> AsyncIterator[str
     try:
         if shape.chat:
             yield _event(shape.chunk({"role": "assistant", "content": ""}, None))
+        echo = shape.params.echo
         async for text, tokens, logprobs in generation.pieces():
+            if echo:  # the prompt first (scored before the first tokens arrive)
+                yield _event(shape.echo_chunk(generation.request.scored_prompt))
+                echo = False
             # tokens whose text is held back: no event, unless their ids or log-probabilities are asked for
             if text or (tokens and (shape.params.return_token_ids or logprobs is not None)):
                 yield _event(shape.chunk(text, None, tokens, logprobs))
@@ -200,6 +205,10 @@ class _Shape:
     def __init__(self, model: ModelInfo, chat: bool, params: GenerationParams, prompt_tokens: int):
         self.chat, self.params, self.prompt_tokens = chat, params, prompt_tokens
         self.tokenizer = model.tokenizer
+        self.echoed_text = ""
+        if params.echo:
+            self.echoed_text = params.prompt_text if params.prompt_text is not None else (
+                model.tokenizer.decode(params.prompt_ids) if model.tokenizer is not None else "")
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.head = {"id": self.id, "object": "chat.completion" if chat else "text_completion",
                      "created": int(time.time()), "model": model.name}
@@ -217,6 +226,9 @@ class _Shape:
         logprobs = None
         if self.params.logprobs is not None:
             logprobs = self.logprobs(generation.token_ids, generation.logprobs)
+            if self.params.echo:
+                logprobs = with_prompt(self.tokenizer, self.params.prompt_ids, generation.request.scored_prompt,
+                                       logprobs)
         choice.update(logprobs=logprobs, finish_reason=generation.finish_reason)
         if self.params.return_token_ids:
             choice["token_ids"] = generation.token_ids
@@ -229,6 +241,13 @@ class _Shape:
                                                      "text_offset": []}
         values = SequenceLogprobs(*(np.concatenate(x) for x in zip(*parts)))
         return (chat_logprobs if self.chat else completion_logprobs)(self.tokenizer, token_ids, values)
+
+    def echo_chunk(self, scored: SequenceLogprobs | None) -> dict[str, Any]:
+        """The first chunk of an echoed completion: the prompt's text (and its tokens' log-probabilities)."""
+        out = self.chunk(self.echoed_text, None)
+        if self.params.logprobs is not None:
+            out["choices"][0]["logprobs"] = with_prompt(self.tokenizer, self.params.prompt_ids, scored, None)
+        return out
 
     def chunk(self, delta: str | dict, finish_reason: str | None, tokens: list[int] | None = None,
               logprobs: SequenceLogprobs | None = None) -> dict[str, Any]:

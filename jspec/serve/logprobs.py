@@ -66,3 +66,24 @@ def chat_logprobs(tokenizer, token_ids: Sequence[int], values: SequenceLogprobs)
     for chosen, logprob, ids, logprobs in zip(token_ids, values.token, values.top_ids, values.top):
         content.append({**entry(chosen, logprob), "top_logprobs": [entry(i, lp) for i, lp in zip(ids, logprobs)]})
     return {"content": content}
+
+
+def with_prompt(tokenizer, prompt_ids: Sequence[int], scored: SequenceLogprobs | None,
+                completion: dict[str, Any] | None) -> dict[str, Any]:
+    """A completions ``logprobs`` object for ``echo``: the prompt's tokens first (the first with null values, as
+    OpenAI's: nothing predicts it; ``scored``: the rest's), then ``completion``'s (None: none yet), text offsets
+    running from the prompt's start."""
+    first = _Names(tokenizer)(prompt_ids[0])
+    prompt = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
+    if scored is not None and len(prompt_ids) > 1:
+        rest = completion_logprobs(tokenizer, prompt_ids[1:], scored)
+        for field in ("tokens", "token_logprobs", "top_logprobs"):
+            prompt[field] += rest[field]
+        prompt["text_offset"] += [len(first) + at for at in rest["text_offset"]]
+    if completion is None:
+        return prompt
+    shift = prompt["text_offset"][-1] + len(prompt["tokens"][-1])
+    return {"tokens": prompt["tokens"] + completion["tokens"],
+            "token_logprobs": prompt["token_logprobs"] + completion["token_logprobs"],
+            "top_logprobs": prompt["top_logprobs"] + completion["top_logprobs"],
+            "text_offset": prompt["text_offset"] + [shift + at for at in completion["text_offset"]]}

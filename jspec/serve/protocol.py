@@ -6,8 +6,9 @@ context, stop ids) and its ValueError is answered the same way (HTTP 400). Field
 vLLM's extensions ``top_k`` (-1 or 0 = off), ``stop_token_ids`` and ``return_token_ids`` (the generated token
 ids in each choice). Log-probabilities as OpenAI asks for them: completions ``logprobs: K`` (the K most likely
 tokens beside the chosen one), chat ``logprobs: true`` with ``top_logprobs: K``; at most the server's
-``--max-logprobs``. Features this server does not have (n > 1, best_of, echo, penalties, tools, ...) are refused by
-name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
+``--max-logprobs``. Completions' ``echo`` returns the prompt before the completion (with ``logprobs``, the prompt
+tokens' too). Features this server does not have (n > 1, best_of, penalties, tools, ...) are refused by name rather
+than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
 
 Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
 and an open assistant line::
@@ -69,13 +70,14 @@ class GenerationParams:
     include_usage: bool = False
     return_token_ids: bool = False
     logprobs: int | None = None  # None: no log-probabilities; K: each token's and the K most likely at its position
+    echo: bool = False           # completions: the prompt's text (and log-probabilities) before the completion's
+    prompt_text: str | None = None  # the prompt as the client sent it (a string), for echo
 
 
 # field -> the values that ask for nothing (anything else asks for a feature this server lacks)
 _NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v is None or v == 1,
     "best_of": lambda v: v is None or v == 1,
-    "echo": lambda v: v is None or v is False,
     "suffix": lambda v: v is None or v == "",
     "presence_penalty": lambda v: v is None or v == 0,
     "frequency_penalty": lambda v: v is None or v == 0,
@@ -98,13 +100,20 @@ def parse_completion(body: Any, model: ModelInfo) -> GenerationParams:
     prompt_ids = _prompt_ids(body.get("prompt"), model)
     default = max(1, min(COMPLETIONS_DEFAULT_MAX_TOKENS, model.max_seq_len - len(prompt_ids)))
     params = _params(body, prompt_ids, _int(body, "max_tokens", default, low=1), model.vocab_size)
-    return dataclasses.replace(params, logprobs=_logprobs("logprobs", _int(body, "logprobs", None, low=0), model))
+    prompt = body.get("prompt")
+    prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)) \
+        else prompt
+    return dataclasses.replace(params, logprobs=_logprobs("logprobs", _int(body, "logprobs", None, low=0), model),
+                               echo=_bool(body, "echo", False), prompt_text=prompt if isinstance(prompt, str) else None)
 
 
 def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
     """A ``/v1/chat/completions`` body; max_completion_tokens (or the older max_tokens) defaults to the rest of
     the context. With a chat template, its end-of-turn token is a stop token too."""
     body = _common_checks(body, model)
+    if body.get("echo") not in (None, False):
+        raise APIError(f"echo={_show(body['echo'])} is not supported for chat: it is a completions field",
+                       param="echo", code="unsupported")
     messages = _messages(body.get("messages"))
     if model.tokenizer is None:
         raise APIError("chat needs the model's tokenizer.json, and this model has none", param="messages")

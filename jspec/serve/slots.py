@@ -56,6 +56,7 @@ import numpy as np
 from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
 from jspec.config import SEED_RANGE, SamplingParams, SpecConfig, check_seed, check_token_ids
 from jspec.logprobs import SequenceLogprobs, check_num_logprobs
+from jspec.prompt_logprobs import score_prompts
 from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedChunk, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
@@ -89,7 +90,9 @@ class Request:
     the request is submitted, and stop_token_ids come besides the model's EOS; sink: called from the scheduler
     thread with the tokens the request gained and, last, its finish reason ("stop", "length" or "abort"); logprobs:
     None, or K (at most the server's ``max_logprobs``): the sink gets a third argument, the new tokens'
-    ``jspec.logprobs.SequenceLogprobs`` with the K most likely tokens at each position."""
+    ``jspec.logprobs.SequenceLogprobs`` with the K most likely tokens at each position; prompt_logprobs: with
+    logprobs, also score the prompt (OpenAI's ``echo``): ``scored_prompt`` holds its tokens' 1 .. P - 1 before the
+    sink is first called."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -100,6 +103,8 @@ class Request:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
+    prompt_logprobs: bool = False
+    scored_prompt: SequenceLogprobs | None = None
     arrival: float = dataclasses.field(default_factory=time.perf_counter)
     cancelled: str | None = None  # the finish reason asked for by cancel()
 
@@ -373,6 +378,8 @@ class SlotEngine:
         if request.seed is not None:
             check_seed(request.seed)
         wanted = request.logprobs
+        if request.prompt_logprobs and wanted is None:
+            raise ValueError("prompt_logprobs needs logprobs=K (how many top log-probabilities per token)")
         if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0):
             raise ValueError(f"logprobs={wanted!r}: expected an integer >= 0")
         if wanted is not None and (self.setup.logprobs is None or wanted > self.setup.logprobs):
@@ -448,6 +455,12 @@ class SlotEngine:
                     lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
                         *args, self._store, *examples["prefill_cached", rows, width], layout=layout,
                         setup=self.setup, seq_len=self.max_seq_len)
+        if self.setup.logprobs is not None:  # prompt scoring (echo), one row at any prompt width
+            for width in prompt_buckets(self.max_prompt_width, half_steps=False):
+                lowered["score", width] = score_prompts.lower(
+                    self.engine.params, self._place(np.zeros((1, width), np.int32)),
+                    self._place(np.ones((1,), np.int32)), setup=self.setup.with_max_seq_len(self.max_seq_len),
+                    num_top=self.setup.logprobs)
         for program, rows in self._step_programs():
             example = self._step_arrays([], rows)
             for seq_len in self.seq_buckets:
@@ -630,6 +643,9 @@ class SlotEngine:
         for row, running in admitted:
             self._rows[row] = running
             self._set_table(row, running.pages)
+            request = running.request
+            if request.prompt_logprobs and request.scored_prompt is None:
+                request.scored_prompt = self._score_prompt(request.prompt_ids, request.logprobs)
             if not running.pending.generated:
                 self.metrics.prompt_tokens.inc(running.context_len)
             rest = running.context_len - running.cached
@@ -657,6 +673,17 @@ class SlotEngine:
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
         return computed
+
+    def _score_prompt(self, prompt_ids: list[int], num_top: int) -> SequenceLogprobs:
+        """A prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``), their num_top most likely
+        tokens too: one program call over its width bucket."""
+        width = prompt_bucket(len(prompt_ids), self.max_prompt_width, half_steps=False)
+        ids = np.zeros((1, width), np.int32)
+        ids[0, :len(prompt_ids)] = prompt_ids
+        values = jax.device_get(self._compiled["score", width](self.engine.params, self._place(ids),
+                                                              self._place(np.asarray([len(prompt_ids)], np.int32))))
+        token, top_ids, top = (x[0, 1:len(prompt_ids)] for x in values)
+        return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
 
     def _continue_prefills(self, budget: int) -> None:
         """Prefills the next piece of prompts prefilled in pieces (chunked prefill), oldest first, while the

@@ -20,6 +20,7 @@ SPEC_TOL = dict(atol=1e-5, rtol=1e-5)  # float32: a verify pass of T tokens agai
 PROMPTS = ["def fibonacci(n):", "import os\nclass Config:\n    def __init__(self", "x = [i * i for i in",
            "    return sorted("]  # ragged lengths
 NUM_TOP = 5
+CODE_130 = "\n".join(f"value_{i} = compute({i}, scale=2)" for i in range(14))  # > 128 tokens
 DRAFTERS = {  # drafter name -> the tree it verifies
     "eagle3": jspec.SpecConfig(tree="dynamic", num_steps=4, topk=4, num_draft_tokens=16),
     "draft": jspec.SpecConfig(tree="chain", num_steps=4),
@@ -96,3 +97,19 @@ def test_no_logprobs_unless_asked_and_bad_values_refused(plain_engine):
     for bad in (-1, 4097, 2.0, True):
         with pytest.raises(ValueError, match=f"logprobs={bad!r}: expected None or an integer in \\[0, 4096\\]"):
             plain_engine.generate(PROMPTS[:1], max_new_tokens=2, logprobs=bad)
+
+
+def test_prompt_logprobs_equal_transformers(hf_target, plain_engine):
+    """Each prompt token's log-probability after the tokens before it (vLLM's prompt_logprobs), ragged prompts,
+    one longer than a POSITION_CHUNK of the scoring program."""
+    prompts = PROMPTS[:3] + [CODE_130]
+    out = plain_engine.generate(prompts, max_new_tokens=2, prompt_logprobs=NUM_TOP)
+    for prompt, got in zip(plain_engine.encode(prompts), out.prompt_logprobs):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            want = torch.log_softmax(hf_target(ids).logits[0, :-1].float(), dim=-1).numpy()
+        n = len(prompt) - 1
+        assert got.token.shape == (n,) and got.top.shape == (n, NUM_TOP)
+        np.testing.assert_allclose(got.token, want[np.arange(n), prompt[1:]], atol=TOL)
+        np.testing.assert_allclose(got.top, np.sort(want, axis=-1)[:, ::-1][:, :NUM_TOP], atol=TOL)
+    assert out.logprobs is None

@@ -187,6 +187,33 @@ def test_completion_logprobs_equal_offline_plain_decoding(server):
     np.testing.assert_allclose(streamed, got.token_logprobs, atol=1e-5, rtol=1e-5)  # another request: other rows
 
 
+def test_echo_returns_the_prompt_and_its_logprobs(server, tokenizer):
+    """echo + logprobs (lm-eval's loglikelihood requests): the prompt's text before the completion, the first prompt
+    token with null values, the others' log-probabilities equal offline ``prompt_logprobs`` (themselves equal to
+    transformers', tests/jspec/test_logprobs.py), then the completion's; streamed, the prompt comes first."""
+    prompt = "def add(a, b):\n    return"
+    whole = server.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=2)
+    offline = server.engine.plain().generate([prompt], max_new_tokens=4, logprobs=2, prompt_logprobs=2)
+    ids = tokenizer.encode(prompt).ids
+    choice = whole.choices[0]
+    assert choice.text == prompt + offline.texts[0]
+    got = choice.logprobs
+    assert len(got.tokens) == len(ids) + 4 and got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    np.testing.assert_allclose(got.token_logprobs[1:len(ids)], offline.prompt_logprobs[0].token, atol=1e-5,
+                               rtol=1e-5)
+    np.testing.assert_allclose(got.token_logprobs[len(ids):], offline.logprobs[0].token, atol=1e-5, rtol=1e-5)
+    assert got.text_offset == list(np.cumsum([0] + [len(t) for t in got.tokens[:-1]]))
+    chunks = list(server.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=2,
+                                                   stream=True))
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    streamed = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None
+    np.testing.assert_allclose(streamed[1:], got.token_logprobs[1:], atol=1e-5, rtol=1e-5)
+    echoed = server.client.completions.create(model=NAME, prompt=prompt, max_tokens=3, echo=True)
+    assert echoed.choices[0].text.startswith(prompt) and echoed.choices[0].logprobs is None
+
+
 def test_chat_logprobs_and_top_logprobs(server, tokenizer):
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
     whole = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=12,
@@ -413,11 +440,11 @@ BAD = [  # (path, body, the param named)
     ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
     ("/v1/completions", {"prompt": "x", "best_of": 2}, "best_of"),
-    ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
     ("/v1/chat/completions", {"model": NAME}, "messages"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages[0]"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
                               "top_logprobs": MAX_LOGPROBS + 1}, "top_logprobs"),
