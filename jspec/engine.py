@@ -270,8 +270,8 @@ class SpecEngine:
         """Generates the reply to a conversation ([{"role": "user", "content": "..."}, ...]) or to each of a list
         of them: rendered with the checkpoint's chat_template and encoded as transformers'
         ``apply_chat_template(..., tokenize=True)`` does (``jspec.chat``), then :meth:`generate` (which
-        ``capture_hidden_states`` and ``logprobs`` go to). Stops at EOS and at tokenizer_config.json's eos_token, the model's end
-        of turn (e.g. Qwen's ``<|im_end|>``)."""
+        ``capture_hidden_states`` and ``logprobs`` go to). Stops at EOS and at tokenizer_config.json's eos_token,
+        the model's end of turn (e.g. Qwen's ``<|im_end|>``)."""
         conversations = as_conversations(messages)
         if self.chat_template is None or self.tokenizer is None:
             raise ValueError("chat needs the checkpoint's chat_template (tokenizer_config.json) and tokenizer.json, "
