@@ -28,6 +28,9 @@ SLOW: dict[str, str] = {
     "tests/jspec/serve/test_app.py::test_sampled_request_alone_equals_it_among_15_others":
         "a seeded sampled request's tokens do not depend on its neighbours; default: test_per_request_seeds, "
         "test_slots",
+    "tests/jspec/serve/test_app.py::test_n_choices_with_a_seed_each_equal_a_single_request_with_its_seed":
+        "n sampled choices each equal a request with its derived seed (on the 16-slot server without load "
+        "adaptation); default: test_best_of_keeps_the_most_likely_choices (n and best_of through the client)",
     "tests/jspec/serve/test_app.py::test_a_full_queue_answers_503_with_retry_after":
         "a full queue answers 503 with Retry-After; default: the other 503 tests (warm-up, shutdown)",
     "tests/jspec/serve/test_serve_process.py::test_serve_answers_then_drains_on_sigterm":

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from jspec.detokenize import TextStream
 from jspec.logprobs import SequenceLogprobs
 from jspec.serve.logprobs import chat_logprobs, completion_logprobs, with_prompt
-from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, parse_chat, parse_completion
+from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, choice_params, parse_chat, parse_completion
 from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
 from jspec.serve.stop_strings import StopMatcher
 
@@ -154,45 +154,90 @@ class _Generation:
 
 async def _answer(http: HTTPRequest, slots: SlotEngine, model: ModelInfo, params: GenerationParams,
                   chat: bool) -> Response:
-    generation = _Generation(slots, model, params)
+    """Submits the request's ``best_of`` choices (``choice_params``) and answers with ``n`` of them."""
+    generations: list[_Generation] = []
+    try:
+        for child in choice_params(params):
+            generations.append(_Generation(slots, model, child))
+    except APIError:
+        for generation in generations:
+            generation.cancel_unless_finished()
+        raise
     shape = _Shape(model, chat, params, len(params.prompt_ids))
     if params.stream:
-        return StreamingResponse(_stream(generation, shape), media_type="text/event-stream",
+        return StreamingResponse(_stream(generations, shape), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(http, generation))
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(http, generations))
+
+    async def whole_text(generation: _Generation) -> str:
+        return shape.echoed_text + "".join([piece async for piece, _, _ in generation.pieces()])
+
     try:
-        text = shape.echoed_text + "".join([piece async for piece, _, _ in generation.pieces()])
+        texts = await asyncio.gather(*(whole_text(g) for g in generations))
     finally:
         watcher.cancel()
-        generation.cancel_unless_finished()
-    return JSONResponse(shape.whole(text, generation))
+        for generation in generations:
+            generation.cancel_unless_finished()
+    chosen = best_choices(generations, params.n)
+    return JSONResponse(shape.whole([texts[i] for i in chosen], [generations[i] for i in chosen],
+                                    completion_tokens=sum(len(g.token_ids) for g in generations)))
 
 
-async def _cancel_on_disconnect(http: HTTPRequest, generation: _Generation) -> None:
+def best_choices(generations: list["_Generation"], n: int) -> list[int]:
+    """The n choices to answer with: all of them in order when there are n, else (``best_of``) the n with the
+    highest cumulative log-probability of their tokens, best first (vLLM's and OpenAI's rule)."""
+    if len(generations) == n:
+        return list(range(n))
+    score = [sum(float(part.token.sum()) for part in g.logprobs) for g in generations]
+    return sorted(range(len(generations)), key=lambda i: -score[i])[:n]
+
+
+async def _cancel_on_disconnect(http: HTTPRequest, generations: list[_Generation]) -> None:
     while not await http.is_disconnected():
         await asyncio.sleep(DISCONNECT_POLL_SECONDS)
-    generation.cancel_unless_finished()
+    for generation in generations:
+        generation.cancel_unless_finished()
 
 
-async def _stream(generation: _Generation, shape: "_Shape") -> AsyncIterator[str]:
-    """Server-sent events; a client that leaves cancels this generator (Starlette), and so the request."""
+async def _stream(generations: list[_Generation], shape: "_Shape") -> AsyncIterator[str]:
+    """Server-sent events, the choices' pieces interleaved as they come (each chunk names its choice's index); a
+    client that leaves cancels this generator (Starlette), and so the requests."""
+    events: asyncio.Queue[tuple[int, tuple | None]] = asyncio.Queue()
+
+    async def pump(index: int, generation: _Generation) -> None:
+        async for piece in generation.pieces():
+            await events.put((index, piece))
+        await events.put((index, None))
+
+    pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
     try:
         if shape.chat:
-            yield _event(shape.chunk({"role": "assistant", "content": ""}, None))
-        echo = shape.params.echo
-        async for text, tokens, logprobs in generation.pieces():
-            if echo:  # the prompt first (scored before the first tokens arrive)
-                yield _event(shape.echo_chunk(generation.request.scored_prompt))
-                echo = False
+            for index in range(len(generations)):
+                yield _event(shape.chunk({"role": "assistant", "content": ""}, None, index=index))
+        echo = [shape.params.echo] * len(generations)
+        running = len(generations)
+        while running:
+            index, piece = await events.get()
+            generation = generations[index]
+            if piece is None:
+                yield _event(shape.chunk("", generation.finish_reason, index=index))
+                running -= 1
+                continue
+            text, tokens, logprobs = piece
+            if echo[index]:  # the prompt first (scored before the first tokens arrive)
+                yield _event(shape.echo_chunk(generation.request.scored_prompt, index))
+                echo[index] = False
             # tokens whose text is held back: no event, unless their ids or log-probabilities are asked for
             if text or (tokens and (shape.params.return_token_ids or logprobs is not None)):
-                yield _event(shape.chunk(text, None, tokens, logprobs))
-        yield _event(shape.chunk("", generation.finish_reason))
+                yield _event(shape.chunk(text, None, tokens, logprobs, index=index))
         if shape.params.include_usage:
-            yield _event(shape.usage_chunk(len(generation.token_ids)))
+            yield _event(shape.usage_chunk(sum(len(g.token_ids) for g in generations)))
         yield "data: [DONE]\n\n"
     finally:
-        generation.cancel_unless_finished()
+        for task in pumps:
+            task.cancel()
+        for generation in generations:
+            generation.cancel_unless_finished()
 
 
 def _event(payload: dict[str, Any]) -> str:
@@ -217,22 +262,27 @@ class _Shape:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": self.prompt_tokens + completion_tokens}
 
-    def whole(self, text: str, generation: _Generation) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        logprobs = None
-        if self.params.logprobs is not None:
-            logprobs = self.logprobs(generation.token_ids, generation.logprobs)
-            if self.params.echo:
-                logprobs = with_prompt(self.tokenizer, self.params.prompt_ids, generation.request.scored_prompt,
-                                       logprobs)
-        choice.update(logprobs=logprobs, finish_reason=generation.finish_reason)
-        if self.params.return_token_ids:
-            choice["token_ids"] = generation.token_ids
-        return {**self.head, "choices": [choice], "usage": self.usage(len(generation.token_ids))}
+    def whole(self, texts: list[str], generations: list[_Generation], completion_tokens: int) -> dict[str, Any]:
+        """The whole answer: one choice per text (index in order); usage counts every choice generated (best_of's
+        too, as OpenAI bills them)."""
+        choices = []
+        for index, (text, generation) in enumerate(zip(texts, generations)):
+            choice: dict[str, Any] = {"index": index}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            logprobs = None
+            if self.params.logprobs is not None:
+                logprobs = self.logprobs(generation.token_ids, generation.logprobs)
+                if self.params.echo:
+                    logprobs = with_prompt(self.tokenizer, self.params.prompt_ids, generation.request.scored_prompt,
+                                           logprobs)
+            choice.update(logprobs=logprobs, finish_reason=generation.finish_reason)
+            if self.params.return_token_ids:
+                choice["token_ids"] = generation.token_ids
+            choices.append(choice)
+        return {**self.head, "choices": choices, "usage": self.usage(completion_tokens)}
 
     def logprobs(self, token_ids: list[int], parts: list[SequenceLogprobs]) -> dict[str, Any]:
         """OpenAI's ``logprobs`` object of ``token_ids`` from their log-probabilities (in pieces, in order)."""
@@ -242,16 +292,16 @@ class _Shape:
         values = SequenceLogprobs(*(np.concatenate(x) for x in zip(*parts)))
         return (chat_logprobs if self.chat else completion_logprobs)(self.tokenizer, token_ids, values)
 
-    def echo_chunk(self, scored: SequenceLogprobs | None) -> dict[str, Any]:
+    def echo_chunk(self, scored: SequenceLogprobs | None, index: int = 0) -> dict[str, Any]:
         """The first chunk of an echoed completion: the prompt's text (and its tokens' log-probabilities)."""
-        out = self.chunk(self.echoed_text, None)
+        out = self.chunk(self.echoed_text, None, index=index)
         if self.params.logprobs is not None:
             out["choices"][0]["logprobs"] = with_prompt(self.tokenizer, self.params.prompt_ids, scored, None)
         return out
 
     def chunk(self, delta: str | dict, finish_reason: str | None, tokens: list[int] | None = None,
-              logprobs: SequenceLogprobs | None = None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0}
+              logprobs: SequenceLogprobs | None = None, index: int = 0) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
             choice["delta"] = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
         else:

@@ -7,8 +7,10 @@ vLLM's extensions ``top_k`` (-1 or 0 = off), ``stop_token_ids`` and ``return_tok
 ids in each choice). Log-probabilities as OpenAI asks for them: completions ``logprobs: K`` (the K most likely
 tokens beside the chosen one), chat ``logprobs: true`` with ``top_logprobs: K``; at most the server's
 ``--max-logprobs``. Completions' ``echo`` returns the prompt before the completion (with ``logprobs``, the prompt
-tokens' too). Features this server does not have (n > 1, best_of, penalties, tools, ...) are refused by name rather
-than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
+tokens' too). ``n`` choices (``best_of`` candidates, the n most likely kept) run as requests of their own,
+choice i with seed ``choice_seed(seed, i)`` (:func:`choice_params`). Features this server does not have
+(penalties, tools, ...) are refused by name rather than ignored; fields that mean nothing here (``user``,
+``metadata``, ...) are ignored.
 
 Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
 and an open assistant line::
@@ -24,9 +26,12 @@ import dataclasses
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 from jspec.config import check_seed, check_token_ids
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_CHOICES = 16  # n and best_of at most (each choice is a request of its own)
 
 
 class APIError(Exception):
@@ -72,12 +77,12 @@ class GenerationParams:
     logprobs: int | None = None  # None: no log-probabilities; K: each token's and the K most likely at its position
     echo: bool = False           # completions: the prompt's text (and log-probabilities) before the completion's
     prompt_text: str | None = None  # the prompt as the client sent it (a string), for echo
+    n: int = 1                   # choices answered
+    best_of: int = 1             # choices generated (>= n): the n with the highest cumulative log-probability kept
 
 
 # field -> the values that ask for nothing (anything else asks for a feature this server lacks)
 _NEUTRAL: dict[str, Callable[[Any], bool]] = {
-    "n": lambda v: v is None or v == 1,
-    "best_of": lambda v: v is None or v == 1,
     "suffix": lambda v: v is None or v == "",
     "presence_penalty": lambda v: v is None or v == 0,
     "frequency_penalty": lambda v: v is None or v == 0,
@@ -184,11 +189,39 @@ def _params(body: dict[str, Any], prompt_ids: list[int], max_tokens: int, vocab_
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None and not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
         raise APIError(f"stop_token_ids={_show(stop_ids)}: expected a list of token ids", param="stop_token_ids")
+    n = _int(body, "n", 1, low=1)
+    best_of = _int(body, "best_of", n, low=1)
+    if n > MAX_CHOICES or best_of > MAX_CHOICES:
+        raise APIError(f"n={n}, best_of={best_of}: at most {MAX_CHOICES} choices per request", param="n")
+    if best_of < n:
+        raise APIError(f"best_of={best_of} must be at least n={n}", param="best_of")
+    if best_of > n and stream:
+        raise APIError(f"best_of={best_of} > n={n} cannot be streamed (the best are known only at the end)",
+                       param="best_of")
     return GenerationParams(
         prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
         top_k=top_k, top_p=top_p, seed=_checked("seed", check_seed, _int(body, "seed", None)),
         stop=tuple(s for s in stop or () if s), stop_token_ids=tuple(dict.fromkeys(stop_ids or ())), stream=stream,
-        include_usage=include_usage and stream, return_token_ids=_bool(body, "return_token_ids", False))
+        include_usage=include_usage and stream, return_token_ids=_bool(body, "return_token_ids", False), n=n,
+        best_of=best_of)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of a request with ``seed``: the seed itself for choice 0 (so n=1 is the request
+    alone), else a 32-bit word of numpy's SeedSequence([seed, index])."""
+    if index == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+def choice_params(params: GenerationParams) -> list[GenerationParams]:
+    """One request's ``best_of`` choices as requests of their own: choice i with seed ``choice_seed(seed, i)`` (no
+    seed: each draws its own), logprobs recorded (0 at least) where best_of > n ranks them."""
+    if params.best_of == 1:
+        return [params]
+    logprobs = params.logprobs if params.best_of == params.n or params.logprobs is not None else 0
+    return [dataclasses.replace(params, seed=None if params.seed is None else choice_seed(params.seed, i),
+                                logprobs=logprobs, n=1, best_of=1) for i in range(params.best_of)]
 
 
 def _prompt_ids(prompt: Any, model: ModelInfo) -> list[int]:

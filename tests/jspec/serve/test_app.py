@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import jax
@@ -20,8 +21,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import jspec
-from jspec.serve.app import create_app
-from jspec.serve.protocol import ModelInfo, parse_chat
+from jspec.serve.app import best_choices, create_app
+from jspec.serve.protocol import ModelInfo, choice_seed, parse_chat
 from jspec.serve.slots import SlotEngine
 from jspec.serve.stop_strings import StopMatcher
 from jspec.tools import bundled
@@ -409,6 +410,49 @@ def test_sampled_request_alone_equals_it_among_15_others(crowd_server):
     assert len({tuple(t) for t in results.values()}) > 1  # they did sample different things
 
 
+def test_n_choices_with_a_seed_each_equal_a_single_request_with_its_seed(crowd_server):
+    """n=4 sampled with seed 7: four different completions, choice i equal to a request alone with seed
+    choice_seed(7, i) (choice 0: seed 7 itself) and to offline generate with that seed; streamed, the same four."""
+    prompt = "def fibonacci(n):"
+    kwargs = dict(model=NAME, prompt=prompt, max_tokens=16, temperature=1.0)
+    whole = crowd_server.client.completions.create(n=4, seed=7, **kwargs)
+    texts = [c.text for c in sorted(whole.choices, key=lambda c: c.index)]
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3] and len(set(texts)) == 4
+    seeds = [choice_seed(7, i) for i in range(4)]
+    assert seeds[0] == 7
+    assert texts == [crowd_server.client.completions.create(seed=s, **kwargs).choices[0].text for s in seeds]
+    offline = crowd_server.engine.generate([prompt], max_new_tokens=16, temperature=1.0, seed=[seeds[2]])
+    assert texts[2] == offline.texts[0]
+    streamed = ["", "", "", ""]
+    for chunk in crowd_server.client.completions.create(n=4, seed=7, stream=True, **kwargs):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == texts
+    assert whole.usage.completion_tokens == 4 * 16
+
+
+def test_best_of_keeps_the_most_likely_choices(server):
+    """best_of=4, n=2 (sampled): the two answered are the best two of the four by cumulative log-probability, best
+    first (the ranking itself: test_best_choices_rank_by_cumulative_logprob); usage counts all four."""
+    kwargs = dict(model=NAME, prompt="import os\n", max_tokens=8, temperature=1.0, seed=3)
+    answer = server.client.completions.create(n=2, best_of=4, logprobs=0, **kwargs)
+    assert [c.index for c in answer.choices] == [0, 1] and answer.usage.completion_tokens == 4 * 8
+    scores = [sum(c.logprobs.token_logprobs) for c in answer.choices]
+    assert scores[0] >= scores[1]
+    assert server.client.completions.create(n=2, best_of=4, **kwargs).choices[0].logprobs is None
+    greedy = server.client.completions.create(model=NAME, prompt="import os\n", max_tokens=8, n=3)
+    assert len({c.text for c in greedy.choices}) == 1
+
+
+def test_best_choices_rank_by_cumulative_logprob():
+    def generation(*values):
+        return SimpleNamespace(logprobs=[SimpleNamespace(token=np.asarray(v, np.float32)) for v in values])
+
+    generations = [generation([-1.0, -2.0]), generation([-0.5], [-0.1]), generation([-5.0]), generation([])]
+    assert best_choices(generations, 2) == [3, 1]  # 0.0 (nothing generated), then -0.6
+    assert best_choices(generations[:2], 2) == [0, 1]  # n = best_of: all, in order
+
+
 # --- bad input --------------------------------------------------------------------------------------------------
 
 BAD = [  # (path, body, the param named)
@@ -435,11 +479,13 @@ BAD = [  # (path, body, the param named)
     ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [-3]}, None),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, "model"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 2, "best_of": 1}, "best_of"),
+    ("/v1/completions", {"prompt": "x", "best_of": 2, "stream": True}, "best_of"),
     ("/v1/completions", {"prompt": "x", "logprobs": MAX_LOGPROBS + 1}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
-    ("/v1/completions", {"prompt": "x", "best_of": 2}, "best_of"),
     ("/v1/chat/completions", {"model": NAME}, "messages"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages[0]"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
