@@ -105,7 +105,12 @@ class SamplingParams:
 
     seed: one integer for the call (prompt b draws with ``fold_in(key(seed), b)``), or one per prompt, each in
     [0, 2**32) (prompt b draws with ``fold_in(key(seed[b]), 0)``: its tokens then depend only on its prompt, its
-    parameters and its seed, not on the prompts beside it; a one-prompt call with seed s draws as seed=[s])."""
+    parameters and its seed, not on the prompts beside it; a one-prompt call with seed s draws as seed=[s]).
+
+    Logits processors (vLLM's names, ``jspec.logits_processors``): presence_penalty, frequency_penalty (0: off),
+    repetition_penalty (1: off; > 0), logit_bias ((token id, bias), ...) added to the logits, banned_token_ids
+    never generated, min_tokens (stop ids, EOS included, banned before that many new tokens), ignore_eos (EOS does
+    not stop the sequence)."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -113,6 +118,19 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | tuple[int, ...] = 0
     stop_token_ids: tuple[int, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    banned_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logits processor is on (the program then carries their arrays)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.banned_token_ids or self.min_tokens)
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -137,6 +155,27 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in stop):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: expected non-negative integers")
         object.__setattr__(self, "stop_token_ids", stop)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name}={value!r}: expected a number in [-2, 2] (0 = off)")
+        penalty = self.repetition_penalty
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0.0 < penalty <= 100.0:
+            raise ValueError(f"repetition_penalty={penalty!r}: expected a number in (0, 100] (1 = off)")
+        bias = tuple(self.logit_bias.items()) if isinstance(self.logit_bias, dict) else tuple(self.logit_bias)
+        if not all(isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], int)
+                   and not isinstance(pair[0], bool) and pair[0] >= 0 and isinstance(pair[1], (int, float))
+                   and not isinstance(pair[1], bool) and -100.0 <= pair[1] <= 100.0 for pair in bias):
+            raise ValueError(f"logit_bias={self.logit_bias!r}: expected {{token id: bias in [-100, 100]}}")
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
+        banned = tuple(self.banned_token_ids or ())
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in banned):
+            raise ValueError(f"banned_token_ids={self.banned_token_ids!r}: expected non-negative integers")
+        object.__setattr__(self, "banned_token_ids", banned)
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens={self.min_tokens!r}: expected an integer >= 0")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos={self.ignore_eos!r}: expected True or False")
 
 
 def check_seed(seed: Any) -> int:

@@ -24,6 +24,7 @@ from jspec.detokenize import TextStream
 from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup, check_capture_layers
+from jspec.logits_processors import host_arrays
 from jspec.logprobs import SequenceLogprobs, check_num_logprobs
 from jspec.prompt_logprobs import score_prompts
 from jspec.sampling import SamplingArrays, seed_keys
@@ -211,7 +212,10 @@ class SpecEngine:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
                  stop_token_ids: Sequence[int] | None = None,
                  capture_hidden_states: Sequence[int] = (), logprobs: int | None = None,
-                 prompt_logprobs: int | None = None) -> GenerateOutput:
+                 prompt_logprobs: int | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 repetition_penalty: float = 1.0, logit_bias: dict[int, float] | None = None,
+                 banned_token_ids: Sequence[int] = (), min_tokens: int = 0,
+                 ignore_eos: bool = False) -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
         or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``).
 
@@ -222,6 +226,12 @@ class SpecEngine:
         prompt_logprobs: None, or K (vLLM's ``SamplingParams.prompt_logprobs``): the same for the prompt's tokens,
         from a teacher-forced pass over the prompts in a program of its own (``jspec.prompt_logprobs``).
 
+        presence_penalty, frequency_penalty, repetition_penalty, logit_bias ({token id: bias}),
+        banned_token_ids, min_tokens, ignore_eos: vLLM's logits processors (``SamplingParams``,
+        ``jspec.logits_processors``); under speculation each draft-tree node is processed with its own path's
+        history, so the output stays the processed target's (greedy: equal to plain decoding with the same
+        processors). Any of them on compiles a program with them.
+
         capture_hidden_states: target layers whose residual-stream states to return for every token of each
         sequence, prompt and generated (features for drafter training; TensorRT-LLM's SAVE_HIDDEN_STATES), in
         ``GenerateOutput.hidden_states``. Hugging Face ``hidden_states`` indices: 0 the embeddings' output, i the
@@ -231,7 +241,11 @@ class SpecEngine:
         layers = check_capture_layers(capture_hidden_states, self.config.num_layers)
         num_top = check_num_logprobs(logprobs, self.config.vocab_size)
         prompt_top = check_num_logprobs(prompt_logprobs, self.config.vocab_size, name="prompt_logprobs")
-        batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
+        batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                      repetition_penalty=repetition_penalty,
+                                      logit_bias=dict(logit_bias or {}), banned_token_ids=tuple(banned_token_ids),
+                                      min_tokens=min_tokens, ignore_eos=ignore_eos)
         result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top)
         num_generated = to_host(result.num_generated)
         token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, num_generated, batch.batch_size)
@@ -266,11 +280,12 @@ class SpecEngine:
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]], max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
              stop_token_ids: Sequence[int] | None = None, add_generation_prompt: bool = True,
-             capture_hidden_states: Sequence[int] = (), logprobs: int | None = None) -> GenerateOutput:
+             capture_hidden_states: Sequence[int] = (), logprobs: int | None = None,
+             **processors) -> GenerateOutput:
         """Generates the reply to a conversation ([{"role": "user", "content": "..."}, ...]) or to each of a list
         of them: rendered with the checkpoint's chat_template and encoded as transformers'
         ``apply_chat_template(..., tokenize=True)`` does (``jspec.chat``), then :meth:`generate` (which
-        ``capture_hidden_states`` and ``logprobs`` go to). Stops at EOS and at tokenizer_config.json's eos_token,
+        ``capture_hidden_states``, ``logprobs`` and the logits processors go to). Stops at EOS and at tokenizer_config.json's eos_token,
         the model's end of turn (e.g. Qwen's ``<|im_end|>``)."""
         conversations = as_conversations(messages)
         if self.chat_template is None or self.tokenizer is None:
@@ -282,7 +297,7 @@ class SpecEngine:
         stop += tuple(i for i in end_of_turn if i not in self.eos_token_ids + stop)
         return self.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                              seed=seed, stop_token_ids=stop, capture_hidden_states=capture_hidden_states,
-                             logprobs=logprobs)
+                             logprobs=logprobs, **processors)
 
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
@@ -330,20 +345,26 @@ class SpecEngine:
             if any(tails):
                 yield tails
 
-    def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed,
-                 stop_token_ids) -> tuple[PaddedBatch, SamplingParams]:
-        """Validates everything and pads the batch; nothing is compiled before this passes."""
+    def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                 **processors) -> tuple[PaddedBatch, SamplingParams]:
+        """Validates everything and pads the batch; nothing is compiled before this passes. processors: the
+        logits processors' ``SamplingParams`` fields."""
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
                                 top_p=float(top_p), seed=seed if isinstance(seed, int) else tuple(seed),
-                                stop_token_ids=tuple(stop_token_ids or ()))
+                                stop_token_ids=tuple(stop_token_ids or ()), **processors)
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
+                          ("banned_token_ids", params.banned_token_ids)):
+            if any(t >= self.config.vocab_size for t in ids):
+                raise ValueError(f"{name}: token ids {sorted(t for t in ids if t >= self.config.vocab_size)} are "
+                                 f"not below the vocabulary size {self.config.vocab_size}")
         ids = self.encode(prompts)
         validate_prompts(ids, vocab_size=self.config.vocab_size, max_batch_size=self.max_batch_size,
                          max_seq_len=self.setup.max_seq_len, max_new_tokens=params.max_new_tokens)
         if isinstance(params.seed, tuple) and len(params.seed) != len(ids):
             raise ValueError(f"seed has {len(params.seed)} values for {len(ids)} prompts: give one per prompt "
                              f"(or one integer)")
-        batch = pad_batch(ids, max_new_tokens=params.max_new_tokens,
-                          stop_ids=self.eos_token_ids + params.stop_token_ids,
+        eos = () if params.ignore_eos else self.eos_token_ids
+        batch = pad_batch(ids, max_new_tokens=params.max_new_tokens, stop_ids=eos + params.stop_token_ids,
                           max_batch_size=self.max_batch_size, max_seq_len=self.setup.max_seq_len,
                           row_multiple=self.data_parallel_size)
         return batch, params
@@ -365,6 +386,9 @@ class SpecEngine:
     def _arguments(self, batch: PaddedBatch, params: SamplingParams) -> tuple:
         rows = batch.prompt_ids.shape[0]
         sampling = SamplingArrays.full(rows, params)
+        if params.processes_logits:
+            prompts = [list(batch.prompt_ids[b, :batch.prompt_lens[b]]) for b in range(batch.batch_size)]
+            sampling = (sampling, host_arrays([params] * batch.batch_size, prompts, rows, self.config.vocab_size))
         per_row = (batch.prompt_ids, batch.prompt_lens, batch.max_new_tokens, batch.stop_ids, sampling)
         rows_sharding = None
         if self.mesh is None:
@@ -374,17 +398,22 @@ class SpecEngine:
             prompt_ids, prompt_lens, max_new, stop_ids, sampling = jax.tree.map(
                 lambda a: put(a, rows_sharding), per_row)
         key = seed_keys(params.seed, rows, rows_sharding)
-        return (self.params, self.drafter_params, prompt_ids, prompt_lens, key, max_new, stop_ids, sampling)
+        processors = None
+        if params.processes_logits:
+            sampling, processors = sampling
+        return (self.params, self.drafter_params, prompt_ids, prompt_lens, key, max_new, stop_ids, sampling,
+                processors)
 
     def _run(self, batch: PaddedBatch, params: SamplingParams, capture_layers: tuple[int, ...] = (),
              logprobs: int | None = None) -> tuple[GenerateResult, float, float]:
         args = self._arguments(batch, params)
-        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len, capture_layers, logprobs)
+        bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len, capture_layers, logprobs,
+                  params.processes_logits)
         compile_seconds = 0.0
         if bucket not in self._compiled:
             start = time.perf_counter()
             setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), capture_layers=capture_layers,
-                                        logprobs=logprobs)
+                                        logprobs=logprobs, logits_processors=params.processes_logits)
             self._compiled[bucket] = generate.lower(*args, setup=setup).compile()
             compile_seconds = time.perf_counter() - start
         start = time.perf_counter()

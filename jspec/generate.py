@@ -24,6 +24,7 @@ from jspec.commit import commit_tokens
 from jspec.compile_options import setup_jit
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
+from jspec.logits_processors import ProcessorArrays, process
 from jspec.logprobs import Logprobs, record
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
@@ -62,7 +63,12 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, zeros,
                                      logits_index=(prompt_lens - 1)[:, None], tap_layers=setup.tap_layers)
     out = out._replace(cache=constrain(pad_slots(out.cache, setup.cache_slots), KV_CACHE))
-    first = sample_tokens(out.logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))
+    first_logits, counts = out.logits, None
+    if setup.logits_processors:
+        counts = jnp.zeros((batch, cfg.vocab_size), jnp.int32)
+        first_logits = process(first_logits, inputs.processors, counts[:, None], jnp.zeros((batch, 1), jnp.int32),
+                               inputs.stop_ids)
+    first = sample_tokens(first_logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))
     tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :prompt_width].set(prompt_ids)
     hidden = None
     if setup.capture_layers:
@@ -71,7 +77,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                         done=jnp.zeros((batch,), bool), num_steps=zeros,
                         accepted_hist=jnp.zeros((batch, setup.tokens_per_step), jnp.int32),
-                        step=jnp.zeros((), jnp.int32), hidden_states=hidden)
+                        step=jnp.zeros((), jnp.int32), hidden_states=hidden, output_counts=counts)
     state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens,
                                      inputs.stop_ids, counts_as_step=False)
     if setup.logprobs is not None:
@@ -106,15 +112,15 @@ def constrain_cache(cache: KVCache) -> KVCache:
 
 
 def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
-           max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
-           setup: GenerateSetup) -> tuple[Any, DecodeState, StepInputs]:
+           max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
+           processors: ProcessorArrays | None = None, *, setup: GenerateSetup) -> tuple[Any, DecodeState, StepInputs]:
     """The start :func:`generate` and :func:`generate_start` share -> (params_t per layer, state, inputs).
 
     Unstacks the target params, derives the per-row keys (``jspec.sampling.row_keys``), bundles the loop's inputs
     and prefills.
     """
     params_t = unstack_layers(params_t, setup.target)
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, row_keys(key, prompt_ids.shape[0]))
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, row_keys(key, prompt_ids.shape[0]), processors)
     state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup)
     return params_t, state, inputs
 
@@ -145,8 +151,8 @@ def run_loop(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setu
 
 @functools.partial(setup_jit, static_argnames=("setup",))
 def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
-             max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
-             setup: GenerateSetup) -> GenerateResult:
+             max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
+             processors: ProcessorArrays | None = None, *, setup: GenerateSetup) -> GenerateResult:
     """Generates up to max_new_tokens[b] tokens after each prompt; one XLA program. With
     ``setup.capture_layers``, also the target's states at those layers for every token (``hidden_states``).
 
@@ -155,13 +161,14 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
     key: one PRNG key (row b draws with ``fold_in(key, b)``) or one per row, key[B] (a row's tokens then depend
     only on its prompt, parameters and key, not on the rows beside it); max_new_tokens: i32[B];
     stop_ids: i32[B, K] (-1 padded; EOS ids belong here);
-    sampling: per-sequence temperature/top_k/top_p. Inputs are trusted: SpecEngine validates them.
+    sampling: per-sequence temperature/top_k/top_p; processors: the logits processors' per-row parameters (with
+    ``setup.logits_processors``, else None). Inputs are trusted: SpecEngine validates them.
     Target params may be stacked (as loaded) or per layer (``models.llama.unstack_layers``); pass them per layer
     to keep the per-call unstacking copy out of the program (SpecEngine does).
     """
     with traced_on(setup.mesh):
         params_t, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens,
-                                         stop_ids, sampling, setup=setup)
+                                         stop_ids, sampling, processors, setup=setup)
         state = run_loop(params_t, params_d, state, inputs, setup=setup)
         if setup.capture_layers:
             state = capture_last_token(params_t, state, setup=setup)
@@ -181,12 +188,13 @@ def capture_last_token(params_t, state: DecodeState, *, setup: GenerateSetup) ->
 
 @functools.partial(setup_jit, static_argnames=("setup",))
 def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
-                   max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays, *,
+                   max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
+                   processors: ProcessorArrays | None = None, *,
                    setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`."""
     with traced_on(setup.mesh):
         _, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
-                                  sampling, setup=setup)
+                                  sampling, processors, setup=setup)
     return state, inputs
 
 

@@ -34,6 +34,8 @@ class GenerateSetup:
     (the default): chosen per backend and step kind by ``jspec.compile_options.program_options``.
     logprobs: None (none recorded), or K >= 0: every generated token's log-probability and the K most likely
     tokens at its position are kept in ``DecodeState.logprobs`` (``jspec.logprobs``).
+    logits_processors: the target's logits pass through ``jspec.logits_processors`` (penalties, logit_bias,
+    min_tokens) with the per-row parameters in ``StepInputs.processors``.
     """
 
     target: ModelConfig
@@ -46,6 +48,7 @@ class GenerateSetup:
     capture_layers: tuple[int, ...] = ()
     compiler_options: tuple[tuple[str, str], ...] | None = None
     logprobs: int | None = None
+    logits_processors: bool = False
 
     def __post_init__(self):
         if not isinstance(self.max_seq_len, int) or self.max_seq_len < 2:

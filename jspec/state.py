@@ -38,6 +38,8 @@ class DecodeState(NamedTuple):
                                             # unless GenerateSetup.capture_layers (C of them)
     logprobs: Logprobs | None = None        # [B, S(, K)] the generated tokens' log-probabilities; None unless
                                             # GenerateSetup.logprobs
+    output_counts: jax.Array | None = None  # i32[B, V] how often each token was generated (the logits processors'
+                                            # penalties); None unless GenerateSetup.logits_processors
 
     @property
     def cache_len(self) -> jax.Array:

@@ -22,6 +22,7 @@ from jspec.commit import commit_tokens
 from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree
 from jspec.kv_cache import commit_path
+from jspec.logits_processors import ProcessorArrays, path_counts, process
 from jspec.logprobs import record
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
@@ -37,6 +38,7 @@ class StepInputs(NamedTuple):
     sampling: SamplingArrays
     keys: jax.Array            # key[B] each row's base key; a step's key is keys_at(keys, seq_len): the row's own
                                # position, never its slot or the loop's step count
+    processors: ProcessorArrays | None = None  # the logits processors' per-row parameters (setup.logits_processors)
 
 
 def last_tokens(state: DecodeState) -> jax.Array:
@@ -82,7 +84,11 @@ def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInput
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, token[:, None], cache_len[:, None], state.cache,
                                      cache_len, tap_layers=setup.tap_layers)
-    return out, sample_tokens(out.logits[:, 0], inputs.sampling, keys)
+    logits = out.logits
+    if inputs.processors is not None:
+        logits = process(logits, inputs.processors, state.output_counts[:, None], state.num_generated[:, None],
+                         inputs.stop_ids)
+    return out, sample_tokens(logits[:, 0], inputs.sampling, keys)
 
 
 def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]:
@@ -162,7 +168,12 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, tree.tokens, tree.positions, state.cache, cache_len,
                                      local_mask=tree.mask, tap_layers=setup.tap_layers)
-    verified = accept_tree(tree, out.logits, inputs.sampling, keys,
+    logits = out.logits
+    if inputs.processors is not None:  # each node with its own history: the committed output, then its path
+        counts = state.output_counts[:, None] + path_counts(tree.tokens, tree.mask, logits.shape[-1])
+        generated = state.num_generated[:, None] + tree.positions - cache_len[:, None]
+        logits = process(logits, inputs.processors, counts, generated, inputs.stop_ids)
+    verified = accept_tree(tree, logits, inputs.sampling, keys,
                            max_depth=setup.spec.max_depth if max_depth is None else max_depth,
                            force_accept=setup.force_accept)
     new_tokens, num_new = path_tokens(tree.tokens, verified)

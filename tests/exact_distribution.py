@@ -28,9 +28,25 @@ def varied(params):
     return jax.tree.map(lambda a: a * 2.0 if a.ndim >= 2 else a, params)
 
 
+def penalized(logits: np.ndarray, prompt: list[int], output: list[int], presence: float = 0.0,
+              frequency: float = 0.0, repetition: float = 1.0, bias: dict[int, float] | None = None) -> np.ndarray:
+    """One position's logits f[V] after vLLM's penalties and logit_bias, written out plainly (the oracle of
+    jspec.logits_processors): repetition on the tokens of prompt and output, then frequency and presence on the
+    output's, then the bias."""
+    logits = np.array(logits, np.float64)
+    counts = np.bincount(np.asarray(output, np.int64), minlength=len(logits)).astype(np.float64)
+    repeated = (counts > 0) | np.isin(np.arange(len(logits)), prompt)
+    logits = np.where(repeated, np.where(logits > 0, logits / repetition, logits * repetition), logits)
+    logits = logits - frequency * counts - presence * (counts > 0)
+    for token, value in (bias or {}).items():
+        logits[token] += value
+    return logits
+
+
 def exact_triples(config: ModelConfig, params, prompt: list[int], temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> np.ndarray:
-    """p(x1, x2, x3 | prompt) under the given sampling settings, by enumeration: f64[V, V, V], summing to 1."""
+                  top_p: float = 1.0, processors: dict | None = None) -> np.ndarray:
+    """p(x1, x2, x3 | prompt) under the given sampling settings, by enumeration: f64[V, V, V], summing to 1.
+    processors: :func:`penalized`'s keyword arguments, applied at each position with its own output so far."""
     vocab = config.vocab_size
     seqs = np.array([list(prompt) + [a, b] for a in range(vocab) for b in range(vocab)], np.int32)
     cache = KVCache.zeros(config.num_layers, len(seqs), seqs.shape[1], config.num_kv_heads, config.head_dim,
@@ -39,6 +55,14 @@ def exact_triples(config: ModelConfig, params, prompt: list[int], temperature: f
                                       jnp.broadcast_to(jnp.arange(seqs.shape[1]), seqs.shape), cache,
                                       jnp.zeros((len(seqs),), jnp.int32)).logits
     n = len(seqs)
+    if processors:
+        logits = np.asarray(logits, np.float64).copy()
+        for row, seq in enumerate(seqs):
+            for i in range(3):  # the positions predicting x1, x2, x3: the output so far is seq's first i new tokens
+                at = len(prompt) - 1 + i
+                logits[row, at] = penalized(logits[row, at], prompt, list(seq[len(prompt):len(prompt) + i]),
+                                            **processors)
+        logits = jnp.asarray(logits, jnp.float32)
     rows = SamplingArrays(jnp.full((n,), temperature), jnp.full((n,), top_k, jnp.int32), jnp.full((n,), top_p))
     probs = np.asarray(sampling_probs(logits, rows), np.float64)  # [V*V, P+2, V]
     first = probs[0, len(prompt) - 1]

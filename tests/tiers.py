@@ -44,6 +44,16 @@ SLOW: dict[str, str] = {
         "n-gram's logprobs equal plain decoding's and transformers'; default: the [eagle3] tree's",
     "tests/jspec/test_logprobs.py::test_speculative_logprobs_equal_plain_and_transformers[ngram+eagle3]":
         "the hybrid's logprobs equal plain decoding's and transformers'; default: the [eagle3] tree's",
+    # --- logits processors ------------------------------------------------------------------------------------
+    "tests/jspec/test_logits_processors.py::test_speculative_equals_plain_with_the_same_processors[draft]":
+        "the draft model under penalties equals plain decoding; default: the [eagle3] tree's (the same verify path)",
+    "tests/jspec/test_logits_processors.py::test_speculative_equals_plain_with_the_same_processors[ngram]":
+        "n-gram under penalties equals plain decoding; default: the [eagle3] tree's (the same verify path)",
+    "tests/jspec/test_logits_processors.py::test_speculative_equals_plain_with_the_same_processors[ngram+eagle3]":
+        "the hybrid under penalties equals plain decoding; default: the [eagle3] tree's (the same verify path)",
+    "tests/jspec/test_spec_sampling.py::test_first_three_tokens_follow_the_penalized_target":
+        "sampling under penalties follows the processed target (chi-square); default: "
+        "test_logits_processors (greedy per-node processing equals plain decoding and transformers)",
     # --- speculative output equals plain decoding ----------------------------------------------------------------
     "tests/jspec/test_spec_engine.py::test_greedy_output_equals_plain_decoding[random-chain]":
         "EAGLE-3 chain greedy = plain (random head); default: test_tree_selection's bundled chains, test_hybrid",

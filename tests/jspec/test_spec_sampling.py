@@ -33,6 +33,7 @@ CASES = [  # tree kind, spec, (temperature, top_k, top_p)
     ("dynamic", jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6), (1.0, 3, 1.0)),
     ("dynamic-top-p", jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6), (0.7, 0, 0.8)),
 ]
+PENALTIES = dict(presence=0.4, frequency=0.3, repetition=1.5, bias={2: 0.7})  # the logits processors' case
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +62,21 @@ def test_first_three_tokens_follow_the_target(models, name, spec, sampling_row):
     out = engine.generate([PROMPT] * ROWS, max_new_tokens=3, temperature=t, top_k=k, top_p=p, seed=5)
     assert out.stats.acceptance_length > 1.1, "drafts were never accepted: the test would prove nothing"
     assert_triples_follow(out.token_ids, exact_triples(TARGET, params, PROMPT, t, k, p), name, min_cells=0)
+
+
+def test_first_three_tokens_follow_the_penalized_target(models):
+    """Presence, frequency and repetition penalties and a logit bias, at T=1 through a dynamic tree: every node is
+    processed with its own path's history, so the tokens follow the processed target's distribution, enumerated
+    with the penalties written out plainly (tests/exact_distribution.penalized)."""
+    params, head = models
+    spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
+    engine = jspec.SpecEngine(TARGET, params, drafter=Eagle3Drafter(HEAD, TARGET, spec, 16), drafter_params=head,
+                              max_batch_size=ROWS, max_seq_len=16)
+    out = engine.generate([PROMPT] * ROWS, max_new_tokens=3, temperature=1.0, seed=6,
+                          presence_penalty=PENALTIES["presence"], frequency_penalty=PENALTIES["frequency"],
+                          repetition_penalty=PENALTIES["repetition"], logit_bias=PENALTIES["bias"])
+    assert out.stats.acceptance_length > 1.1, "drafts were never accepted: the test would prove nothing"
+    joint = exact_triples(TARGET, params, PROMPT, 1.0, processors=PENALTIES)
+    assert_triples_follow(out.token_ids, joint, "penalized", min_cells=0)
+    unpenalized = exact_triples(TARGET, params, PROMPT, 1.0)
+    assert np.abs(joint - unpenalized).sum() > 0.2  # the penalties change the distribution the test checks
