@@ -24,7 +24,7 @@ from jspec.commit import commit_tokens
 from jspec.compile_options import setup_jit
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
-from jspec.logits_processors import ProcessorArrays, process
+from jspec.logits_processors import ProcessorArrays, context_output_counts, process
 from jspec.logprobs import Logprobs, record
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
@@ -65,7 +65,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     out = out._replace(cache=constrain(pad_slots(out.cache, setup.cache_slots), KV_CACHE))
     first_logits, counts = out.logits, None
     if setup.logits_processors:
-        counts = jnp.zeros((batch, cfg.vocab_size), jnp.int32)
+        counts = context_output_counts(prompt_ids, inputs.processors.output_start, prompt_lens, cfg.vocab_size)
         first_logits = process(first_logits, inputs.processors, counts[:, None], jnp.zeros((batch, 1), jnp.int32),
                                inputs.stop_ids)
     first = sample_tokens(first_logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))

@@ -170,7 +170,9 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
                                      local_mask=tree.mask, tap_layers=setup.tap_layers)
     logits = out.logits
     if inputs.processors is not None:  # each node with its own history: the committed output, then its path
-        counts = state.output_counts[:, None] + path_counts(tree.tokens, tree.mask, logits.shape[-1])
+        def counts():
+            return state.output_counts[:, None] + path_counts(tree.tokens, tree.mask, logits.shape[-1])
+
         generated = state.num_generated[:, None] + tree.positions - cache_len[:, None]
         logits = process(logits, inputs.processors, counts, generated, inputs.stop_ids)
     verified = accept_tree(tree, logits, inputs.sampling, keys,

@@ -42,6 +42,7 @@ from jspec.generate import run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
 from jspec.commit import commit_tokens
 from jspec.drafters.base import PrefillContext
+from jspec.logits_processors import context_output_counts, process
 from jspec.logprobs import Logprobs, record
 from jspec.sampling import SamplingArrays, keys_at, sample_tokens
 from jspec.serve.programs import idle_slots, start_state
@@ -252,18 +253,19 @@ def _readout(state: DecodeState, since: jax.Array, width: int) -> Readout:
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
 def prefill_rows(params_t, params_d, store: list, prompt_ids: jax.Array, prompt_lens: jax.Array,
                  key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
-                 row_ids: jax.Array, page_table: jax.Array, *, layout: PagedLayout, setup: GenerateSetup,
-                 seq_len: int) -> tuple[list, Readout]:
+                 processors, row_ids: jax.Array, page_table: jax.Array, *, layout: PagedLayout,
+                 setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
     """Prefills N requests at once into rows ``row_ids`` and their pages (the store is donated) -> (store, readout).
 
     prompt_ids: i32[N, W] right-padded (W <= seq_len - 1); prompt_lens, max_new_tokens: i32[N]; key_data: u32[N, ...]
-    each request's own key; stop_ids: i32[N, K] -1 padded; sampling: [N] each; row_ids: i32[N] (padding: the null
-    row); page_table: i32[N, pages_per_row] (padding: 0). Each row's first token is committed, as in ``generate``.
+    each request's own key; stop_ids: i32[N, K] -1 padded; sampling: [N] each; processors: the logits processors'
+    arrays (``setup.logits_processors``) or None; row_ids: i32[N] (padding: the null row); page_table: i32[N,
+    pages_per_row] (padding: 0). Each row's first token is committed, as in ``generate``.
     """
     with traced_on(setup.mesh):
         key = jax.random.wrap_key_data(key_data)
         state, inputs = start_state(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
-                                    sampling, setup=setup.with_max_seq_len(seq_len))
+                                    sampling, processors, setup=setup.with_max_seq_len(seq_len))
         step_index = [i for i, spec in enumerate(layout.leaves) if spec.kind == SHARED]
         state = state._replace(step=store[step_index[0]] if step_index else state.step)
         since = jnp.zeros_like(prompt_lens)
@@ -304,7 +306,7 @@ def _drafter_prefill_cached(drafter, params_t, params_d, state, ctx: PrefillCont
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
 def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, prompt_lens: jax.Array,
                         cached_lens: jax.Array, key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array,
-                        sampling: SamplingArrays, row_ids: jax.Array, page_table: jax.Array, *,
+                        sampling: SamplingArrays, processors, row_ids: jax.Array, page_table: jax.Array, *,
                         layout: PagedLayout, setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
     (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V in their pages
@@ -334,11 +336,15 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
                                          logits_index=(prompt_lens - cached_lens - 1)[:, None],
                                          tap_layers=small.tap_layers)
         keys = jax.random.wrap_key_data(key_data)
-        first = sample_tokens(out.logits[:, 0], sampling, keys_at(keys, prompt_lens))
+        first_logits, counts = out.logits, None
         zeros = jnp.zeros((batch,), jnp.int32)
+        if small.logits_processors:
+            counts = context_output_counts(tokens, processors.output_start, prompt_lens, small.target.vocab_size)
+            first_logits = process(first_logits, processors, counts[:, None], zeros[:, None], stop_ids)
+        first = sample_tokens(first_logits[:, 0], sampling, keys_at(keys, prompt_lens))
         state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                             done=jnp.zeros((batch,), bool), num_steps=zeros,
-                            accepted_hist=jnp.zeros_like(view.accepted_hist), step=view.step)
+                            accepted_hist=jnp.zeros_like(view.accepted_hist), step=view.step, output_counts=counts)
         state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), max_new_tokens, stop_ids,
                                          counts_as_step=False)
         state = state._replace(logprobs=record(view.logprobs, out.logits, first[:, None], prompt_lens, committed))
@@ -347,7 +353,7 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
             state = state._replace(draft=_drafter_prefill_cached(
                 small.drafter, params_t, params_d, view.draft, PrefillContext(tokens, prompt_lens, first, taps),
                 cached_lens))
-        inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys)
+        inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys, processors)
         state = shard_state(state)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=cached_lens,
                              write_pages=prefill_pages(layout, width)), _readout(state, prompt_lens, 1))

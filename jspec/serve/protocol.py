@@ -8,8 +8,10 @@ ids in each choice). Log-probabilities as OpenAI asks for them: completions ``lo
 tokens beside the chosen one), chat ``logprobs: true`` with ``top_logprobs: K``; at most the server's
 ``--max-logprobs``. Completions' ``echo`` returns the prompt before the completion (with ``logprobs``, the prompt
 tokens' too). ``n`` choices (``best_of`` candidates, the n most likely kept) run as requests of their own,
-choice i with seed ``choice_seed(seed, i)`` (:func:`choice_params`). Features this server does not have
-(penalties, tools, ...) are refused by name rather than ignored; fields that mean nothing here (``user``,
+choice i with seed ``choice_seed(seed, i)`` (:func:`choice_params`). The logits processors: OpenAI's
+``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` ({"token id": bias}), vLLM's ``repetition_penalty``,
+``min_tokens``, ``ignore_eos`` and ``bad_words_ids``-style ``banned_token_ids``. Features this server does not have
+(tools, structured outputs, ...) are refused by name rather than ignored; fields that mean nothing here (``user``,
 ``metadata``, ...) are ignored.
 
 Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
@@ -79,15 +81,12 @@ class GenerationParams:
     prompt_text: str | None = None  # the prompt as the client sent it (a string), for echo
     n: int = 1                   # choices answered
     best_of: int = 1             # choices generated (>= n): the n with the highest cumulative log-probability kept
+    processors: tuple[tuple[str, Any], ...] = ()  # the logits processors' fields set (jspec.SamplingParams names)
 
 
 # field -> the values that ask for nothing (anything else asks for a feature this server lacks)
 _NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "suffix": lambda v: v is None or v == "",
-    "presence_penalty": lambda v: v is None or v == 0,
-    "frequency_penalty": lambda v: v is None or v == 0,
-    "repetition_penalty": lambda v: v is None or v == 1,
-    "logit_bias": lambda v: v is None or v == {},
     "tools": lambda v: v is None or v == [],
     "functions": lambda v: v is None or v == [],
     "response_format": lambda v: v is None or v == {"type": "text"},
@@ -199,11 +198,53 @@ def _params(body: dict[str, Any], prompt_ids: list[int], max_tokens: int, vocab_
         raise APIError(f"best_of={best_of} > n={n} cannot be streamed (the best are known only at the end)",
                        param="best_of")
     return GenerationParams(
+        processors=_processors(body, vocab_size),
         prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
         top_k=top_k, top_p=top_p, seed=_checked("seed", check_seed, _int(body, "seed", None)),
         stop=tuple(s for s in stop or () if s), stop_token_ids=tuple(dict.fromkeys(stop_ids or ())), stream=stream,
         include_usage=include_usage and stream, return_token_ids=_bool(body, "return_token_ids", False), n=n,
         best_of=best_of)
+
+
+def _processors(body: dict[str, Any], vocab_size: int) -> tuple[tuple[str, Any], ...]:
+    """The logits processors a body sets, checked, as (``SamplingParams`` field, value) pairs."""
+    out: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _number(body, name, 0.0, -2.0, 2.0)
+        if value:
+            out[name] = value
+    repetition = _number(body, "repetition_penalty", 1.0, 0.0, 100.0)
+    if repetition == 0.0:
+        raise APIError("repetition_penalty=0: expected a number in (0, 100] (1 = off)", param="repetition_penalty")
+    if repetition != 1.0:
+        out["repetition_penalty"] = repetition
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise APIError(f"logit_bias={_show(bias)}: expected an object of token id -> bias", param="logit_bias")
+        pairs = []
+        for key, value in bias.items():
+            token = int(key) if isinstance(key, str) and key.strip().isdigit() else None
+            if token is None or token >= vocab_size or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not -100 <= value <= 100:
+                raise APIError(f"logit_bias[{_show(key)}]={_show(value)}: expected a token id below {vocab_size} "
+                               f"and a bias in [-100, 100]", param="logit_bias")
+            pairs.append((token, float(value)))
+        if pairs:
+            out["logit_bias"] = tuple(pairs)
+    banned = body.get("banned_token_ids")
+    if banned is not None:
+        if not (isinstance(banned, list) and all(_is_int(t) and 0 <= t < vocab_size for t in banned)):
+            raise APIError(f"banned_token_ids={_show(banned)}: expected a list of token ids below {vocab_size}",
+                           param="banned_token_ids")
+        if banned:
+            out["banned_token_ids"] = tuple(banned)
+    min_tokens = _int(body, "min_tokens", 0, low=0)
+    if min_tokens:
+        out["min_tokens"] = min_tokens
+    if _bool(body, "ignore_eos", False):
+        out["ignore_eos"] = True
+    return tuple(out.items())
 
 
 def choice_seed(seed: int, index: int) -> int:

@@ -92,7 +92,7 @@ class Request:
     None, or K (at most the server's ``max_logprobs``): the sink gets a third argument, the new tokens'
     ``jspec.logprobs.SequenceLogprobs`` with the K most likely tokens at each position; prompt_logprobs: with
     logprobs, also score the prompt (OpenAI's ``echo``): ``scored_prompt`` holds its tokens' 1 .. P - 1 before the
-    sink is first called."""
+    sink is first called. presence_penalty .. ignore_eos: the logits processors, as ``jspec.SamplingParams``."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -102,6 +102,13 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    banned_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: bool = False
     scored_prompt: SequenceLogprobs | None = None
@@ -119,7 +126,10 @@ class Request:
         stands as 0."""
         return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, seed=0 if self.seed is None else self.seed,
-                              stop_token_ids=tuple(self.stop_token_ids))
+                              stop_token_ids=tuple(self.stop_token_ids), presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+                              logit_bias=self.logit_bias, banned_token_ids=tuple(self.banned_token_ids),
+                              min_tokens=self.min_tokens, ignore_eos=self.ignore_eos)
 
 
 @dataclasses.dataclass
@@ -244,7 +254,9 @@ class SlotEngine:
     powers of two from 256, then max_seq_len): a chunk runs at the smallest one holding prompt + max_tokens of
     every request in its rows; max_logprobs: None (requests cannot ask for logprobs), or K: every program records
     each committed token's log-probability and the K most likely tokens at its position (``jspec.logprobs``; vLLM's
-    ``--max-logprobs``), and a request may ask for up to K.
+    ``--max-logprobs``), and a request may ask for up to K; logits_processors: requests may use the penalties,
+    logit_bias, banned ids and min_tokens (``jspec.logits_processors``: per-row arrays in every program, the
+    processing itself skipped in a step where no row uses them).
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
@@ -253,7 +265,7 @@ class SlotEngine:
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
                  seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None,
-                 max_logprobs: int | None = None):
+                 max_logprobs: int | None = None, logits_processors: bool = True):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -292,7 +304,8 @@ class SlotEngine:
                              f"use tensor parallelism (-tp), or one server per data-parallel group")
         check_num_logprobs(max_logprobs, engine.config.vocab_size)
         self.engine = engine
-        self.setup = dataclasses.replace(engine.setup.with_max_seq_len(max_seq_len), logprobs=max_logprobs)
+        self.setup = dataclasses.replace(engine.setup.with_max_seq_len(max_seq_len), logprobs=max_logprobs,
+                                         logits_processors=bool(logits_processors))
         self.max_seq_len = max_seq_len
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
@@ -371,6 +384,12 @@ class SlotEngine:
             raise ValueError(f"the prompt has {len(ids)} tokens; with max_tokens={request.max_tokens} that exceeds "
                              f"the context of {self.max_seq_len} tokens (--max-seq-len)")
         params = request.sampling_params()
+        if params.processes_logits and not self.setup.logits_processors:
+            raise ValueError("this server was started without logits processors: penalties, logit_bias, banned ids "
+                             "and min_tokens are off")
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
+                          ("banned_token_ids", params.banned_token_ids)):
+            check_token_ids(list(ids), vocab, name)
         if len(set(self.eos_token_ids) | set(params.stop_token_ids)) > self.num_stop_ids:
             raise ValueError(f"{len(params.stop_token_ids)} stop_token_ids: at most "
                              f"{self.num_stop_ids - len(self.eos_token_ids)} besides EOS")
@@ -607,7 +626,7 @@ class SlotEngine:
                 break  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
             params = request.sampling_params()
-            running = _Running(pending, allocation.pages, frozenset(self.eos_token_ids + params.stop_token_ids),
+            running = _Running(pending, allocation.pages, frozenset(self._stop_ids(params)),
                                next(self._admitted), len(context), cached=allocation.cached_tokens,
                                registered=allocation.cached_tokens // self.block_size)
             taken.append((free[len(taken)], running))
@@ -731,7 +750,9 @@ class SlotEngine:
         ``cached``: None, or the tokens of each already in its pages (prefix-cache hits), ``lengths`` its whole
         prompt -> the readout (in flight). The chunk in flight before it, if any, is read back first."""
         size = next(n for n in self._prefill_batches(width) if n >= len(items))
-        arrays = self._prefill_arrays(items, width, size, rows)
+        history = [(None, 0) if self._rows[row] is None else
+                   (self._rows[row].request.prompt_ids, len(self._rows[row].pending.generated)) for row in rows]
+        arrays = self._prefill_arrays(items, width, size, rows, history)
         program = "prefill"
         if cached is not None:
             arrays, program = self._cached_arrays(arrays, cached, lengths), "prefill_cached"
@@ -950,18 +971,27 @@ class SlotEngine:
         new token."""
         return next(n for n in self.seq_buckets if n >= min(width + 1, self.max_seq_len))
 
+    def _stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """A request's stop ids: EOS (unless ignore_eos) and its stop_token_ids."""
+        return (() if params.ignore_eos else self.eos_token_ids) + params.stop_token_ids
+
     def _prefill_arrays(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: int,
-                        row_ids: list[int]) -> tuple:
+                        row_ids: list[int], history: list[tuple[list[int], int]] | None = None) -> tuple:
         """The arguments of a prefill program after the store: ``items`` (context, parameters) padded to ``rows``
-        with idle rows of the null row."""
+        with idle rows of the null row; history: per item, (the request's own prompt, tokens it generated that end
+        the context: a preempted request's), for the logits processors (default: the context is a fresh prompt)."""
         null = ([1], SamplingParams(max_new_tokens=1))
-        parts = [admit_row(ids, params, self.eos_token_ids + params.stop_token_ids, width=width,
-                           num_stop_ids=self.num_stop_ids) for ids, params in items + [null] * (rows - len(items))]
+        history = list(history or [(None, 0)] * len(items)) + [(None, 0)] * (rows - len(items))
+        vocab = self.engine.config.vocab_size if self.setup.logits_processors else None
+        parts = [admit_row(ids, params, self._stop_ids(params), width=width, num_stop_ids=self.num_stop_ids,
+                           vocab_size=vocab, prompt=prompt, generated_before=before)
+                 for (ids, params), (prompt, before) in zip(items + [null] * (rows - len(items)), history)]
         arrays = [np.concatenate(column) for column in zip(*[part[:5] for part in parts])]
         sampling = jax.tree.map(lambda *a: np.concatenate(a), *[part[5] for part in parts])
+        processors = None if vocab is None else jax.tree.map(lambda *a: np.concatenate(a), *[p[6] for p in parts])
         ids = np.full((rows,), self.layout.null_row, np.int32)
         ids[:len(row_ids)] = row_ids
-        return tuple(jax.tree.map(self._place, (*arrays, sampling, ids, self._tables[ids])))
+        return tuple(jax.tree.map(self._place, (*arrays, sampling, processors, ids, self._tables[ids])))
 
     def _cached_arrays(self, arrays: tuple, cached: list[int], lengths: list[int] | None = None) -> tuple:
         """A cached prefill's arguments from :meth:`_prefill_arrays` over the prompts' uncached rest: the whole

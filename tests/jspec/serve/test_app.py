@@ -215,6 +215,21 @@ def test_echo_returns_the_prompt_and_its_logprobs(server, tokenizer):
     assert echoed.choices[0].text.startswith(prompt) and echoed.choices[0].logprobs is None
 
 
+def test_penalties_and_logit_bias_equal_offline_plain_decoding(server):
+    """OpenAI's penalties and logit_bias, vLLM's repetition_penalty and min_tokens, through the official client:
+    the served (speculative) greedy output equals offline plain decoding with the same processors."""
+    prompt = "def fibonacci(n):"
+    processors = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3, min_tokens=20,
+                      logit_bias={10: 2.0, 20: -5.0})
+    served = server.client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=32, presence_penalty=0.5, frequency_penalty=0.3,
+        logit_bias={"10": 2.0, "20": -5.0}, extra_body={"repetition_penalty": 1.3, "min_tokens": 20,
+                                                         "return_token_ids": True})
+    offline = server.engine.plain().generate([prompt], max_new_tokens=32, **processors)
+    assert served.choices[0].token_ids == offline.token_ids[0]
+    assert offline.token_ids[0] != server.engine.plain().generate([prompt], max_new_tokens=32).token_ids[0]
+
+
 def test_chat_logprobs_and_top_logprobs(server, tokenizer):
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
     whole = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=12,
@@ -479,6 +494,12 @@ BAD = [  # (path, body, the param named)
     ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [-3]}, None),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, "model"),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": -1}, "min_tokens"),
     ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
     ("/v1/completions", {"prompt": "x", "n": 17}, "n"),
     ("/v1/completions", {"prompt": "x", "n": 2, "best_of": 1}, "best_of"),
