@@ -15,6 +15,12 @@ and seven MLP blocks of its shape alone: 1.08 ms for 1 token either way, 3.1 ms 
 1.9-2.1 ms without. So a program that verifies several tokens a step compiles without them, and plain decoding
 (and the server's plain steps) with XLA's defaults: each program with the options it runs fastest with, the
 baseline included. Other backends get XLA's defaults. ``GenerateSetup.compiler_options`` overrides the choice.
+
+Float32 programs on a GPU or TPU trace under ``jax.default_matmul_precision("highest")``: JAX's default there
+may run float32 matmuls at reduced precision (TF32 on NVIDIA GPUs, bf16 passes on TPUs), and a verify pass of
+several tokens and a one-token decode step that round differently can pick different greedy tokens, which would
+break the float32 promise that speculative output equals plain decoding's. (The test suite sets the same precision
+globally, tests/conftest.py; a user's program did not get it.) A CPU computes float32 matmuls in float32 either way.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ def program_options(setup: Any, *, speculate: bool = True) -> dict[str, str]:
     return dict(options) if accepted_by_xla(options) else {}
 
 
+def matmul_precision(setup: Any) -> str | None:
+    """The matmul precision a program of ``setup`` traces under: "highest" for float32 off a CPU, else None
+    (JAX's default)."""
+    return "highest" if setup.dtype == "float32" and _platform(setup) != "cpu" else None
+
+
 def _platform(setup: Any) -> str:
     if setup.mesh is not None:
         return setup.mesh.devices.flat[0].platform
@@ -60,7 +72,8 @@ def _platform(setup: Any) -> str:
 
 class setup_jit:  # noqa: N801 - used as a decorator, like jax.jit
     """``jax.jit(fun, **jit_kwargs)`` compiled with :func:`program_options` of the call's ``setup=`` (and
-    ``speculate=``, where ``fun`` takes it): one ``jax.jit`` per distinct set of options, each with its own cache.
+    ``speculate=``, where ``fun`` takes it) and traced under its :func:`matmul_precision`: one ``jax.jit`` per
+    distinct set of options and precision, each with its own cache.
     Calls and ``.lower`` behave as jax.jit's; called inside another trace it is a plain nested jit (JAX takes
     compiler options at the top level only)."""
 
@@ -73,10 +86,23 @@ class setup_jit:  # noqa: N801 - used as a decorator, like jax.jit
         # Inside another trace (a caller's jit or make_jaxpr) the program is the caller's: options are its to set.
         traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args))
         options = {} if traced else program_options(kwargs["setup"], speculate=kwargs.get("speculate", True))
-        key = tuple(sorted(options.items()))
+        precision = None if traced else matmul_precision(kwargs["setup"])
+        key = (tuple(sorted(options.items())), precision)
         if key not in self._jitted:
-            self._jitted[key] = jax.jit(self._fun, compiler_options=options or None, **self._jit_kwargs)
+            self._jitted[key] = jax.jit(self._with_precision(precision), compiler_options=options or None,
+                                        **self._jit_kwargs)
         return self._jitted[key]
+
+    def _with_precision(self, precision: str | None) -> Callable:
+        if precision is None:
+            return self._fun
+
+        @functools.wraps(self._fun)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with jax.default_matmul_precision(precision):
+                return self._fun(*args, **kwargs)
+
+        return traced
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._for(args, kwargs)(*args, **kwargs)

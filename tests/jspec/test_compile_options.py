@@ -11,6 +11,8 @@ import pytest
 import jspec
 from jspec import compile_options
 from jspec.compile_options import CPU_MULTI_TOKEN_OPTIONS, program_options
+from jspec.generate_setup import GenerateSetup
+from models.config import ModelConfig
 from tests.spec_fixtures import near_bigram_target, plain_engine, random_head, spec_engine
 
 YNN_FUSION = "__ynn_fusion"
@@ -70,3 +72,23 @@ def test_greedy_output_is_the_same_under_either_options(engines):
     expected = plain.generate(prompts, max_new_tokens=24).token_ids
     assert spec.generate(prompts, max_new_tokens=24).token_ids == expected
     assert defaults.generate(prompts, max_new_tokens=24).token_ids == expected
+
+
+def test_float32_programs_off_a_cpu_trace_at_the_highest_matmul_precision(monkeypatch):
+    """TF32 (XLA's float32 default on a GPU) would let a verify pass and a decode step round differently: float32
+    programs off a CPU trace under jax.default_matmul_precision("highest"); bfloat16 ones and CPU ones as JAX does."""
+    setup = GenerateSetup(target=ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8,
+                                             num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8), max_seq_len=8)
+
+    @compile_options.setup_jit
+    def product(a, *, setup):
+        return a @ a
+
+    a = jax.numpy.ones((4, 4))
+    with jax.default_matmul_precision("default"):  # as a user's program has it (tests/conftest.py sets "highest")
+        assert compile_options.matmul_precision(setup) is None
+        assert "HIGHEST" not in product.lower(a, setup=setup).as_text()
+        monkeypatch.setattr(compile_options, "_platform", lambda _: "gpu")
+        assert compile_options.matmul_precision(setup) == "highest"
+        assert compile_options.matmul_precision(dataclasses.replace(setup, dtype="bfloat16")) is None
+        assert "HIGHEST" in product.lower(a, setup=setup).as_text()

@@ -32,7 +32,8 @@ DRAFTERS = {
 
 @pytest.fixture(scope="module")
 def plain_engine():
-    return jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=4, max_seq_len=256)
+    return jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=4, max_seq_len=256,
+                                              dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,8 @@ def test_plain_decoding_equals_transformers_processors(hf_target, plain_engine, 
 @pytest.mark.parametrize("drafter", sorted(DRAFTERS))
 def test_speculative_equals_plain_with_the_same_processors(plain_engine, drafter):
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=DRAFTERS[drafter],
-                                              max_batch_size=4, max_seq_len=256)
+                                              max_batch_size=4, max_seq_len=256,
+                                              dtype="float32")
     want = plain_engine.generate(PROMPTS, max_new_tokens=48, **PENALTIES)
     got = engine.generate(PROMPTS, max_new_tokens=48, **PENALTIES)
     assert got.token_ids == want.token_ids

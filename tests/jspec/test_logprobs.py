@@ -37,7 +37,8 @@ def hf_target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_engine():
-    return jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=4, max_seq_len=256)
+    return jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=4, max_seq_len=256,
+                                              dtype="float32")
 
 
 def hf_log_softmax(model, prompt: list[int], generated: list[int]) -> np.ndarray:
@@ -70,7 +71,8 @@ def test_plain_decoding_logprobs_equal_transformers(hf_target, plain_engine):
 @pytest.mark.parametrize("drafter", sorted(DRAFTERS))
 def test_speculative_logprobs_equal_plain_and_transformers(hf_target, plain_engine, drafter):
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=DRAFTERS[drafter],
-                                              max_batch_size=4, max_seq_len=256)
+                                              max_batch_size=4, max_seq_len=256,
+                                              dtype="float32")
     out = engine.generate(PROMPTS, max_new_tokens=40, logprobs=NUM_TOP)
     plain = plain_engine.generate(PROMPTS, max_new_tokens=40, logprobs=NUM_TOP)
     assert out.token_ids == plain.token_ids and out.stats.acceptance_length > 1.5
@@ -84,7 +86,8 @@ def test_sampled_logprobs_are_the_raw_log_softmax(hf_target):
     """At temperature 0.7 and top-k 8 the tokens are drawn from the processed distribution; the log-probabilities
     reported are still the target's raw log-softmax (vLLM's default), checked on whatever was drawn."""
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter="eagle3", spec=DRAFTERS["eagle3"],
-                                              max_batch_size=4, max_seq_len=256)
+                                              max_batch_size=4, max_seq_len=256,
+                                              dtype="float32")
     out = engine.generate(PROMPTS, max_new_tokens=32, temperature=0.7, top_k=8, seed=3, logprobs=NUM_TOP)
     assert_logprobs_are_the_targets(hf_target, out, engine.encode(PROMPTS), "sampled eagle3")
     assert any(got.top_ids[:, 0].tolist() != ids for got, ids in zip(out.logprobs, out.token_ids))  # not greedy
