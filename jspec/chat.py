@@ -8,7 +8,8 @@ What transformers does, and this module matches (transformers/utils/chat_templat
 - the template runs in jinja2's ImmutableSandboxedEnvironment (templates from the Hub are untrusted code) with
   ``trim_blocks=True, lstrip_blocks=True`` and the ``loopcontrols`` extension; ``raise_exception(msg)``,
   ``strftime_now(fmt)`` and a ``tojson`` filter that is ``json.dumps`` (no HTML escaping) are defined;
-- it sees ``messages`` (message keys whose value is None dropped), ``add_generation_prompt``, ``tools=None``,
+- it sees ``messages`` (message keys whose value is None dropped), ``add_generation_prompt``, ``tools`` (None, or
+  the request's list of ``{"type": "function", "function": {...}}``, as transformers passes JSON-schema tools),
   ``documents=None`` and the named special tokens of tokenizer_config.json as strings (``bos_token``,
   ``eos_token``, ...; AddedToken dicts give their ``content``);
 - the rendered text is encoded WITHOUT the tokenizer's own special tokens (``add_special_tokens=False``): the
@@ -39,9 +40,11 @@ class ChatTemplate:
     source: str
     special_tokens: dict[str, str]
 
-    def render(self, conversations: Sequence[Conversation], add_generation_prompt: bool = True) -> list[str]:
-        """One text per conversation (validate with :func:`as_conversations` first). A template's own refusal
-        (``raise_exception``, e.g. roles that do not alternate) is a ValueError."""
+    def render(self, conversations: Sequence[Conversation], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> list[str]:
+        """One text per conversation (validate with :func:`as_conversations` first); tools: the functions the
+        model may call, rendered by the template. A template's own refusal (``raise_exception``, e.g. roles that do
+        not alternate) is a ValueError."""
         import jinja2
 
         try:
@@ -53,16 +56,16 @@ class ChatTemplate:
             messages = [{k: v for k, v in message.items() if v is not None} for message in conversation]
             try:
                 texts.append(template.render(messages=messages, add_generation_prompt=bool(add_generation_prompt),
-                                             tools=None, documents=None, **self.special_tokens))
+                                             tools=tools or None, documents=None, **self.special_tokens))
             except jinja2.TemplateError as error:
                 raise ValueError(f"the chat template refused the conversation: {error}") from error
         return texts
 
-    def encode(self, tokenizer, conversations: Sequence[Conversation],
-               add_generation_prompt: bool = True) -> list[list[int]]:
+    def encode(self, tokenizer, conversations: Sequence[Conversation], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> list[list[int]]:
         """Rendered conversations -> token ids (``tokenizers.Tokenizer``; no special tokens added: the template's)."""
         return [tokenizer.encode(text, add_special_tokens=False).ids
-                for text in self.render(conversations, add_generation_prompt)]
+                for text in self.render(conversations, add_generation_prompt, tools)]
 
     def end_of_turn_ids(self, tokenizer) -> tuple[int, ...]:
         """The id of tokenizer_config.json's eos_token (Qwen's ``<|im_end|>``, Llama-3-Instruct's ``<|eot_id|>``):

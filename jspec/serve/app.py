@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException
 
 from jspec.detokenize import TextStream
 from jspec.logprobs import SequenceLogprobs
+from jspec.serve import tool_parsers
 from jspec.serve.logprobs import chat_logprobs, completion_logprobs, with_prompt
 from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, choice_params, parse_chat, parse_completion
 from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
@@ -39,12 +40,17 @@ DISCONNECT_POLL_SECONDS = 0.25  # how often a pending non-streamed answer checks
 RETRY_AFTER_SECONDS = 1
 
 
-def create_app(slots: SlotEngine, served_model_name: str) -> FastAPI:
-    """The app serving ``slots`` (started, or warming up: /health says which) as ``served_model_name``."""
+def create_app(slots: SlotEngine, served_model_name: str, tool_call_parser: str | None = None) -> FastAPI:
+    """The app serving ``slots`` (started, or warming up: /health says which) as ``served_model_name``;
+    tool_call_parser: the parser of chat replies' tool calls (``jspec.serve.tool_parsers.PARSERS``; vLLM's
+    ``--enable-auto-tool-choice --tool-call-parser``), None: tool_choice "auto" is refused."""
+    if tool_call_parser is not None and tool_call_parser not in tool_parsers.PARSERS:
+        raise ValueError(f"tool_call_parser={tool_call_parser!r}: expected one of {tool_parsers.PARSERS}")
     engine = slots.engine
     model = ModelInfo(name=served_model_name, tokenizer=engine.tokenizer,
                       chat_template=getattr(engine, "chat_template", None), max_seq_len=slots.max_seq_len,
-                      vocab_size=engine.config.vocab_size, max_logprobs=slots.setup.logprobs)
+                      vocab_size=engine.config.vocab_size, max_logprobs=slots.setup.logprobs,
+                      tool_call_parser=tool_call_parser)
     app = FastAPI(title="jspec", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
@@ -215,15 +221,23 @@ async def _stream(generations: list[_Generation], shape: "_Shape") -> AsyncItera
             for index in range(len(generations)):
                 yield _event(shape.chunk({"role": "assistant", "content": ""}, None, index=index))
         echo = [shape.params.echo] * len(generations)
+        calls = [_HeldCalls(shape.params.tool_call_parser) for _ in generations]
         running = len(generations)
         while running:
             index, piece = await events.get()
             generation = generations[index]
             if piece is None:
-                yield _event(shape.chunk("", generation.finish_reason, index=index))
+                rest, tool_calls = calls[index].finish()
+                if rest:
+                    yield _event(shape.chunk(rest, None, index=index))
+                if tool_calls:
+                    yield _event(shape.chunk({"tool_calls": [c.as_openai(i) for i, c in enumerate(tool_calls)]},
+                                             None, index=index))
+                yield _event(shape.chunk("", "tool_calls" if tool_calls else generation.finish_reason, index=index))
                 running -= 1
                 continue
             text, tokens, logprobs = piece
+            text = calls[index].feed(text)
             if echo[index]:  # the prompt first (scored before the first tokens arrive)
                 yield _event(shape.echo_chunk(generation.request.scored_prompt, index))
                 echo[index] = False
@@ -238,6 +252,32 @@ async def _stream(generations: list[_Generation], shape: "_Shape") -> AsyncItera
             task.cancel()
         for generation in generations:
             generation.cancel_unless_finished()
+
+
+class _HeldCalls:
+    """A streamed chat reply's text with its tool calls held back: the text from where a call may begin (the
+    parser's ``tool_call_start``) is kept until the end, then parsed; with no parser, text passes through."""
+
+    def __init__(self, parser: str | None):
+        self.parser, self.text, self.sent = parser, "", 0
+        self.start = None if parser is None else tool_parsers.tool_call_start(parser)
+
+    def feed(self, piece: str) -> str:
+        """-> what of the reply may be sent now."""
+        if self.parser is None:
+            return piece
+        self.text += piece
+        held = self.start(self.text)
+        upto = len(self.text) if held is None else max(held, self.sent)
+        out, self.sent = self.text[self.sent:upto], upto
+        return out
+
+    def finish(self) -> tuple[str, list[tool_parsers.ToolCall]]:
+        """-> (the held text to send as content, the calls parsed from the reply)."""
+        if self.parser is None:
+            return "", []
+        content, calls = tool_parsers.parse(self.parser, self.text)
+        return ("", calls) if calls else (self.text[self.sent:], [])
 
 
 def _event(payload: dict[str, Any]) -> str:
@@ -268,8 +308,15 @@ class _Shape:
         choices = []
         for index, (text, generation) in enumerate(zip(texts, generations)):
             choice: dict[str, Any] = {"index": index}
+            finish_reason = generation.finish_reason
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": text}
+                if self.params.tool_call_parser is not None:
+                    content, calls = tool_parsers.parse(self.params.tool_call_parser, text)
+                    if calls:
+                        choice["message"] = {"role": "assistant", "content": content,
+                                             "tool_calls": [call.as_openai() for call in calls]}
+                        finish_reason = "tool_calls"
             else:
                 choice["text"] = text
             logprobs = None
@@ -278,7 +325,7 @@ class _Shape:
                 if self.params.echo:
                     logprobs = with_prompt(self.tokenizer, self.params.prompt_ids, generation.request.scored_prompt,
                                            logprobs)
-            choice.update(logprobs=logprobs, finish_reason=generation.finish_reason)
+            choice.update(logprobs=logprobs, finish_reason=finish_reason)
             if self.params.return_token_ids:
                 choice["token_ids"] = generation.token_ids
             choices.append(choice)

@@ -10,9 +10,12 @@ tokens beside the chosen one), chat ``logprobs: true`` with ``top_logprobs: K``;
 tokens' too). ``n`` choices (``best_of`` candidates, the n most likely kept) run as requests of their own,
 choice i with seed ``choice_seed(seed, i)`` (:func:`choice_params`). The logits processors: OpenAI's
 ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` ({"token id": bias}), vLLM's ``repetition_penalty``,
-``min_tokens``, ``ignore_eos`` and ``bad_words_ids``-style ``banned_token_ids``. Features this server does not have
-(tools, structured outputs, ...) are refused by name rather than ignored; fields that mean nothing here (``user``,
-``metadata``, ...) are ignored.
+``min_tokens``, ``ignore_eos`` and ``bad_words_ids``-style ``banned_token_ids``. Chat ``tools`` are rendered by the
+chat template and, with ``tool_choice`` "auto" on a server started with ``--enable-auto-tool-choice
+--tool-call-parser NAME``, the reply's calls parsed into ``tool_calls`` (``jspec.serve.tool_parsers``); "required"
+or a named function needs structured outputs, which this server does not have yet: refused by name. Features this
+server does not have (structured outputs, ...) are refused by name rather than ignored; fields that mean nothing
+here (``user``, ``metadata``, ...) are ignored.
 
 Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
 and an open assistant line::
@@ -25,6 +28,7 @@ and an open assistant line::
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any, Callable
 
@@ -59,6 +63,7 @@ class ModelInfo:
     max_seq_len: int
     vocab_size: int
     max_logprobs: int | None = None  # the most top log-probabilities a request may ask for (None: no logprobs)
+    tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice (None: no tool calls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +87,12 @@ class GenerationParams:
     n: int = 1                   # choices answered
     best_of: int = 1             # choices generated (>= n): the n with the highest cumulative log-probability kept
     processors: tuple[tuple[str, Any], ...] = ()  # the logits processors' fields set (jspec.SamplingParams names)
+    tool_call_parser: str | None = None  # chat with tools and tool_choice "auto": the parser of the reply's calls
 
 
 # field -> the values that ask for nothing (anything else asks for a feature this server lacks)
 _NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "suffix": lambda v: v is None or v == "",
-    "tools": lambda v: v is None or v == [],
     "functions": lambda v: v is None or v == [],
     "response_format": lambda v: v is None or v == {"type": "text"},
 }
@@ -121,10 +126,11 @@ def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
     messages = _messages(body.get("messages"))
     if model.tokenizer is None:
         raise APIError("chat needs the model's tokenizer.json, and this model has none", param="messages")
+    tools, parser = _tools(body, model)
     stop_ids: tuple[int, ...] = ()
     if model.chat_template is not None:
         try:
-            prompt_ids = model.chat_template.encode(model.tokenizer, [messages])[0]
+            prompt_ids = model.chat_template.encode(model.tokenizer, [messages], tools=tools)[0]
         except Exception as error:  # the template refused the conversation (raise_exception, a sandbox rule)
             raise APIError(f"the chat template refused the messages: {error}", param="messages") from None
         stop_ids = tuple(model.chat_template.end_of_turn_ids(model.tokenizer))
@@ -140,7 +146,36 @@ def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
     if top is not None and top > 0 and not wanted:
         raise APIError(f"top_logprobs={top} needs logprobs=true", param="top_logprobs")
     logprobs = _logprobs("top_logprobs" if top else "logprobs", (top or 0) if wanted else None, model)
-    return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra, logprobs=logprobs)
+    return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra, logprobs=logprobs,
+                               tool_call_parser=parser)
+
+
+def _tools(body: dict[str, Any], model: ModelInfo) -> tuple[list[dict] | None, str | None]:
+    """(the tools to render, the parser of the reply's calls or None) of a chat body."""
+    tools = body.get("tools")
+    if tools in (None, []):
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            raise APIError(f"tool_choice={_show(body['tool_choice'])} without tools", param="tool_choice")
+        return None, None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools):
+        raise APIError(f"tools={_show(tools)}: expected a list of {{'type': 'function', 'function': {{'name', ...}}}}",
+                       param="tools")
+    if model.chat_template is None:
+        raise APIError("tools need the model's chat template to show them to the model, and this model has none",
+                       param="tools")
+    choice = body.get("tool_choice", "auto")
+    if choice == "none":
+        return tools, None
+    if choice != "auto":
+        raise APIError(f"tool_choice={_show(choice)} is not supported: forcing a call needs structured outputs, "
+                       f"which this server does not have yet; use 'auto' or 'none'", param="tool_choice",
+                       code="unsupported")
+    if model.tool_call_parser is None:
+        raise APIError('tool_choice "auto" needs the server started with --enable-auto-tool-choice and '
+                       '--tool-call-parser', param="tool_choice")
+    return tools, model.tool_call_parser
 
 
 def _logprobs(param: str, wanted: int | None, model: ModelInfo) -> int | None:
@@ -289,9 +324,11 @@ def _prompt_ids(prompt: Any, model: ModelInfo) -> list[int]:
     return ids
 
 
-def _messages(messages: Any) -> list[dict[str, str]]:
+def _messages(messages: Any) -> list[dict[str, Any]]:
     """[{"role", "content"}] with content a string, null, or a list of {"type": "text", "text"} parts -> plain
-    {"role": str, "content": str} dicts (other keys dropped)."""
+    {"role": str, "content": str} dicts, keeping an assistant's ``tool_calls`` (their JSON ``arguments`` strings
+    as objects, as vLLM hands them to chat templates) and a tool message's ``tool_call_id`` and ``name``; other
+    keys dropped."""
     if not isinstance(messages, list) or not messages:
         raise APIError(f"messages={_show(messages)}: expected a non-empty list of {{'role', 'content'}} objects",
                        param="messages")
@@ -315,7 +352,34 @@ def _messages(messages: Any) -> list[dict[str, str]]:
         elif not isinstance(content, str):
             raise APIError(f"{where}.content={_show(content)}: expected a string or a list of text parts",
                            param=f"{where}.content")
-        out.append({"role": message["role"], "content": content})
+        kept: dict[str, Any] = {"role": message["role"], "content": content}
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                kept[key] = message[key]
+        if message.get("tool_calls") is not None:
+            kept["tool_calls"] = _tool_calls(message["tool_calls"], where)
+        out.append(kept)
+    return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's OpenAI ``tool_calls`` checked, each function's arguments as an object."""
+    if not isinstance(calls, list):
+        raise APIError(f"{where}.tool_calls={_show(calls)}: expected a list", param=f"{where}.tool_calls")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise APIError(f"{where}.tool_calls: {_show(call)}: expected {{'function': {{'name', 'arguments'}}}}",
+                           param=f"{where}.tool_calls")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise APIError(f"{where}.tool_calls: arguments {_show(arguments)} are not JSON",
+                               param=f"{where}.tool_calls") from None
+        out.append({**call, "function": {"name": function["name"], "arguments": arguments}})
     return out
 
 

@@ -21,6 +21,7 @@ import threading
 import uvicorn
 
 from jspec.calibration_prompts import CALIBRATION_PROMPTS
+from jspec.serve import tool_parsers
 from jspec.tools.generate_cmd import (checked_max_seq_len, resolve_models, add_model_args, add_tree_args, as_flags,
                                      draft_spec)
 from jspec.tools.parallel_args import add_parallel_args, mesh_kwargs, start_processes
@@ -77,6 +78,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help=f"the most top log-probabilities a request may ask for per token (completions' logprobs, "
                              f"chat's top_logprobs; vLLM's name; default {DEFAULT_MAX_LOGPROBS}); every step records "
                              f"them; -1: none (requests asking for logprobs get 400)")
+    server.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="parse chat replies' tool calls into tool_calls when a request has tools and "
+                             "tool_choice 'auto' (vLLM's flag; needs --tool-call-parser)")
+    server.add_argument("--tool-call-parser", choices=tool_parsers.PARSERS, default=None,
+                        help="how the model writes tool calls: hermes (<tool_call> JSON; Qwen, Hermes) or "
+                             "llama3_json (Llama 3.1+ JSON)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds running requests get to finish after SIGTERM")
     add_parallel_args(parser)
@@ -114,6 +121,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--kv-cache-memory-fraction {args.kv_cache_memory_fraction}: expected a number in (0, 1]")
     if args.short_draft_len is not None and args.short_draft_len < 0:
         raise ValueError(f"--short-draft-len {args.short_draft_len}: expected an integer >= 0 (0: no short chain)")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)")
     if args.max_logprobs < -1:
         raise ValueError(f"--max-logprobs {args.max_logprobs}: expected an integer >= 0, or -1 for none")
     if not args.shutdown_timeout >= 0:
@@ -172,7 +181,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     method = f"drafter {drafter} {spec.tree} {spec.tree_size}" if drafter is not None else "no drafter"
     ready = f"jspec serve: http://{_url_host(host)}:{port}/v1 (model {name!r}, {method}) ready"
-    config = uvicorn.Config(create_app(slots, name), loop="asyncio", lifespan="off", log_level="warning",
+    parser = args.tool_call_parser if args.enable_auto_tool_choice else None
+    config = uvicorn.Config(create_app(slots, name, parser), loop="asyncio", lifespan="off", log_level="warning",
                             timeout_graceful_shutdown=args.shutdown_timeout + 5.0)
     server = DrainingServer(config, slots, args.shutdown_timeout, ready)
     server.run(sockets=[sock])

@@ -1,0 +1,125 @@
+"""Tool calls (jspec/serve/tool_parsers.py and the chat API around them): the hermes and llama3_json parsers on the
+formats those models write, the streamed reply holding a call back until it can be parsed, tools rendered through
+the chat template with the request's messages (tool calls and tool results kept), and the answer's shape."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import tokenizers
+
+from jspec.chat import ChatTemplate
+from jspec.serve import tool_parsers
+from jspec.serve.app import _HeldCalls, _Shape
+from jspec.serve.protocol import APIError, ModelInfo, parse_chat
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string"}}}}}
+HERMES_REPLY = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+TEMPLATE = ("{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.role }}: "
+            "{{ m.content }}{% if m.tool_calls %} CALLS {{ m.tool_calls | tojson }}{% endif %}"
+            "{% if m.tool_call_id %} FOR {{ m.tool_call_id }}{% endif %}\n{% endfor %}assistant:")
+
+
+def test_hermes_calls_and_the_content_before_them():
+    content, calls = tool_parsers.parse("hermes", HERMES_REPLY)
+    assert content == "Let me look."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}),
+                                                                  ("get_weather", {"city": "Oslo"})]
+    call = calls[0].as_openai(0)
+    assert call["index"] == 0 and call["type"] == "function" and call["id"].startswith("call_")
+
+
+@pytest.mark.parametrize("text", ["no call here", "<tool_call>{not json}</tool_call>",
+                                  '<tool_call>{"arguments": {}}</tool_call>', "<tool_call>{\"name\": \"f\""])
+def test_hermes_text_that_is_no_well_formed_call_stays_content(text):
+    assert tool_parsers.parse("hermes", text) == (text, [])
+
+
+def test_llama3_json_calls():
+    content, calls = tool_parsers.parse(
+        "llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                       '{"name": "get_time", "parameters": {}}')
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert tool_parsers.parse("llama3_json", "The weather is fine.") == ("The weather is fine.", [])
+    assert tool_parsers.parse("llama3_json", '{"name": "f", "parameters": {}} and more')[1] == []
+
+
+def test_a_streamed_reply_holds_back_a_call_even_when_its_tag_is_cut():
+    held = _HeldCalls("hermes")
+    pieces = ["Let me look.\n<to", "ol_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Paris\"}}",
+              "\n</tool_call>"]
+    sent = "".join(held.feed(p) for p in pieces)
+    rest, calls = held.finish()
+    assert sent == "Let me look.\n" and rest == "" and [c.name for c in calls] == ["get_weather"]
+    plain = _HeldCalls("hermes")
+    sent = "".join(plain.feed(p) for p in ["a <b", " c <", "to"])
+    assert sent + plain.finish()[0] == "a <b c <to" and plain.finish()[1] == []
+    assert _HeldCalls(None).feed("<tool_call>") == "<tool_call>"
+
+
+@pytest.fixture(scope="module")
+def model():
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    return ModelInfo(name="m", tokenizer=tokenizer, chat_template=ChatTemplate(TEMPLATE, {}), max_seq_len=4096,
+                     vocab_size=10, tool_call_parser="hermes")
+
+
+def test_tools_and_tool_messages_reach_the_template(model, monkeypatch):
+    rendered = []
+    original = ChatTemplate.render
+
+    def spy(self, conversations, add_generation_prompt=True, tools=None):
+        texts = original(self, conversations, add_generation_prompt, tools)
+        rendered.extend(texts)
+        return texts
+
+    monkeypatch.setattr(ChatTemplate, "render", spy)
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    params = parse_chat({"messages": messages, "tools": [WEATHER], "max_tokens": 4}, model)
+    assert params.tool_call_parser == "hermes"
+    text = rendered[-1]
+    assert text.startswith("TOOLS " + json.dumps([WEATHER]))
+    assert 'CALLS [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ' \
+           '{"city": "Paris"}}}]' in text  # the arguments as an object, as vLLM hands them over
+    assert "tool: sunny FOR call_1" in text
+    assert parse_chat({"messages": messages[:1], "tools": [WEATHER], "tool_choice": "none"},
+                      model).tool_call_parser is None
+
+
+@pytest.mark.parametrize("body, param, match", [
+    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "structured outputs"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+     "structured outputs"),
+    ({"tools": [{"type": "function"}]}, "tools", "expected a list"),
+    ({"tool_choice": "required"}, "tool_choice", "without tools"),
+])
+def test_tool_requests_this_server_cannot_serve_are_refused_by_name(model, body, param, match):
+    with pytest.raises(APIError, match=match) as error:
+        parse_chat({"messages": [{"role": "user", "content": "hi"}], **body}, model)
+    assert error.value.param == param
+
+
+def test_auto_without_a_parser_is_refused(model):
+    bare = ModelInfo(**{**model.__dict__, "tool_call_parser": None})
+    with pytest.raises(APIError, match="--enable-auto-tool-choice"):
+        parse_chat({"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}, bare)
+
+
+def test_the_answer_carries_the_calls_and_finish_reason_tool_calls(model):
+    params = parse_chat({"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}, model)
+    shape = _Shape(model, True, params, 3)
+    generation = SimpleNamespace(token_ids=[1, 2], logprobs=[], finish_reason="stop", request=None)
+    choice = shape.whole([HERMES_REPLY], [generation], completion_tokens=2)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look."
+    assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        {"city": "Paris"}, {"city": "Oslo"}]
+    plain = shape.whole(["No need."], [generation], completion_tokens=2)["choices"][0]
+    assert plain["finish_reason"] == "stop" and plain["message"] == {"role": "assistant", "content": "No need."}
