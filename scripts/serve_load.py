@@ -13,6 +13,12 @@ instance async scheduling against none on the speculative server, with longer ou
 
     python scripts/serve_load.py --no-offline --max-tokens 256 \
         --server "async=--async-scheduling" --server "sync=--no-async-scheduling"
+
+``--request NAME=JSON`` adds fields to every request body sent to server NAME (a feature's cost under the same
+load), for instance log-probabilities and penalties on the default server against none:
+
+    python scripts/serve_load.py --no-offline --server "plain-api=--max-logprobs -1 --no-logits-processors" \
+        --server "default=" --server "asking=" --request 'asking={"logprobs": 5, "presence_penalty": 0.5}'
 """
 
 from __future__ import annotations
@@ -140,16 +146,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", action="append", default=None, metavar="NAME=FLAGS",
                         help="a server to run and its jspec serve flags (repeatable, at least two; default: "
                              f"{' and '.join(repr(s) for s in DEFAULT_SERVERS)})")
+    parser.add_argument("--request", action="append", default=[], metavar="NAME=JSON",
+                        help="fields added to every request body sent to server NAME (repeatable)")
     parser.add_argument("serve_flags", nargs="*", help="extra jspec serve flags for every server (after --)")
     args = parser.parse_args(argv)
     servers = [s.partition("=") for s in args.server or DEFAULT_SERVERS]
     if len(servers) < 2 or any(not name or not sep for name, sep, _ in servers):
         parser.error(f"--server {args.server}: expected at least two NAME=FLAGS")
+    extras: dict[str, dict] = {}
+    for item in args.request:
+        name, sep, text = item.partition("=")
+        try:
+            extras[name] = json.loads(text)
+        except ValueError:
+            extras[name] = None
+        if not sep or name not in {n for n, _, _ in servers} or not isinstance(extras[name], dict):
+            parser.error(f"--request {item!r}: expected NAME=JSON object for one of the --server names")
     max_tokens = tuple(int(n) for n in args.max_tokens.split(","))
     requests = load(args.num_requests, args.seed, max_tokens)
     warmup = load(args.warmup, args.seed + 10_000, max_tokens)
     common = ["--max-seq-len", str(args.max_seq_len), *args.serve_flags]
-    results = [serve(name, [*shlex.split(flags), *common], requests, warmup) for name, _, flags in servers]
+    results = [serve(name, [*shlex.split(flags), *common], [{**r, **extras.get(name, {})} for r in requests],
+                     [{**r, **extras.get(name, {})} for r in warmup]) for name, _, flags in servers]
     if not args.no_offline:
         results.append(dict(name="offline", **offline(requests, args.max_seq_len)))
     spec, plain = results[0], results[1]

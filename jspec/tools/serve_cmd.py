@@ -78,6 +78,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help=f"the most top log-probabilities a request may ask for per token (completions' logprobs, "
                              f"chat's top_logprobs; vLLM's name; default {DEFAULT_MAX_LOGPROBS}); every step records "
                              f"them; -1: none (requests asking for logprobs get 400)")
+    server.add_argument("--logits-processors", action=argparse.BooleanOptionalAction, default=True,
+                        help="requests may use presence/frequency/repetition penalties, logit_bias, banned ids and "
+                             "min_tokens (every program carries their per-row arrays; a step where no row uses them "
+                             "skips the work); --no-logits-processors: refused")
     server.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="parse chat replies' tool calls into tool_calls when a request has tools and "
                              "tool_choice 'auto' (vLLM's flag; needs --tool-call-parser)")
@@ -95,7 +99,8 @@ def paged_kwargs(args: argparse.Namespace) -> dict:
                 kv_cache_memory_fraction=args.kv_cache_memory_fraction,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=args.enable_prefix_caching, async_scheduling=args.async_scheduling,
-                max_logprobs=None if args.max_logprobs == -1 else args.max_logprobs)
+                max_logprobs=None if args.max_logprobs == -1 else args.max_logprobs,
+                logits_processors=args.logits_processors)
 
 
 def run_serve(args: argparse.Namespace) -> int:
