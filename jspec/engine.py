@@ -301,14 +301,18 @@ class SpecEngine:
 
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
-               stop_token_ids: Sequence[int] | None = None, steps_per_chunk: int = 1) -> Iterator[list[list[int]]]:
+               stop_token_ids: Sequence[int] | None = None, steps_per_chunk: int = 1,
+               **processors) -> Iterator[list[list[int]]]:
         """Like :meth:`generate`, but yields, per chunk of ``steps_per_chunk`` steps, the tokens each prompt
-        gained (a list per prompt, possibly empty). The concatenated chunks equal ``generate``'s token_ids."""
+        gained (a list per prompt, possibly empty). The concatenated chunks equal ``generate``'s token_ids.
+        processors: :meth:`generate`'s logits processors."""
         if not isinstance(steps_per_chunk, int) or steps_per_chunk < 1:
             raise ValueError(f"steps_per_chunk={steps_per_chunk!r}: expected an integer >= 1")
-        batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
+        batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                                      **processors)
         args = self._arguments(batch, params)
-        setup = self.setup.with_max_seq_len(batch.seq_len)
+        setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len),
+                                    logits_processors=params.processes_logits)
         state, inputs = generate_start(*args, setup=setup)
         emitted = np.zeros(batch.batch_size, np.int64)
         chunk = jnp.asarray(steps_per_chunk, jnp.int32)

@@ -44,7 +44,15 @@ SLOW: dict[str, str] = {
         "n-gram's logprobs equal plain decoding's and transformers'; default: the [eagle3] tree's",
     "tests/jspec/test_logprobs.py::test_speculative_logprobs_equal_plain_and_transformers[ngram+eagle3]":
         "the hybrid's logprobs equal plain decoding's and transformers'; default: the [eagle3] tree's",
+    "tests/jspec/test_logprobs.py::test_sampled_logprobs_are_the_raw_log_softmax":
+        "sampled tokens' logprobs are the raw log-softmax; default: the greedy ones equal transformers' "
+        "(test_plain_decoding_logprobs_equal_transformers, the [eagle3] speculative case)",
+    "tests/jspec/test_logprobs.py::test_zero_top_logprobs_keep_the_chosen_tokens_only":
+        "logprobs=0 returns the chosen tokens' only; default: logprobs=5 through the engine and the server",
     # --- logits processors ------------------------------------------------------------------------------------
+    "tests/jspec/test_logits_processors.py::test_plain_decoding_equals_transformers_processors[bias-min-tokens]":
+        "logit_bias and min_tokens equal transformers' SequenceBias and MinNewTokensLength; default: the "
+        "[repetition-banned] case, and test_app's served penalties with min_tokens equal offline",
     "tests/jspec/test_logits_processors.py::test_speculative_equals_plain_with_the_same_processors[draft]":
         "the draft model under penalties equals plain decoding; default: the [eagle3] tree's (the same verify path)",
     "tests/jspec/test_logits_processors.py::test_speculative_equals_plain_with_the_same_processors[ngram]":

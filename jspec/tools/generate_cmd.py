@@ -148,13 +148,16 @@ def as_flags(message: str) -> str:
     return _ENGINE_LENGTHS.sub(lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(2) else ""), message)
 
 
+SAMPLING_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids")  # the CLI's
+
+
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags, validated now (before any model loads), as SpecEngine.generate keyword arguments."""
     from jspec.config import SamplingParams
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(args.stop_token_ids or ()))
-    return dataclasses.asdict(params)
+    return {name: getattr(params, name) for name in SAMPLING_FLAGS}
 
 
 def _chat_template(args: argparse.Namespace, model_dir: str):

@@ -93,13 +93,18 @@ def test_sampled_logprobs_are_the_raw_log_softmax(hf_target):
     assert any(got.top_ids[:, 0].tolist() != ids for got, ids in zip(out.logprobs, out.token_ids))  # not greedy
 
 
-def test_no_logprobs_unless_asked_and_bad_values_refused(plain_engine):
-    assert plain_engine.generate(PROMPTS[:1], max_new_tokens=2).logprobs is None
+def test_zero_top_logprobs_keep_the_chosen_tokens_only(plain_engine):
     out = plain_engine.generate(PROMPTS[:1], max_new_tokens=3, logprobs=0)
     assert out.logprobs[0].token.shape == (3,) and out.logprobs[0].top_ids.shape == (3, 0)
+    assert plain_engine.generate(PROMPTS[:1], max_new_tokens=3).logprobs is None
+
+
+def test_bad_logprobs_values_are_refused_before_anything_compiles(plain_engine):
+    compiled = plain_engine.num_compiled
     for bad in (-1, 4097, 2.0, True):
         with pytest.raises(ValueError, match=f"logprobs={bad!r}: expected None or an integer in \\[0, 4096\\]"):
             plain_engine.generate(PROMPTS[:1], max_new_tokens=2, logprobs=bad)
+    assert plain_engine.num_compiled == compiled
 
 
 def test_prompt_logprobs_equal_transformers(hf_target, plain_engine):
