@@ -111,7 +111,7 @@ def test_prompt_logprobs_equal_transformers(hf_target, plain_engine):
     """Each prompt token's log-probability after the tokens before it (vLLM's prompt_logprobs), ragged prompts,
     one longer than a POSITION_CHUNK of the scoring program."""
     prompts = PROMPTS[:3] + [CODE_130]
-    out = plain_engine.generate(prompts, max_new_tokens=2, prompt_logprobs=NUM_TOP)
+    out = plain_engine.generate(prompts, max_new_tokens=24, prompt_logprobs=NUM_TOP)
     for prompt, got in zip(plain_engine.encode(prompts), out.prompt_logprobs):
         ids = torch.tensor([prompt])
         with torch.no_grad():
