@@ -181,7 +181,7 @@ def _tools(body: dict[str, Any], model: ModelInfo) -> tuple[list[dict] | None, s
 def _logprobs(param: str, wanted: int | None, model: ModelInfo) -> int | None:
     """``wanted`` top log-probabilities, if the server records that many."""
     if wanted is not None and (model.max_logprobs is None or wanted > model.max_logprobs):
-        most = ("none: it was started with --max-logprobs -1" if model.max_logprobs is None
+        most = ("none: start it with --max-logprobs K" if model.max_logprobs is None
                 else f"at most {model.max_logprobs} (--max-logprobs)")
         raise APIError(f"{param}={wanted}: this server returns {most} top log-probabilities per token", param=param)
     return wanted

@@ -265,7 +265,7 @@ class SlotEngine:
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
                  seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None,
-                 max_logprobs: int | None = None, logits_processors: bool = True):
+                 max_logprobs: int | None = None, logits_processors: bool = False):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -385,8 +385,8 @@ class SlotEngine:
                              f"the context of {self.max_seq_len} tokens (--max-seq-len)")
         params = request.sampling_params()
         if params.processes_logits and not self.setup.logits_processors:
-            raise ValueError("this server was started without logits processors: penalties, logit_bias, banned ids "
-                             "and min_tokens are off")
+            raise ValueError("this server was started without logits processors (jspec serve --logits-processors): "
+                             "penalties, logit_bias, banned ids and min_tokens are off")
         for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
                           ("banned_token_ids", params.banned_token_ids)):
             check_token_ids(list(ids), vocab, name)

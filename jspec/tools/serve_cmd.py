@@ -32,7 +32,9 @@ CALIBRATION_PROMPT = "\n\n".join(CALIBRATION_PROMPTS)
 BUNDLED_NAME = "jspec-code"
 GPU_MAX_NUM_SEQS = 256  # vLLM's default
 CPU_MAX_NUM_SEQS = 32   # a CPU steps rows one after another: more rows add latency, not throughput
-DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs
+# Off by default: with both on, a server of 32 rows at --max-seq-len 1024 on this CPU ran out of memory compiling its
+# programs (LLVM "Cannot allocate memory"; docs/serving.md), and every step would pay for them.
+DEFAULT_MAX_LOGPROBS = -1
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -75,13 +77,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "and admits requests while the device steps (vLLM's name; default: on a GPU or TPU, "
                              "off on a CPU, where host and steps share the cores)")
     server.add_argument("--max-logprobs", type=int, default=DEFAULT_MAX_LOGPROBS,
-                        help=f"the most top log-probabilities a request may ask for per token (completions' logprobs, "
-                             f"chat's top_logprobs; vLLM's name; default {DEFAULT_MAX_LOGPROBS}); every step records "
-                             f"them; -1: none (requests asking for logprobs get 400)")
-    server.add_argument("--logits-processors", action=argparse.BooleanOptionalAction, default=True,
+                        help="the most top log-probabilities a request may ask for per token (completions' logprobs, "
+                             "chat's top_logprobs, echo's prompt logprobs; vLLM's name, e.g. 20); every step then "
+                             "records them; default -1: none (requests asking for logprobs get 400)")
+    server.add_argument("--logits-processors", action=argparse.BooleanOptionalAction, default=False,
                         help="requests may use presence/frequency/repetition penalties, logit_bias, banned ids and "
                              "min_tokens (every program carries their per-row arrays; a step where no row uses them "
-                             "skips the work); --no-logits-processors: refused")
+                             "skips the work); default off: such requests get 400")
     server.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="parse chat replies' tool calls into tool_calls when a request has tools and "
                              "tool_choice 'auto' (vLLM's flag; needs --tool-call-parser)")

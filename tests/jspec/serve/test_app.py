@@ -109,7 +109,8 @@ def server():
     """4 slots, load adaptation and prefix caching on (the defaults); one occupancy bucket (fewer programs to
     compile than the default four) and prefills of at most 32 prompt slots: two prompt widths, a longer prompt
     prefilled in pieces between chunks (9 programs to compile against 19 at 128 slots)."""
-    served = Server(max_batch_size=4, row_buckets=(4,), max_num_batched_tokens=32, max_logprobs=MAX_LOGPROBS)
+    served = Server(max_batch_size=4, row_buckets=(4,), max_num_batched_tokens=32, max_logprobs=MAX_LOGPROBS,
+                    logits_processors=True)
     yield served
     served.stop()
 
