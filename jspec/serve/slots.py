@@ -47,7 +47,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +92,8 @@ class Request:
     None, or K (at most the server's ``max_logprobs``): the sink gets a third argument, the new tokens'
     ``jspec.logprobs.SequenceLogprobs`` with the K most likely tokens at each position; prompt_logprobs: with
     logprobs, also score the prompt (OpenAI's ``echo``): ``scored_prompt`` holds its tokens' 1 .. P - 1 before the
-    sink is first called. presence_penalty .. ignore_eos: the logits processors, as ``jspec.SamplingParams``."""
+    sink is first called. processors: the logits processors' ``jspec.SamplingParams`` fields (presence_penalty,
+    ..., ignore_eos) that the request sets."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -102,13 +103,7 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    banned_token_ids: tuple[int, ...] = ()
-    min_tokens: int = 0
-    ignore_eos: bool = False
+    processors: dict[str, Any] = dataclasses.field(default_factory=dict)
     logprobs: int | None = None
     prompt_logprobs: bool = False
     scored_prompt: SequenceLogprobs | None = None
@@ -126,10 +121,7 @@ class Request:
         stands as 0."""
         return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, seed=0 if self.seed is None else self.seed,
-                              stop_token_ids=tuple(self.stop_token_ids), presence_penalty=self.presence_penalty,
-                              frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-                              logit_bias=self.logit_bias, banned_token_ids=tuple(self.banned_token_ids),
-                              min_tokens=self.min_tokens, ignore_eos=self.ignore_eos)
+                              stop_token_ids=tuple(self.stop_token_ids), **self.processors)
 
 
 @dataclasses.dataclass

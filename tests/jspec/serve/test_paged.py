@@ -51,8 +51,8 @@ def serve_paged(engine, prompts, budgets, *, rows_per_step: int, speculate: bool
         batch = [np.concatenate(parts) for parts in zip(*[r[:5] for r in rows])]
         sampling = jax.tree.map(lambda *a: np.concatenate(a), *[r[5] for r in rows])
         ids = np.asarray([row_of[i] for i in group], np.int32)
-        store, _ = paged.prefill_rows(*args, store, *batch, sampling, ids, tables[ids], layout=layout,
-                                      setup=setup, seq_len=SEQ_LEN)
+        store, _ = paged.prefill_rows(*args, store, *batch, sampling, None, ids, tables[ids], layout=layout,
+                                      setup=setup, seq_len=SEQ_LEN)  # None: no logits processors
     order = list(range(len(prompts)))
     while not done.all():
         order = order[1:] + order[:1]
