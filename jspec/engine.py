@@ -30,6 +30,9 @@ from jspec.prompt_logprobs import score_prompts
 from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
                             param_specs, put, replicated_specs, to_host)
+from jspec.structured_outputs import StructuredOutputsParams
+from jspec.structured_outputs.grammar import GrammarCompiler
+from jspec.structured_outputs.loop import generate_structured
 from jspec.tokenizer import generation_eos, load_tokenizer
 from models.checkpoint import load_llama
 from models.config import ModelConfig
@@ -119,6 +122,7 @@ class SpecEngine:
                            "target's (benchmarks only)", force_accept)
         self.eos_token_ids = tuple(sorted(set(target_config.eos_token_ids) | set(eos_token_ids)))
         self._compiled: dict[tuple, Any] = {}
+        self._grammars: GrammarCompiler | None = None  # built at the first structured_outputs request
         self.auto_choice = None  # jspec.auto.AutoChoice when from_pretrained(spec="auto") chose this engine
 
     @classmethod
@@ -214,8 +218,8 @@ class SpecEngine:
                  capture_hidden_states: Sequence[int] = (), logprobs: int | None = None,
                  prompt_logprobs: int | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, logit_bias: dict[int, float] | None = None,
-                 banned_token_ids: Sequence[int] = (), min_tokens: int = 0,
-                 ignore_eos: bool = False) -> GenerateOutput:
+                 banned_token_ids: Sequence[int] = (), min_tokens: int = 0, ignore_eos: bool = False,
+                 structured_outputs: StructuredOutputsParams | dict | Sequence | None = None) -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
         or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``).
 
@@ -232,6 +236,13 @@ class SpecEngine:
         history, so the output stays the processed target's (greedy: equal to plain decoding with the same
         processors). Any of them on compiles a program with them.
 
+        structured_outputs: vLLM's ``StructuredOutputsParams`` (or a dict of its fields: ``{"json": schema}``,
+        ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": lark_or_gbnf}``, ``{"json_object": True}``), one
+        for every prompt or a list with one (or None) per prompt: each constrained prompt's output matches it
+        (``jspec.structured_outputs``, llguidance). The host keeps each grammar and masks every draft-tree node
+        from its path's state each step (two programs a step with a drafter, one without), so greedy output equals
+        plain decoding's under the same grammar. Needs the tokenizer; not with capture_hidden_states.
+
         capture_hidden_states: target layers whose residual-stream states to return for every token of each
         sequence, prompt and generated (features for drafter training; TensorRT-LLM's SAVE_HIDDEN_STATES), in
         ``GenerateOutput.hidden_states``. Hugging Face ``hidden_states`` indices: 0 the embeddings' output, i the
@@ -246,7 +257,13 @@ class SpecEngine:
                                       repetition_penalty=repetition_penalty,
                                       logit_bias=dict(logit_bias or {}), banned_token_ids=tuple(banned_token_ids),
                                       min_tokens=min_tokens, ignore_eos=ignore_eos)
-        result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top)
+        if structured_outputs is None:
+            result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top)
+        else:
+            if layers:
+                raise ValueError("capture_hidden_states and structured_outputs: not supported together")
+            matchers = self._matchers(structured_outputs, batch.batch_size)
+            result, run_seconds, compile_seconds = self._run_structured(batch, params, matchers, num_top)
         num_generated = to_host(result.num_generated)
         token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, num_generated, batch.batch_size)
         texts = None
@@ -265,6 +282,33 @@ class SpecEngine:
                                             for x in values)) for b in range(batch.batch_size)]
         scored = None if prompt_top is None else self._prompt_logprobs(batch, prompt_top)
         return GenerateOutput(token_ids, texts, stats, hidden, per_token, scored)
+
+    def _matchers(self, structured_outputs, num_prompts: int) -> list:
+        """One llguidance matcher (or None) per prompt for ``generate``'s structured_outputs; every grammar is
+        compiled (and checked) before any device work."""
+        if isinstance(structured_outputs, (StructuredOutputsParams, dict)):
+            per_prompt = [structured_outputs] * num_prompts
+        else:
+            per_prompt = list(structured_outputs)
+            if len(per_prompt) != num_prompts:
+                raise ValueError(f"structured_outputs has {len(per_prompt)} entries for {num_prompts} prompts: give "
+                                 f"one (or None) per prompt, or one for all")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.config.vocab_size, self.eos_token_ids)
+        return [None if p is None else self._grammars.matcher(StructuredOutputsParams.coerce(p))
+                for p in per_prompt]
+
+    def _run_structured(self, batch: PaddedBatch, params: SamplingParams, matchers: list,
+                        logprobs: int | None) -> tuple[GenerateResult, float, float]:
+        """``_run`` under grammars (``jspec.structured_outputs.loop``): host-driven steps; the first call of a
+        bucket's programs compiles them (counted as run time here)."""
+        setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), logprobs=logprobs,
+                                    logits_processors=params.processes_logits)
+        rows = batch.prompt_ids.shape[0]
+        matchers = matchers + [None] * (rows - len(matchers))
+        start = time.perf_counter()
+        result = generate_structured(self._arguments(batch, params), matchers, setup=setup, mesh=self.mesh)
+        return jax.block_until_ready(result), time.perf_counter() - start, 0.0
 
     def _prompt_logprobs(self, batch: PaddedBatch, num_top: int) -> list[SequenceLogprobs]:
         """Each prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``; a program per bucket)."""

@@ -29,6 +29,7 @@ from jspec.logprobs import Logprobs, record
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState, write_hidden_states
+from jspec.structured_outputs.bitmask import apply_token_bitmask
 from jspec.step import StepInputs, last_tokens, plain_step, root_step, spec_step
 from models.attention import KVCache, pad_slots
 from models.llama import unstack_layers
@@ -68,6 +69,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
         counts = context_output_counts(prompt_ids, inputs.processors.output_start, prompt_lens, cfg.vocab_size)
         first_logits = process(first_logits, inputs.processors, counts[:, None], jnp.zeros((batch, 1), jnp.int32),
                                inputs.stop_ids)
+    first_logits = apply_token_bitmask(first_logits, inputs.token_bitmask)
     first = sample_tokens(first_logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))
     tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :prompt_width].set(prompt_ids)
     hidden = None
@@ -113,14 +115,16 @@ def constrain_cache(cache: KVCache) -> KVCache:
 
 def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
            max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
-           processors: ProcessorArrays | None = None, *, setup: GenerateSetup) -> tuple[Any, DecodeState, StepInputs]:
+           processors: ProcessorArrays | None = None, token_bitmask: jax.Array | None = None, *,
+           setup: GenerateSetup) -> tuple[Any, DecodeState, StepInputs]:
     """The start :func:`generate` and :func:`generate_start` share -> (params_t per layer, state, inputs).
 
     Unstacks the target params, derives the per-row keys (``jspec.sampling.row_keys``), bundles the loop's inputs
     and prefills.
     """
     params_t = unstack_layers(params_t, setup.target)
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, row_keys(key, prompt_ids.shape[0]), processors)
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, row_keys(key, prompt_ids.shape[0]), processors,
+                        token_bitmask)
     state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup)
     return params_t, state, inputs
 
@@ -189,12 +193,13 @@ def capture_last_token(params_t, state: DecodeState, *, setup: GenerateSetup) ->
 @functools.partial(setup_jit, static_argnames=("setup",))
 def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, key: jax.Array,
                    max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
-                   processors: ProcessorArrays | None = None, *,
+                   processors: ProcessorArrays | None = None, token_bitmask: jax.Array | None = None, *,
                    setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
-    """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`."""
+    """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`. token_bitmask:
+    the tokens each row's first new token may be (``StepInputs.token_bitmask``, node 0 read), or None."""
     with traced_on(setup.mesh):
         _, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
-                                  sampling, processors, setup=setup)
+                                  sampling, processors, token_bitmask, setup=setup)
     return state, inputs
 
 

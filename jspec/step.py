@@ -26,6 +26,7 @@ from jspec.logits_processors import ProcessorArrays, path_counts, process
 from jspec.logprobs import record
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
+from jspec.structured_outputs.bitmask import apply_token_bitmask
 from jspec.generate_setup import GenerateSetup
 from jspec.state import DecodeState, write_hidden_states
 
@@ -39,6 +40,9 @@ class StepInputs(NamedTuple):
     keys: jax.Array            # key[B] each row's base key; a step's key is keys_at(keys, seq_len): the row's own
                                # position, never its slot or the loop's step count
     processors: ProcessorArrays | None = None  # the logits processors' per-row parameters (setup.logits_processors)
+    token_bitmask: jax.Array | None = None     # i32[B, N, ceil(V / 32)] structured outputs' allowed tokens at each of
+                                               # a step's N nodes (bit v % 32 of word v // 32; node 0 the root),
+                                               # None: no grammar (jspec.structured_outputs)
 
 
 def last_tokens(state: DecodeState) -> jax.Array:
@@ -88,6 +92,7 @@ def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInput
     if inputs.processors is not None:
         logits = process(logits, inputs.processors, state.output_counts[:, None], state.num_generated[:, None],
                          inputs.stop_ids)
+    logits = apply_token_bitmask(logits, inputs.token_bitmask)
     return out, sample_tokens(logits[:, 0], inputs.sampling, keys)
 
 
@@ -115,10 +120,25 @@ def spec_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
     fewer per step. A static choice, not a branch: a conditional of two verify passes that both write the paged
     KV pool makes XLA copy the pool.
     """
+    draft_state, tree = propose(params_t, params_d, state, inputs, setup=setup)
+    return verify_proposal(params_t, params_d, state, draft_state, tree, inputs, setup=setup,
+                           short_nodes=short_nodes)
+
+
+def propose(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup):
+    """The drafter's proposal for this step -> (its new state, the DraftTree); :func:`spec_step`'s first half."""
+    step_keys = keys_at(inputs.keys, state.seq_len)
+    return setup.drafter.propose(params_t, params_d, state.draft, last_tokens(state), state.cache_len,
+                                 sampling=inputs.sampling, key=fold_rows(step_keys, 1))
+
+
+def verify_proposal(params_t, params_d, state: DecodeState, draft_state, tree: DraftTree, inputs: StepInputs, *,
+                    setup: GenerateSetup, short_nodes: int | None = None) -> DecodeState:
+    """:func:`spec_step`'s second half: verify ``tree`` (from :func:`propose` on the same state), accept,
+    commit. Structured outputs run the halves as two programs, the tree's token masks computed on the host between
+    them (``jspec.structured_outputs``)."""
     drafter = setup.drafter
     step_keys = keys_at(inputs.keys, state.seq_len)
-    draft_state, tree = drafter.propose(params_t, params_d, state.draft, last_tokens(state), state.cache_len,
-                                        sampling=inputs.sampling, key=fold_rows(step_keys, 1))
     max_depth = setup.spec.max_depth
     if short_nodes is not None and setup.force_accept is None:
         tree, max_depth = truncated_chain(tree, short_nodes), short_nodes - 1
@@ -175,6 +195,7 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
 
         generated = state.num_generated[:, None] + tree.positions - cache_len[:, None]
         logits = process(logits, inputs.processors, counts, generated, inputs.stop_ids)
+    logits = apply_token_bitmask(logits, inputs.token_bitmask)
     verified = accept_tree(tree, logits, inputs.sampling, keys,
                            max_depth=setup.spec.max_depth if max_depth is None else max_depth,
                            force_accept=setup.force_accept)

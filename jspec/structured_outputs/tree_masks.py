@@ -1,0 +1,95 @@
+"""The host's half of a structured step: token bitmasks for every node of a draft tree from that node's grammar
+state, and the grammar advanced by the tokens a step committed.
+
+Node n's logits choose the token after n, so its mask is the grammar's state after the committed tokens and then
+the drafts on the path from the root to n (n included; the root is the last committed token). A node whose path
+the grammar rejects can never be accepted (its parent's mask excludes it): its mask allows everything, so its
+logits stay finite."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jspec.structured_outputs.bitmask import bitmask_words
+
+
+def root_bitmask(matchers: list, vocab_size: int, nodes: int = 1) -> np.ndarray:
+    """i32[B, nodes, W]: row b's node 0 the mask of matchers[b]'s current state (None: no grammar, all allowed);
+    the other nodes all allowed."""
+    out = np.full((len(matchers), nodes, bitmask_words(vocab_size)), -1, np.int32)
+    for b, matcher in enumerate(matchers):
+        if matcher is not None:
+            _fill(matcher, out[b], 0)
+    return out
+
+
+def constrain_tree(matchers: list, tokens: np.ndarray, mask: np.ndarray, vocab_size: int,
+                   substitute: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (bitmask i32[B, T, W] each row's node masks, tokens i32[B, T], substituted bool[B]) for a draft tree's
+    tokens i32[B, T] (node 0 the root) with ancestry mask bool[B, T, T] (node j is n or an ancestor of n); rows
+    without a matcher all allowed.
+
+    substitute: a draft the grammar forbids at its parent is replaced by the token the grammar forces there
+    (llguidance's fast-forward tokens: a JSON key, a closing quote), where it forces one; substituted[b] says a
+    row's tree changed. Only for deterministic drafts (no draft_probs): verification of such drafts is lossless
+    whatever chose them, while a sampled draft must be the draw its probabilities describe."""
+    rows, nodes = tokens.shape
+    tokens = tokens.copy()
+    substituted = np.zeros(rows, bool)
+    out = np.full((rows, nodes, bitmask_words(vocab_size)), -1, np.int32)
+    depth = mask.sum(axis=-1) - 1
+    for b, matcher in enumerate(matchers):
+        if matcher is None:
+            continue
+        _fill(matcher, out[b], 0)
+        reachable = np.zeros(nodes, bool)
+        reachable[0] = True
+        for n in np.argsort(depth[b], kind="stable")[1:]:
+            ancestors = np.nonzero(mask[b, n])[0]
+            ancestors = ancestors[np.argsort(depth[b, ancestors], kind="stable")]  # root first, n last
+            parent = ancestors[-2]
+            if not reachable[parent]:
+                continue
+            path = tokens[b, ancestors[1:-1]].tolist()
+            consumed = matcher.try_consume_tokens(path)  # the parent's state (reachable: all of the path)
+            token = int(tokens[b, n])
+            if substitute and not _allowed(out[b, parent], token):
+                forced = matcher.compute_ff_tokens()
+                if forced:
+                    token = tokens[b, n] = forced[0]
+                    substituted[b] = True
+            if (0 <= token < vocab_size and not matcher.is_stopped() and _allowed(out[b, parent], token)
+                    and matcher.consume_token(token)):
+                reachable[n] = True
+                _fill(matcher, out[b], n)
+                consumed += 1
+            if consumed:
+                matcher.rollback(consumed)
+    return out, tokens, substituted
+
+
+def _allowed(bitmask: np.ndarray, token: int) -> bool:
+    """Whether token's bit is set in one node's bitmask i32[W]."""
+    return 0 <= token < 32 * bitmask.shape[0] and bool((int(bitmask[token // 32]) >> (token % 32)) & 1)
+
+
+def advance(matchers: list, tokens: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+    """Each row's grammar consumes its newly committed tokens tokens[b, start[b]:end[b]] (up to its end: a finished
+    grammar allows only EOS, which stops the sequence); a token the grammar rejects means a mask let it through:
+    RuntimeError."""
+    for b, matcher in enumerate(matchers):
+        for token in tokens[b, start[b]:end[b]].tolist() if matcher is not None else ():
+            if matcher.is_stopped():
+                break
+            if not matcher.consume_token(token):
+                raise RuntimeError(f"row {b}: the grammar rejected committed token {token} ({matcher.get_error()})")
+
+
+def _fill(matcher, rows: np.ndarray, index: int) -> None:
+    """rows[index] = the matcher's allowed tokens; all allowed where it allows none (past the grammar's end: the
+    sequence stops there, and -inf everywhere would make that node's softmax NaN)."""
+    from llguidance.numpy import fill_next_token_bitmask
+
+    fill_next_token_bitmask(matcher, rows, index)
+    if not rows[index].any():
+        rows[index] = -1
