@@ -49,6 +49,18 @@ SLOW: dict[str, str] = {
         "(test_plain_decoding_logprobs_equal_transformers, the [eagle3] speculative case)",
     "tests/jspec/test_logprobs.py::test_zero_top_logprobs_keep_the_chosen_tokens_only":
         "logprobs=0 returns the chosen tokens' only; default: logprobs=5 through the engine and the server",
+    # --- structured outputs -----------------------------------------------------------------------------------
+    "tests/jspec/structured_outputs/test_structured_generation.py::"
+    "test_twenty_json_schemas_validate_and_speculation_equals_plain":
+        "20 JSON schemas: every output validates, eagle3 / draft / n-gram / hybrid equal plain decoding under the "
+        "grammar; default: test_speculative_equals_plain_under_json_regex_choice_and_grammar (eagle3's tree under "
+        "a schema, a regex, a choice and a Lark grammar at once)",
+    "tests/jspec/structured_outputs/test_structured_generation.py::test_sampled_outputs_match_their_constraints":
+        "sampled outputs under grammars still match them; default: the greedy mixed case and test_tree_masks",
+    "tests/jspec/serve/test_app.py::test_structured_outputs_through_the_client_equal_offline":
+        "response_format / structured_outputs through the official client equal offline generate, mixed with an "
+        "unconstrained request, chunked prefill under a grammar; default: the offline mixed case, "
+        "test_tree_masks and test_protocol (request parsing)",
     # --- logits processors ------------------------------------------------------------------------------------
     "tests/jspec/test_logits_processors.py::test_plain_decoding_equals_transformers_processors[bias-min-tokens]":
         "logit_bias and min_tokens equal transformers' SequenceBias and MinNewTokensLength; default: the "

@@ -120,7 +120,8 @@ class _Generation:
         self.request = Request(
             list(params.prompt_ids), params.max_tokens, sink, temperature=params.temperature, top_k=params.top_k,
             top_p=params.top_p, seed=params.seed, stop_token_ids=params.stop_token_ids, logprobs=params.logprobs,
-            prompt_logprobs=params.echo and params.logprobs is not None, processors=dict(params.processors))
+            prompt_logprobs=params.echo and params.logprobs is not None, processors=dict(params.processors),
+            structured_outputs=params.structured_outputs)
         try:
             slots.submit(self.request)
         except ValueError as error:

@@ -41,14 +41,15 @@ from jspec.compile_options import setup_jit
 from jspec.generate import run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
 from jspec.commit import commit_tokens
-from jspec.drafters.base import PrefillContext
+from jspec.drafters.base import DraftTree, PrefillContext
 from jspec.logits_processors import context_output_counts, process
 from jspec.logprobs import Logprobs, record
 from jspec.sampling import SamplingArrays, keys_at, sample_tokens
 from jspec.serve.programs import idle_slots, start_state
 from jspec.sharding import KV_POOL, TAPS, constrain, traced_on
 from jspec.state import DecodeState
-from jspec.step import StepInputs
+from jspec.step import StepInputs, propose, verify_proposal
+from jspec.structured_outputs.bitmask import apply_token_bitmask
 from models.paged_kv import PagedKV
 
 SLOT, ROW, SHARED = "slot", "row", "shared"
@@ -253,19 +254,21 @@ def _readout(state: DecodeState, since: jax.Array, width: int) -> Readout:
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
 def prefill_rows(params_t, params_d, store: list, prompt_ids: jax.Array, prompt_lens: jax.Array,
                  key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array, sampling: SamplingArrays,
-                 processors, row_ids: jax.Array, page_table: jax.Array, *, layout: PagedLayout,
-                 setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
+                 processors, row_ids: jax.Array, page_table: jax.Array, token_bitmask: jax.Array | None = None, *,
+                 layout: PagedLayout, setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
     """Prefills N requests at once into rows ``row_ids`` and their pages (the store is donated) -> (store, readout).
 
     prompt_ids: i32[N, W] right-padded (W <= seq_len - 1); prompt_lens, max_new_tokens: i32[N]; key_data: u32[N, ...]
     each request's own key; stop_ids: i32[N, K] -1 padded; sampling: [N] each; processors: the logits processors'
     arrays (``setup.logits_processors``) or None; row_ids: i32[N] (padding: the null row); page_table: i32[N,
-    pages_per_row] (padding: 0). Each row's first token is committed, as in ``generate``.
+    pages_per_row] (padding: 0); token_bitmask: i32[N, 1, W] the rows' grammar masks for their first token
+    (structured outputs) or None. Each row's first token is committed, as in ``generate``.
     """
     with traced_on(setup.mesh):
         key = jax.random.wrap_key_data(key_data)
         state, inputs = start_state(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
-                                    sampling, processors, setup=setup.with_max_seq_len(seq_len))
+                                    sampling, processors, token_bitmask, setup=setup.with_max_seq_len(seq_len))
+        inputs = inputs._replace(token_bitmask=None)  # a step's masks are its own, never stored
         step_index = [i for i, spec in enumerate(layout.leaves) if spec.kind == SHARED]
         state = state._replace(step=store[step_index[0]] if step_index else state.step)
         since = jnp.zeros_like(prompt_lens)
@@ -306,8 +309,9 @@ def _drafter_prefill_cached(drafter, params_t, params_d, state, ctx: PrefillCont
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
 def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, prompt_lens: jax.Array,
                         cached_lens: jax.Array, key_data: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array,
-                        sampling: SamplingArrays, processors, row_ids: jax.Array, page_table: jax.Array, *,
-                        layout: PagedLayout, setup: GenerateSetup, seq_len: int) -> tuple[list, Readout]:
+                        sampling: SamplingArrays, processors, row_ids: jax.Array, page_table: jax.Array,
+                        token_bitmask: jax.Array | None = None, *, layout: PagedLayout, setup: GenerateSetup,
+                        seq_len: int) -> tuple[list, Readout]:
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
     (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V in their pages
     (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) prefills over the whole
@@ -341,6 +345,7 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
         if small.logits_processors:
             counts = context_output_counts(tokens, processors.output_start, prompt_lens, small.target.vocab_size)
             first_logits = process(first_logits, processors, counts[:, None], zeros[:, None], stop_ids)
+        first_logits = apply_token_bitmask(first_logits, token_bitmask)
         first = sample_tokens(first_logits[:, 0], sampling, keys_at(keys, prompt_lens))
         state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                             done=jnp.zeros((batch,), bool), num_steps=zeros,
@@ -376,7 +381,8 @@ def write_pages(layout: PagedLayout, setup: GenerateSetup, steps: int) -> int:
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate", "write_pages",
                                                "short_nodes", "chunk_steps"), donate_argnames=("store",))
 def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
-              max_steps: jax.Array, *, layout: PagedLayout, setup: GenerateSetup, seq_len: int,
+              max_steps: jax.Array, token_bitmask: jax.Array | None = None, *, layout: PagedLayout,
+              setup: GenerateSetup, seq_len: int,
               speculate: bool = True, write_pages: int | None = None, short_nodes: int | None = None,
               chunk_steps: int = 1) -> tuple[list, Readout]:
     """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
@@ -388,14 +394,46 @@ def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: j
     back; else (``write_pages(layout, setup, steps)`` for chunks of at most ``steps`` steps) only the pages the
     steps may have touched. short_nodes (a chain's, ``jspec.step.short_draft_nodes``): the speculative steps verify
     only the chain's first short_nodes nodes (``jspec.step.spec_step``). chunk_steps: the most steps ``max_steps``
-    asks for; the readout's log-probabilities cover the chunk_steps * tokens_per_step positions those may commit."""
+    asks for; the readout's log-probabilities cover the chunk_steps * tokens_per_step positions those may commit.
+    token_bitmask: i32[R, 1, W] the rows' grammar masks (structured outputs on a plain server; one step) or None."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         entry_len = state.seq_len
         since = None if write_pages is None else jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
-        state = run_loop(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len),
-                         max_steps=max_steps, speculate=speculate, short_nodes=short_nodes)
+        state = run_loop(params_t, params_d, state, inputs._replace(token_bitmask=token_bitmask),
+                         setup=setup.with_max_seq_len(seq_len), max_steps=max_steps, speculate=speculate,
+                         short_nodes=short_nodes)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
                              write_pages=write_pages),
                 _readout(state, entry_len, chunk_steps * setup.tokens_per_step))
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"))
+def propose_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, *,
+                 layout: PagedLayout, setup: GenerateSetup, seq_len: int):
+    """A structured step's first half over rows ``row_ids`` (as :func:`step_rows`): the drafter's proposal ->
+    (the drafter's new state in the rows' dense view, the DraftTree). The store is only read; the host masks the
+    tree's nodes and :func:`verify_rows` goes on from here."""
+    with traced_on(setup.mesh):
+        state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
+        return propose(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len))
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "write_pages"),
+                   donate_argnames=("store",))
+def verify_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
+                draft_state, tree: DraftTree, token_bitmask: jax.Array, *, layout: PagedLayout,
+                setup: GenerateSetup, seq_len: int, write_pages: int) -> tuple[list, Readout]:
+    """A structured step's second half: finishes the rows where ``cancel`` is set, verifies :func:`propose_rows`'s
+    ``tree`` (``draft_state`` the drafter's state it left) under ``token_bitmask`` (i32[R, T, W], one mask per
+    node), accepts and commits -> (store, readout), as one step of :func:`step_rows`."""
+    with traced_on(setup.mesh):
+        state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
+        entry_len = state.seq_len
+        since = jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
+        state = shard_state(state._replace(done=state.done | cancel))
+        state = verify_proposal(params_t, params_d, state, draft_state, tree,
+                                inputs._replace(token_bitmask=token_bitmask), setup=setup.with_max_seq_len(seq_len))
+        return (scatter_view(layout, store, (shard_state(state), inputs), row_ids, page_table, seq_len, since=since,
+                             write_pages=write_pages), _readout(state, entry_len, setup.tokens_per_step))

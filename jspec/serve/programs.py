@@ -28,10 +28,11 @@ from jspec.step import StepInputs
 
 
 def start_state(params_t, params_d, prompt_ids, prompt_lens, keys, max_new_tokens, stop_ids, sampling,
-                processors=None, *, setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
+                processors=None, token_bitmask=None, *, setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Prefilled rows of the slot engine -> (state, inputs): keys is one key per row; processors: the logits
-    processors' arrays (``setup.logits_processors``) or None."""
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys, processors)
+    processors' arrays (``setup.logits_processors``) or None; token_bitmask: the first tokens' grammar masks
+    (``StepInputs.token_bitmask``) or None."""
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys, processors, token_bitmask)
     return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup), inputs
 
 

@@ -10,12 +10,13 @@ tokens beside the chosen one), chat ``logprobs: true`` with ``top_logprobs: K``;
 tokens' too). ``n`` choices (``best_of`` candidates, the n most likely kept) run as requests of their own,
 choice i with seed ``choice_seed(seed, i)`` (:func:`choice_params`). The logits processors: OpenAI's
 ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` ({"token id": bias}), vLLM's ``repetition_penalty``,
-``min_tokens``, ``ignore_eos`` and ``bad_words_ids``-style ``banned_token_ids``. Chat ``tools`` are rendered by the
+``min_tokens``, ``ignore_eos`` and ``bad_words_ids``-style ``banned_token_ids``. Structured outputs: OpenAI's
+``response_format`` (``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` (``json``, ``regex``,
+``choice``, ``grammar``, ``json_object``; its older ``guided_*`` names too). Chat ``tools`` are rendered by the
 chat template and, with ``tool_choice`` "auto" on a server started with ``--enable-auto-tool-choice
 --tool-call-parser NAME``, the reply's calls parsed into ``tool_calls`` (``jspec.serve.tool_parsers``); "required"
-or a named function needs structured outputs, which this server does not have yet: refused by name. Features this
-server does not have (structured outputs, ...) are refused by name rather than ignored; fields that mean nothing
-here (``user``, ``metadata``, ...) are ignored.
+or a named function constrain the reply to a JSON schema of the call(s), as vLLM does. Features this server does
+not have (``suffix``, ``functions``) are refused by name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
 
 Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
 and an open assistant line::
@@ -35,6 +36,8 @@ from typing import Any, Callable
 import numpy as np
 
 from jspec.config import check_seed, check_token_ids
+from jspec.serve import tool_parsers
+from jspec.structured_outputs import StructuredOutputsParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_CHOICES = 16  # n and best_of at most (each choice is a request of its own)
@@ -88,13 +91,13 @@ class GenerationParams:
     best_of: int = 1             # choices generated (>= n): the n with the highest cumulative log-probability kept
     processors: tuple[tuple[str, Any], ...] = ()  # the logits processors' fields set (jspec.SamplingParams names)
     tool_call_parser: str | None = None  # chat with tools and tool_choice "auto": the parser of the reply's calls
+    structured_outputs: StructuredOutputsParams | None = None  # what the output must match (a grammar), or None
 
 
 # field -> the values that ask for nothing (anything else asks for a feature this server lacks)
 _NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "suffix": lambda v: v is None or v == "",
     "functions": lambda v: v is None or v == [],
-    "response_format": lambda v: v is None or v == {"type": "text"},
 }
 
 
@@ -126,7 +129,7 @@ def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
     messages = _messages(body.get("messages"))
     if model.tokenizer is None:
         raise APIError("chat needs the model's tokenizer.json, and this model has none", param="messages")
-    tools, parser = _tools(body, model)
+    tools, parser, forced = _tools(body, model)
     stop_ids: tuple[int, ...] = ()
     if model.chat_template is not None:
         try:
@@ -146,17 +149,23 @@ def parse_chat(body: Any, model: ModelInfo) -> GenerationParams:
     if top is not None and top > 0 and not wanted:
         raise APIError(f"top_logprobs={top} needs logprobs=true", param="top_logprobs")
     logprobs = _logprobs("top_logprobs" if top else "logprobs", (top or 0) if wanted else None, model)
+    if forced is not None and params.structured_outputs is not None:
+        raise APIError("tool_choice forces a call, and its arguments' schema is the reply's constraint: give no "
+                       "response_format or structured_outputs with it", param="tool_choice")
     return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra, logprobs=logprobs,
-                               tool_call_parser=parser)
+                               tool_call_parser=parser, structured_outputs=forced or params.structured_outputs)
 
 
-def _tools(body: dict[str, Any], model: ModelInfo) -> tuple[list[dict] | None, str | None]:
-    """(the tools to render, the parser of the reply's calls or None) of a chat body."""
+def _tools(body: dict[str, Any],
+           model: ModelInfo) -> tuple[list[dict] | None, str | None, StructuredOutputsParams | None]:
+    """(the tools to render, the parser of the reply's calls or None, the constraint of a forced call or None) of
+    a chat body. tool_choice "required" or a named function: vLLM's, the reply constrained by a JSON schema of
+    the call(s) (``jspec.serve.tool_parsers.forced_tool_choice``), whatever --tool-call-parser is."""
     tools = body.get("tools")
     if tools in (None, []):
         if body.get("tool_choice") not in (None, "none", "auto"):
             raise APIError(f"tool_choice={_show(body['tool_choice'])} without tools", param="tool_choice")
-        return None, None
+        return None, None, None
     if not isinstance(tools, list) or not all(
             isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
             and isinstance(t["function"].get("name"), str) for t in tools):
@@ -167,15 +176,17 @@ def _tools(body: dict[str, Any], model: ModelInfo) -> tuple[list[dict] | None, s
                        param="tools")
     choice = body.get("tool_choice", "auto")
     if choice == "none":
-        return tools, None
+        return tools, None, None
     if choice != "auto":
-        raise APIError(f"tool_choice={_show(choice)} is not supported: forcing a call needs structured outputs, "
-                       f"which this server does not have yet; use 'auto' or 'none'", param="tool_choice",
-                       code="unsupported")
+        try:
+            parser, schema = tool_parsers.forced_tool_choice(tools, choice)
+        except ValueError as error:
+            raise APIError(str(error), param="tool_choice") from None
+        return tools, parser, StructuredOutputsParams(json=schema)
     if model.tool_call_parser is None:
         raise APIError('tool_choice "auto" needs the server started with --enable-auto-tool-choice and '
                        '--tool-call-parser', param="tool_choice")
-    return tools, model.tool_call_parser
+    return tools, model.tool_call_parser, None
 
 
 def _logprobs(param: str, wanted: int | None, model: ModelInfo) -> int | None:
@@ -233,12 +244,37 @@ def _params(body: dict[str, Any], prompt_ids: list[int], max_tokens: int, vocab_
         raise APIError(f"best_of={best_of} > n={n} cannot be streamed (the best are known only at the end)",
                        param="best_of")
     return GenerationParams(
-        processors=_processors(body, vocab_size),
+        processors=_processors(body, vocab_size), structured_outputs=_structured_outputs(body),
         prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
         top_k=top_k, top_p=top_p, seed=_checked("seed", check_seed, _int(body, "seed", None)),
         stop=tuple(s for s in stop or () if s), stop_token_ids=tuple(dict.fromkeys(stop_ids or ())), stream=stream,
         include_usage=include_usage and stream, return_token_ids=_bool(body, "return_token_ids", False), n=n,
         best_of=best_of)
+
+
+GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}  # vLLM's older names of structured_outputs' fields
+
+
+def _structured_outputs(body: dict[str, Any]) -> StructuredOutputsParams | None:
+    """What a body's output must match: OpenAI's ``response_format`` (json_object, json_schema), vLLM's
+    ``structured_outputs`` ({"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...}) or its older
+    ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``; at most one of those ways."""
+    given = [name for name in ("response_format", "structured_outputs", *GUIDED_FIELDS)
+             if body.get(name) is not None and body.get(name) != {"type": "text"}]
+    if len(given) > 1:
+        raise APIError(f"{' and '.join(given)}: give one way of constraining the output", param=given[1])
+    if not given:
+        return None
+    name = given[0]
+    try:
+        if name == "response_format":
+            return StructuredOutputsParams.from_response_format(body[name])
+        if name == "structured_outputs":
+            return StructuredOutputsParams.coerce(body[name])
+        return StructuredOutputsParams.coerce({GUIDED_FIELDS[name]: body[name]})
+    except (ValueError, TypeError) as error:
+        raise APIError(f"{name}: {error}", param=name) from None
 
 
 def _processors(body: dict[str, Any], vocab_size: int) -> tuple[tuple[str, Any], ...]:

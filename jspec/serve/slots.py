@@ -64,6 +64,9 @@ from jspec.serve.metrics import ServeMetrics
 from jspec.serve.programs import admit_row
 from jspec.sharding import put
 from jspec.step import short_draft_nodes
+from jspec.structured_outputs import StructuredOutputsParams
+from jspec.structured_outputs.grammar import GrammarCompiler
+from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bitmask
 
 logger = logging.getLogger("jspec.serve")
 
@@ -93,7 +96,8 @@ class Request:
     ``jspec.logprobs.SequenceLogprobs`` with the K most likely tokens at each position; prompt_logprobs: with
     logprobs, also score the prompt (OpenAI's ``echo``): ``scored_prompt`` holds its tokens' 1 .. P - 1 before the
     sink is first called. processors: the logits processors' ``jspec.SamplingParams`` fields (presence_penalty,
-    ..., ignore_eos) that the request sets."""
+    ..., ignore_eos) that the request sets. structured_outputs: what its output must match (a JSON schema, regex,
+    choice or grammar; ``jspec.structured_outputs``), or None."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -107,6 +111,7 @@ class Request:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     scored_prompt: SequenceLogprobs | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     arrival: float = dataclasses.field(default_factory=time.perf_counter)
     cancelled: str | None = None  # the finish reason asked for by cancel()
 
@@ -132,6 +137,7 @@ class _Pending:
     request: Request
     generated: list[int] = dataclasses.field(default_factory=list)
     first_token_at: float | None = None
+    matcher: Any = None  # structured outputs: the request's grammar (an llguidance matcher) after ``generated``
 
     @property
     def context(self) -> list[int]:
@@ -360,6 +366,7 @@ class SlotEngine:
         self._host_step = 0  # the store's loop step counter, as last read back
         self._flight: _Flight | None = None  # the chunk dispatched and not read back (async scheduling)
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
+        self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -388,6 +395,8 @@ class SlotEngine:
         check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
         if request.seed is not None:
             check_seed(request.seed)
+        if request.structured_outputs is not None:
+            self._grammar_matcher(request.structured_outputs)  # a bad grammar is a 400, before queueing
         wanted = request.logprobs
         if request.prompt_logprobs and wanted is None:
             raise ValueError("prompt_logprobs needs logprobs=K (how many top log-probabilities per token)")
@@ -408,10 +417,19 @@ class SlotEngine:
                 raise NotAccepting("the server is not accepting requests (starting up or shutting down)")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
-            self._waiting.append(_Pending(request))
+            self._waiting.append(_Pending(request, matcher=None if request.structured_outputs is None else
+                                          self._grammar_matcher(request.structured_outputs)))
             self.metrics.waiting.set(len(self._waiting))
             self._lock.notify()
         return request
+
+    def _grammar_matcher(self, params: StructuredOutputsParams):
+        """A fresh matcher for a request's structured outputs (compiled grammars are cached; ValueError for a bad
+        one)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.engine.tokenizer, self.engine.config.vocab_size,
+                                             self.eos_token_ids)
+        return self._grammars.matcher(params)
 
     @property
     def num_waiting(self) -> int:
@@ -748,6 +766,15 @@ class SlotEngine:
         program = "prefill"
         if cached is not None:
             arrays, program = self._cached_arrays(arrays, cached, lengths), "prefill_cached"
+        matchers = [None if self._rows[row] is None else self._rows[row].pending.matcher for row in rows]
+        if any(m is not None for m in matchers):  # structured outputs: the first token under its grammar's mask
+            self._land()  # the host's grammars must have taken every token before
+            bitmask = root_bitmask(matchers + [None] * (size - len(rows)), self.engine.config.vocab_size)
+            run = paged.prefill_rows if cached is None else paged.prefill_cached_rows
+            seq_len = self._prefill_seq_len(width) if cached is None else self.max_seq_len
+            self._store, out = run(self.engine.params, self.engine.drafter_params, self._store, *arrays,
+                                   self._place(bitmask), layout=self.layout, setup=self.setup, seq_len=seq_len)
+            return out
         self._store, out = self._compiled[program, size, width](self.engine.params, self.engine.drafter_params,
                                                                 self._store, *arrays)
         self._land()  # readouts are read in dispatch order: the chunk before this prefill first
@@ -758,11 +785,54 @@ class SlotEngine:
         scheduling) or this one (not)."""
         self._reserve()
         running = [i for i, row in enumerate(self._rows) if row is not None and row.prefilled is None]
+        if any(self._rows[i].pending.matcher is not None for i in running):
+            self._land()
+            self._structured_step(running)
+            return
         flight = self._dispatch(running) if running else None
         self._land()
         self._flight = flight
         if not self.async_scheduling or not self.num_running:  # nobody left to step: nothing to overlap
             self._land()
+
+    def _structured_step(self, running: list[int]) -> None:
+        """One step over ``running`` rows when any of them has a grammar, read back at once: the drafter proposes
+        (``paged.propose_rows``), the host masks every tree node from its path's grammar state (forced tokens
+        drafted where the grammar forbids a draft; ``jspec.structured_outputs.tree_masks``), the target verifies
+        under the masks (``paged.verify_rows``); a plain server steps once under each row's mask. Programs compile
+        at a bucket's first structured step."""
+        start = time.perf_counter()
+        rows = next(r for r in self.row_buckets if r >= len(running))
+        seq_len = next(n for n in self.seq_buckets if n >= max(self._rows[i].need for i in running))
+        row_ids, table, cancel = self._step_arrays(running, rows)
+        matchers = [self._rows[i].pending.matcher for i in running] + [None] * (rows - len(running))
+        vocab = self.engine.config.vocab_size
+        args = (self.engine.params, self.engine.drafter_params)
+        if not self.speculative:
+            self._store, out = paged.step_rows(*args, self._store, row_ids, table, cancel,
+                                               self._place(np.asarray(1, np.int32)),
+                                               self._place(root_bitmask(matchers, vocab)), layout=self.layout,
+                                               setup=self.setup, seq_len=seq_len, write_pages=paged.write_pages(
+                                                   self.layout, self.setup, 1), chunk_steps=1)
+        else:
+            draft, tree = paged.propose_rows(*args, self._store, row_ids, table, layout=self.layout,
+                                             setup=self.setup, seq_len=seq_len)
+            greedy = all(self._rows[i].request.temperature <= 0.0 for i in running)
+            bitmask, tokens, substituted = constrain_tree(matchers, np.asarray(jax.device_get(tree.tokens)),
+                                                          np.asarray(jax.device_get(tree.mask)), vocab,
+                                                          substitute=tree.draft_probs is None or greedy)
+            if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
+                flags = {name: self._place(np.asarray(jax.device_get(getattr(tree, name))) | substituted)
+                         for name in ("drafted", "full") if getattr(tree, name) is not None}
+                tree = tree._replace(tokens=self._place(tokens), **flags)
+            self._store, out = paged.verify_rows(*args, self._store, row_ids, table, cancel, draft, tree,
+                                                 self._place(bitmask), layout=self.layout, setup=self.setup,
+                                                 seq_len=seq_len, write_pages=paged.write_pages(self.layout,
+                                                                                                self.setup, 1))
+        self._emit(running, out, program=FULL, chunk_start=start)
+        self._landed = time.perf_counter()
+        self.metrics.observe_chunk("structured", self._landed - start, 1)
+        self.metrics.busy_seconds.labels("step").inc(self._landed - start)
 
     def _may_overlap(self) -> bool:
         """Whether the next chunk may be dispatched before the one in flight is read back: only where that wastes
@@ -917,6 +987,8 @@ class SlotEngine:
                         running.acceptance = mine + self.adapter.smoothing * (len(new) / steps / scale - mine)
                         running.measured_steps += steps
             running.steps_seen, running.hist_seen = int(num_steps[k]), hist[k].copy()
+            if new and pending.matcher is not None:
+                advance([pending.matcher], np.asarray([new]), np.zeros(1, int), np.asarray([len(new)]))
             if new:
                 waited = None
                 if pending.first_token_at is None:

@@ -8,6 +8,10 @@
 
 A reply that is not a well-formed call stays content: a parser never invents a call, and never drops text it
 could not read.
+
+A forced ``tool_choice`` is vLLM's: the reply is constrained by a JSON schema (``jspec.structured_outputs``) and read
+by a parser of its own, whatever format the model was trained on (:func:`forced_tool_choice`): a named function's
+reply is its arguments object; "required" is a list of ``{"name": ..., "parameters": {...}}`` calls.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import uuid
 from typing import Any, Callable
 
 PARSERS = ("hermes", "llama3_json")
+REQUIRED = "required"    # the parser of tool_choice "required" replies (a JSON list of calls)
+NAMED = "function:"      # + a function's name: the parser of a reply forced to call it (its arguments object)
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 HERMES_START = "<tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -107,9 +113,49 @@ def tool_call_start(parser: str) -> Callable[[str], int | None]:
             return 0
         return 0 if stripped[0] == "{" or PYTHON_TAG.startswith(stripped[:len(PYTHON_TAG)]) else None
 
+    if parser == REQUIRED or parser.startswith(NAMED):
+        return lambda text: 0  # the whole reply is the call(s)
     return {"hermes": hermes, "llama3_json": llama3}[parser]
 
 
 def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
-    """``text`` through the named parser (one of :data:`PARSERS`) -> (content or None, calls)."""
+    """``text`` through the named parser (one of :data:`PARSERS`, or a forced tool choice's) -> (content or None,
+    calls)."""
+    if parser == REQUIRED or parser.startswith(NAMED):
+        return _parse_forced(parser, text)
     return {"hermes": parse_hermes, "llama3_json": parse_llama3_json}[parser](text)
+
+
+def forced_tool_choice(tools: list[dict[str, Any]], choice: Any) -> tuple[str, dict[str, Any]]:
+    """A chat request's tool_choice "required" or ``{"type": "function", "function": {"name": ...}}`` over its
+    ``tools`` -> (the parser of its reply, the JSON schema the reply is constrained by). ValueError naming a
+    choice that is neither, or a function not among the tools."""
+    functions = {tool["function"]["name"]: tool["function"].get("parameters") or {"type": "object"}
+                 for tool in tools}
+    if choice == REQUIRED:
+        calls = [{"type": "object", "properties": {"name": {"const": name}, "parameters": parameters},
+                  "required": ["name", "parameters"], "additionalProperties": False}
+                 for name, parameters in functions.items()]
+        return REQUIRED, {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)):
+        raise ValueError(f"tool_choice={choice!r}: expected 'none', 'auto', 'required' or {{'type': 'function', "
+                         f"'function': {{'name': ...}}}}")
+    if name not in functions:
+        raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools "
+                         f"{sorted(functions)}")
+    return NAMED + name, functions[name]
+
+
+def _parse_forced(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
+    """A forced tool choice's reply (valid JSON under its grammar, unless cut by max_tokens) -> calls, or
+    (text, []) where it does not parse."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text, []
+    if parser.startswith(NAMED):
+        return (None, [ToolCall(parser[len(NAMED):], json.dumps(value, ensure_ascii=False))]) \
+            if isinstance(value, dict) else (text, [])
+    calls = [_call(item, "parameters") for item in value] if isinstance(value, list) else [None]
+    return (None, calls) if calls and None not in calls else (text, [])

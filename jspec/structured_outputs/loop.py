@@ -34,6 +34,7 @@ def generate_structured(args: tuple, matchers: list, *, setup: GenerateSetup,
     state, inputs = generate_start(*args, token_bitmask=device(root_bitmask(matchers, vocab)), setup=setup)
     seen = to_host(args[3])  # prompt_lens: the first new token sits there
     one_step = jnp.asarray(1, jnp.int32)
+    all_greedy = bool((to_host(inputs.sampling.temperature) <= 0.0).all())  # verify then ignores draft_probs
     while True:
         seq_len = to_host(state.seq_len)
         advance(matchers, to_host(state.tokens), seen, seq_len)
@@ -48,7 +49,7 @@ def generate_structured(args: tuple, matchers: list, *, setup: GenerateSetup,
             continue
         state, tree = propose_tree(params_t, params_d, state, inputs._replace(token_bitmask=None), setup=setup)
         bitmask, tokens, substituted = constrain_tree(running, to_host(tree.tokens), to_host(tree.mask), vocab,
-                                                      substitute=tree.draft_probs is None)
+                                                      substitute=tree.draft_probs is None or all_greedy)
         if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
             flags = {name: device(to_host(getattr(tree, name)) | substituted)
                      for name in ("drafted", "full") if getattr(tree, name) is not None}

@@ -31,8 +31,9 @@ def constrain_tree(matchers: list, tokens: np.ndarray, mask: np.ndarray, vocab_s
 
     substitute: a draft the grammar forbids at its parent is replaced by the token the grammar forces there
     (llguidance's fast-forward tokens: a JSON key, a closing quote), where it forces one; substituted[b] says a
-    row's tree changed. Only for deterministic drafts (no draft_probs): verification of such drafts is lossless
-    whatever chose them, while a sampled draft must be the draw its probabilities describe."""
+    row's tree changed. Only for deterministic drafts (no draft_probs) or an all-greedy batch (whose verification
+    reads no draft_probs): verification of such drafts is lossless whatever chose them, while a sampled draft must
+    be the draw its probabilities describe."""
     rows, nodes = tokens.shape
     tokens = tokens.copy()
     substituted = np.zeros(rows, bool)

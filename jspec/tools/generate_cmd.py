@@ -25,6 +25,16 @@ def _token_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token ids, e.g. 2,13") from None
 
 
+def _structured_outputs(text: str):
+    """argparse type of --structured-outputs: vLLM's fields as JSON, checked now."""
+    from jspec.structured_outputs import StructuredOutputsParams
+
+    try:
+        return StructuredOutputsParams.coerce(json.loads(text))
+    except (ValueError, TypeError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+
+
 def add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", default=["def fibonacci(n):"],
                         help="prompt texts (one prompt is streamed as it is generated)")
@@ -42,6 +52,10 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--seed", type=int, default=0, help="seed of the sampling keys")
     sampling.add_argument("--stop-token-ids", type=_token_ids, action="extend", default=None, metavar="IDS",
                           help="comma-separated token ids that end a sequence (kept in the output), besides EOS")
+    sampling.add_argument("--structured-outputs", type=_structured_outputs, default=None, metavar="JSON",
+                          help='constrain the output, as vLLM\'s structured_outputs: {"json": SCHEMA}, {"regex": '
+                               '"..."}, {"choice": [...]}, {"grammar": "LARK"} or {"json_object": true} '
+                               '(jspec.structured_outputs; not streamed)')
     output = parser.add_argument_group("output")
     output.add_argument("--no-stream", action="store_true",
                         help="print the completion at the end (several prompts are never streamed)")
@@ -157,7 +171,10 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop_token_ids=tuple(args.stop_token_ids or ()))
-    return {name: getattr(params, name) for name in SAMPLING_FLAGS}
+    flags = {name: getattr(params, name) for name in SAMPLING_FLAGS}
+    if getattr(args, "structured_outputs", None) is not None:
+        flags["structured_outputs"] = args.structured_outputs
+    return flags
 
 
 def _chat_template(args: argparse.Namespace, model_dir: str):
@@ -187,8 +204,9 @@ def _chat_inputs(args: argparse.Namespace, engine, template) -> None:
 
 
 def streams(args: argparse.Namespace) -> bool:
-    """Whether the completion is streamed: one prompt, neither --json nor --no-stream."""
-    return len(args.prompts) == 1 and not args.no_stream and not args.json
+    """Whether the completion is streamed: one prompt, neither --json nor --no-stream nor --structured-outputs."""
+    return (len(args.prompts) == 1 and not args.no_stream and not args.json
+            and getattr(args, "structured_outputs", None) is None)
 
 
 def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec):

@@ -698,3 +698,57 @@ def test_chat_with_a_template_renders_it_and_stops_at_its_end_of_turn():
     expect = template.encode(tokenizer, [[{"role": "user", "content": "Sort it."}]])[0]
     assert params.prompt_ids == expect and params.max_tokens == 64 - len(expect)
     assert params.stop_token_ids == (7, tokenizer.token_to_id("</s>"))
+
+
+def test_structured_outputs_through_the_client_equal_offline(server, tokenizer):
+    """response_format json_schema (chat), vLLM's structured_outputs regex (completions, a prompt long enough to be
+    prefilled in pieces) and an unconstrained request at once: each equal to offline generate with the same
+    constraint, the JSON valid against its schema; bad grammars and two ways at once are 400s. The structured
+    programs compile at their first use (not at warm-up): their compiles are not counted against serving."""
+    before = len(server.served_compiles)
+    schema = {"type": "object", "properties": {"lang": {"enum": ["python", "c"]}, "lines": {
+        "type": "integer", "minimum": 0, "maximum": 99}}, "required": ["lang", "lines"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "Describe the file as JSON."}]
+    chat_prompt = tokenizer.encode("user: Describe the file as JSON.\nassistant:").ids
+    regex = r"[a-z_]{1,12}\([0-9]{1,2}\)"
+    long_prompt = CODE.split("class")[0] + "lines = "
+    answers = {}
+
+    def ask(name, call):
+        answers[name] = call()
+
+    calls = {
+        "json": lambda: server.client.chat.completions.create(
+            model=NAME, messages=messages, max_completion_tokens=40,
+            response_format={"type": "json_schema", "json_schema": {"name": "file", "schema": schema}}),
+        "compact": lambda: server.client.completions.create(
+            model=NAME, prompt="# JSON\nrecord = ", max_tokens=40,
+            extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}}),
+        "regex": lambda: server.client.completions.create(model=NAME, prompt=long_prompt, max_tokens=24,
+                                                          extra_body={"structured_outputs": {"regex": regex}}),
+        "free": lambda: server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=24),
+    }
+    threads = [threading.Thread(target=ask, args=item) for item in calls.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    engine = server.engine
+    # JSON's default whitespace is free (vLLM's): this small model indents until max_tokens, the same as offline
+    text = answers["json"].choices[0].message.content
+    assert text.startswith("{") and text == engine.generate([chat_prompt], max_new_tokens=40,
+                                                            structured_outputs={"json": schema}).texts[0]
+    compact = answers["compact"].choices[0]
+    assert compact.finish_reason == "stop" and json.loads(compact.text)["lang"] in ("python", "c")
+    assert compact.text == engine.generate(["# JSON\nrecord = "], max_new_tokens=40, structured_outputs={
+        "json": schema, "disable_any_whitespace": True}).texts[0]
+    assert re.fullmatch(regex, answers["regex"].choices[0].text)
+    assert answers["regex"].choices[0].text == engine.generate([long_prompt], max_new_tokens=24,
+                                                               structured_outputs={"regex": regex}).texts[0]
+    assert answers["free"].choices[0].text == engine.generate(["def fibonacci(n):"], max_new_tokens=24).texts[0]
+    for body, message in (({"structured_outputs": {"regex": "a(b"}}, "structured_outputs"),
+                          ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+                           "one way")):
+        response = server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, **body})
+        assert response.status_code == 400 and message in response.json()["error"]["message"]
+    del server.served_compiles[before:]

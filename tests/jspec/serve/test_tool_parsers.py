@@ -95,9 +95,11 @@ def test_tools_and_tool_messages_reach_the_template(model, monkeypatch):
 
 
 @pytest.mark.parametrize("body, param, match", [
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "structured outputs"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "structured outputs"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice",
+     "not among the tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "expected 'none', 'auto', 'required'"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "give no response_format"),
     ({"tools": [{"type": "function"}]}, "tools", "expected a list"),
     ({"tool_choice": "required"}, "tool_choice", "without tools"),
 ])
@@ -123,3 +125,37 @@ def test_the_answer_carries_the_calls_and_finish_reason_tool_calls(model):
         {"city": "Paris"}, {"city": "Oslo"}]
     plain = shape.whole(["No need."], [generation], completion_tokens=2)["choices"][0]
     assert plain["finish_reason"] == "stop" and plain["message"] == {"role": "assistant", "content": "No need."}
+
+
+TIME = {"type": "function", "function": {"name": "get_time"}}  # no parameters: any object
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_tool_choice_constrains_the_reply_to_its_calls_schema(model, choice):
+    """vLLM's forced tool choice: the reply's grammar is the call(s)' JSON schema (compiled by llguidance over a real
+    tokenizer: a valid reply passes it, a reply naming another function does not) and the reply parses into
+    tool_calls whatever --tool-call-parser is."""
+    import jspec
+    from jspec.structured_outputs.grammar import GrammarCompiler
+    from jspec.tokenizer import load_tokenizer
+
+    params = parse_chat({"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER, TIME],
+                         "tool_choice": choice}, model)
+    named = choice != "required"
+    reply = '{"city":"Paris"}' if named else '[{"name":"get_weather","parameters":{"city":"Paris"}}]'
+    wrong = '{"city":3}' if named else '[{"name":"get_date","parameters":{}}]'
+    tokenizer = load_tokenizer(jspec.bundled_model())
+    compiler = GrammarCompiler(tokenizer, tokenizer.get_vocab_size(), (2,))
+    for text, valid in ((reply, True), (wrong, False)):
+        matcher = compiler.matcher(params.structured_outputs)
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        assert (matcher.validate_tokens(ids) == len(ids)) == valid, text
+    shape = _Shape(model, True, params, 3)
+    generation = SimpleNamespace(token_ids=[1, 2], logprobs=[], finish_reason="stop", request=None)
+    choice_out = shape.whole([reply], [generation], completion_tokens=2)["choices"][0]
+    assert choice_out["finish_reason"] == "tool_calls" and choice_out["message"]["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in choice_out["message"]["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+    held = _HeldCalls(params.tool_call_parser)
+    assert held.feed(reply[:5]) == "" and [c.name for c in (held.feed(reply[5:]), held.finish())[1][1]] == [
+        "get_weather"]
