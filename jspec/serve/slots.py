@@ -66,7 +66,7 @@ from jspec.sharding import put
 from jspec.step import short_draft_nodes
 from jspec.structured_outputs import StructuredOutputsParams
 from jspec.structured_outputs.grammar import GrammarCompiler
-from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bitmask
+from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bitmask, with_forced_drafts
 
 logger = logging.getLogger("jspec.serve")
 
@@ -254,7 +254,9 @@ class SlotEngine:
     each committed token's log-probability and the K most likely tokens at its position (``jspec.logprobs``; vLLM's
     ``--max-logprobs``), and a request may ask for up to K; logits_processors: requests may use the penalties,
     logit_bias, banned ids and min_tokens (``jspec.logits_processors``: per-row arrays in every program, the
-    processing itself skipped in a step where no row uses them).
+    processing itself skipped in a step where no row uses them). Structured outputs (a request's grammar) run
+    their own programs (a step's proposal and its verify pass apart, the host masking the tree between them):
+    compiled at the first structured request of a bucket, or in :meth:`warm_up` with warm_up_structured_outputs.
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
@@ -263,7 +265,8 @@ class SlotEngine:
                  max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
                  seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None,
-                 max_logprobs: int | None = None, logits_processors: bool = False):
+                 max_logprobs: int | None = None, logits_processors: bool = False,
+                 warm_up_structured_outputs: bool = False):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -367,6 +370,7 @@ class SlotEngine:
         self._flight: _Flight | None = None  # the chunk dispatched and not read back (async scheduling)
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
         self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
+        self.warm_up_structured_outputs = bool(warm_up_structured_outputs)
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -507,6 +511,10 @@ class SlotEngine:
         began = time.perf_counter()
         self._first_runs(real, examples)
         logger.info("ran every program once in %.1f s", time.perf_counter() - began)
+        if self.warm_up_structured_outputs:
+            began = time.perf_counter()
+            self._warm_structured(examples)
+            logger.info("compiled and ran the structured-output programs in %.1f s", time.perf_counter() - began)
         if self.adapt:
             began = time.perf_counter()
             # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
@@ -804,35 +812,52 @@ class SlotEngine:
         start = time.perf_counter()
         rows = next(r for r in self.row_buckets if r >= len(running))
         seq_len = next(n for n in self.seq_buckets if n >= max(self._rows[i].need for i in running))
-        row_ids, table, cancel = self._step_arrays(running, rows)
         matchers = [self._rows[i].pending.matcher for i in running] + [None] * (rows - len(running))
-        vocab = self.engine.config.vocab_size
-        args = (self.engine.params, self.engine.drafter_params)
-        if not self.speculative:
-            self._store, out = paged.step_rows(*args, self._store, row_ids, table, cancel,
-                                               self._place(np.asarray(1, np.int32)),
-                                               self._place(root_bitmask(matchers, vocab)), layout=self.layout,
-                                               setup=self.setup, seq_len=seq_len, write_pages=paged.write_pages(
-                                                   self.layout, self.setup, 1), chunk_steps=1)
-        else:
-            draft, tree = paged.propose_rows(*args, self._store, row_ids, table, layout=self.layout,
-                                             setup=self.setup, seq_len=seq_len)
-            greedy = all(self._rows[i].request.temperature <= 0.0 for i in running)
-            bitmask, tokens, substituted = constrain_tree(matchers, np.asarray(jax.device_get(tree.tokens)),
-                                                          np.asarray(jax.device_get(tree.mask)), vocab,
-                                                          substitute=tree.draft_probs is None or greedy)
-            if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
-                flags = {name: self._place(np.asarray(jax.device_get(getattr(tree, name))) | substituted)
-                         for name in ("drafted", "full") if getattr(tree, name) is not None}
-                tree = tree._replace(tokens=self._place(tokens), **flags)
-            self._store, out = paged.verify_rows(*args, self._store, row_ids, table, cancel, draft, tree,
-                                                 self._place(bitmask), layout=self.layout, setup=self.setup,
-                                                 seq_len=seq_len, write_pages=paged.write_pages(self.layout,
-                                                                                                self.setup, 1))
+        self._store, out = self._masked_step(running, rows, seq_len, matchers)
         self._emit(running, out, program=FULL, chunk_start=start)
         self._landed = time.perf_counter()
         self.metrics.observe_chunk("structured", self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
+
+    def _warm_structured(self, examples: dict) -> None:
+        """Compiles and runs once every structured-output program (``warm_up_structured_outputs``): each prefill
+        with a first-token mask, and each bucket's structured step, on the idle null row (its pages are the null
+        page) with nothing masked."""
+        vocab = self.engine.config.vocab_size
+        args = (self.engine.params, self.engine.drafter_params)
+        for (program, rows, width), arrays in examples.items():
+            run = paged.prefill_rows if program == "prefill" else paged.prefill_cached_rows
+            seq_len = self._prefill_seq_len(width) if program == "prefill" else self.max_seq_len
+            self._store, out = run(*args, self._store, *arrays, self._place(root_bitmask([None] * rows, vocab)),
+                                   layout=self.layout, setup=self.setup, seq_len=seq_len)
+            jax.block_until_ready(out)
+        for rows in self.row_buckets:
+            for seq_len in self.seq_buckets:
+                self._store, out = self._masked_step([], rows, seq_len, [None] * rows)
+                jax.block_until_ready(out)
+
+    def _masked_step(self, running: list[int], rows: int, seq_len: int, matchers: list) -> tuple:
+        """One structured step (:meth:`_structured_step`) over ``running`` rows padded to ``rows`` at context
+        ``seq_len``, matchers[i] the grammar of program row i (None: unconstrained) -> (store, readout)."""
+        row_ids, table, cancel = self._step_arrays(running, rows)
+        vocab = self.engine.config.vocab_size
+        args = (self.engine.params, self.engine.drafter_params)
+        if not self.speculative:
+            return paged.step_rows(*args, self._store, row_ids, table, cancel, self._place(np.asarray(1, np.int32)),
+                                   self._place(root_bitmask(matchers, vocab)), layout=self.layout, setup=self.setup,
+                                   seq_len=seq_len, write_pages=paged.write_pages(self.layout, self.setup, 1),
+                                   chunk_steps=1)
+        draft, tree = paged.propose_rows(*args, self._store, row_ids, table, layout=self.layout, setup=self.setup,
+                                         seq_len=seq_len)
+        greedy = all(self._rows[i].request.temperature <= 0.0 for i in running)
+        bitmask, tokens, substituted = constrain_tree(matchers, np.asarray(jax.device_get(tree.tokens)),
+                                                      np.asarray(jax.device_get(tree.mask)), vocab,
+                                                      substitute=tree.draft_probs is None or greedy)
+        if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
+            tree = with_forced_drafts(tree, tokens, substituted)
+        return paged.verify_rows(*args, self._store, row_ids, table, cancel, draft, tree, self._place(bitmask),
+                                 layout=self.layout, setup=self.setup, seq_len=seq_len,
+                                 write_pages=paged.write_pages(self.layout, self.setup, 1))
 
     def _may_overlap(self) -> bool:
         """Whether the next chunk may be dispatched before the one in flight is read back: only where that wastes

@@ -17,7 +17,7 @@ from jspec.generate import GenerateResult, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sharding import ROWS, put, to_host
 from jspec.structured_outputs.programs import propose_tree, verify_tree
-from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bitmask
+from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bitmask, with_forced_drafts
 
 
 def generate_structured(args: tuple, matchers: list, *, setup: GenerateSetup,
@@ -51,9 +51,7 @@ def generate_structured(args: tuple, matchers: list, *, setup: GenerateSetup,
         bitmask, tokens, substituted = constrain_tree(running, to_host(tree.tokens), to_host(tree.mask), vocab,
                                                       substitute=tree.draft_probs is None or all_greedy)
         if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
-            flags = {name: device(to_host(getattr(tree, name)) | substituted)
-                     for name in ("drafted", "full") if getattr(tree, name) is not None}
-            tree = tree._replace(tokens=device(tokens), **flags)
+            tree = with_forced_drafts(tree, tokens, substituted)
         state = verify_tree(params_t, params_d, state, tree, inputs._replace(token_bitmask=device(bitmask)),
                             setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist, None,

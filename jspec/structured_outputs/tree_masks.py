@@ -69,6 +69,20 @@ def constrain_tree(matchers: list, tokens: np.ndarray, mask: np.ndarray, vocab_s
     return out, tokens, substituted
 
 
+def with_forced_drafts(tree, tokens: np.ndarray, substituted: np.ndarray):
+    """The DraftTree ``tree`` with :func:`constrain_tree`'s ``tokens`` and, where ``substituted``, its rows marked
+    as having drafted their whole tree (``drafted``, ``full``); each array placed as the one it replaces, so the
+    verify program is the one already compiled."""
+    import jax
+
+    def like(old, value):
+        return jax.device_put(np.asarray(value, old.dtype), old.sharding)
+
+    flags = {name: like(getattr(tree, name), np.asarray(jax.device_get(getattr(tree, name))) | substituted)
+             for name in ("drafted", "full") if getattr(tree, name) is not None}
+    return tree._replace(tokens=like(tree.tokens, tokens), **flags)
+
+
 def _allowed(bitmask: np.ndarray, token: int) -> bool:
     """Whether token's bit is set in one node's bitmask i32[W]."""
     return 0 <= token < 32 * bitmask.shape[0] and bool((int(bitmask[token // 32]) >> (token % 32)) & 1)

@@ -84,6 +84,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="requests may use presence/frequency/repetition penalties, logit_bias, banned ids and "
                              "min_tokens (every program carries their per-row arrays; a step where no row uses them "
                              "skips the work); default off: such requests get 400")
+    server.add_argument("--warm-up-structured-outputs", action="store_true",
+                        help="compile and run the structured-output programs (grammar masks on the host between a "
+                             "step's proposal and its verify pass) at start-up for every bucket; default: each "
+                             "compiles at the first structured request of its bucket")
     server.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="parse chat replies' tool calls into tool_calls when a request has tools and "
                              "tool_choice 'auto' (vLLM's flag; needs --tool-call-parser)")
@@ -102,7 +106,8 @@ def paged_kwargs(args: argparse.Namespace) -> dict:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=args.enable_prefix_caching, async_scheduling=args.async_scheduling,
                 max_logprobs=None if args.max_logprobs == -1 else args.max_logprobs,
-                logits_processors=args.logits_processors)
+                logits_processors=args.logits_processors,
+                warm_up_structured_outputs=args.warm_up_structured_outputs)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -700,12 +700,21 @@ def test_chat_with_a_template_renders_it_and_stops_at_its_end_of_turn():
     assert params.stop_token_ids == (7, tokenizer.token_to_id("</s>"))
 
 
-def test_structured_outputs_through_the_client_equal_offline(server, tokenizer):
-    """response_format json_schema (chat), vLLM's structured_outputs regex (completions, a prompt long enough to be
-    prefilled in pieces) and an unconstrained request at once: each equal to offline generate with the same
-    constraint, the JSON valid against its schema; bad grammars and two ways at once are 400s. The structured
-    programs compile at their first use (not at warm-up): their compiles are not counted against serving."""
-    before = len(server.served_compiles)
+@pytest.fixture(scope="module")
+def structured_server():
+    """2 slots whose structured-output programs compile at warm-up (--warm-up-structured-outputs); prompts over
+    32 tokens prefilled in pieces."""
+    served = Server(max_batch_size=2, row_buckets=(2,), max_num_batched_tokens=32, warm_up_structured_outputs=True)
+    yield served
+    served.stop()
+
+
+def test_structured_outputs_through_the_client_equal_offline(structured_server, tokenizer):
+    """response_format json_schema (chat), vLLM's structured_outputs JSON (compact) and regex (completions, a
+    prompt long enough to be prefilled in pieces) and an unconstrained request at once: each equal to offline
+    generate with the same constraint, the JSON valid against its schema; bad grammars and two ways at once are
+    400s; with the structured programs warmed up, the scheduler compiles nothing."""
+    server = structured_server
     schema = {"type": "object", "properties": {"lang": {"enum": ["python", "c"]}, "lines": {
         "type": "integer", "minimum": 0, "maximum": 99}}, "required": ["lang", "lines"], "additionalProperties": False}
     messages = [{"role": "user", "content": "Describe the file as JSON."}]
@@ -751,4 +760,4 @@ def test_structured_outputs_through_the_client_equal_offline(server, tokenizer):
                            "one way")):
         response = server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, **body})
         assert response.status_code == 400 and message in response.json()["error"]["message"]
-    del server.served_compiles[before:]
+    assert server.served_compiles == []
