@@ -7,6 +7,8 @@ from jspec.generate import GenerateResult, generate
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
 from jspec.sharding import make_mesh
+from jspec.structured_outputs import StructuredOutputsParams
 
 __all__ = ["GenerateOutput", "GenerateResult", "GenerateSetup", "GenerateStats", "SamplingArrays",
-           "SamplingParams", "SpecConfig", "SpecEngine", "bundled_model", "generate", "make_mesh"]
+           "SamplingParams", "SpecConfig", "SpecEngine", "StructuredOutputsParams", "bundled_model", "generate",
+           "make_mesh"]

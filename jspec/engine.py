@@ -25,7 +25,7 @@ from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup, check_capture_layers
 from jspec.logits_processors import host_arrays
-from jspec.logprobs import SequenceLogprobs, check_num_logprobs
+from jspec.logprobs import SequenceLogprobs, check_logprobs_mode, check_num_logprobs
 from jspec.prompt_logprobs import score_prompts
 from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
@@ -219,7 +219,8 @@ class SpecEngine:
                  prompt_logprobs: int | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, logit_bias: dict[int, float] | None = None,
                  banned_token_ids: Sequence[int] = (), min_tokens: int = 0, ignore_eos: bool = False,
-                 structured_outputs: StructuredOutputsParams | dict | Sequence | None = None) -> GenerateOutput:
+                 structured_outputs: StructuredOutputsParams | dict | Sequence | None = None,
+                 logprobs_mode: str = "raw_logprobs") -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
         or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``).
 
@@ -227,6 +228,9 @@ class SpecEngine:
         the K most likely tokens at its position, in ``GenerateOutput.logprobs``; the target's log-softmax before
         temperature, top-k or top-p (vLLM's default), from the pass that committed the token (the verify pass under
         speculation: the same values as plain decoding's, up to float rounding). A compiled program per K.
+        logprobs_mode: vLLM's "raw_logprobs" (that default) or "processed_logprobs": those of the distribution each
+        token was drawn from, after the logits processors and a grammar's mask, then for sampled prompts
+        temperature, top-k and top-p (``jspec.logprobs.recorded_logits``).
         prompt_logprobs: None, or K (vLLM's ``SamplingParams.prompt_logprobs``): the same for the prompt's tokens,
         from a teacher-forced pass over the prompts in a program of its own (``jspec.prompt_logprobs``).
 
@@ -251,6 +255,7 @@ class SpecEngine:
         compiled program per layer list); the tokens are the same as without capture."""
         layers = check_capture_layers(capture_hidden_states, self.config.num_layers)
         num_top = check_num_logprobs(logprobs, self.config.vocab_size)
+        mode = check_logprobs_mode(logprobs_mode)
         prompt_top = check_num_logprobs(prompt_logprobs, self.config.vocab_size, name="prompt_logprobs")
         batch, params = self._prepare(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
@@ -258,12 +263,12 @@ class SpecEngine:
                                       logit_bias=dict(logit_bias or {}), banned_token_ids=tuple(banned_token_ids),
                                       min_tokens=min_tokens, ignore_eos=ignore_eos)
         if structured_outputs is None:
-            result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top)
+            result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top, mode)
         else:
             if layers:
                 raise ValueError("capture_hidden_states and structured_outputs: not supported together")
             matchers = self._matchers(structured_outputs, batch.batch_size)
-            result, run_seconds, compile_seconds = self._run_structured(batch, params, matchers, num_top)
+            result, run_seconds, compile_seconds = self._run_structured(batch, params, matchers, num_top, mode)
         num_generated = to_host(result.num_generated)
         token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, num_generated, batch.batch_size)
         texts = None
@@ -298,12 +303,12 @@ class SpecEngine:
         return [None if p is None else self._grammars.matcher(StructuredOutputsParams.coerce(p))
                 for p in per_prompt]
 
-    def _run_structured(self, batch: PaddedBatch, params: SamplingParams, matchers: list,
-                        logprobs: int | None) -> tuple[GenerateResult, float, float]:
+    def _run_structured(self, batch: PaddedBatch, params: SamplingParams, matchers: list, logprobs: int | None,
+                        logprobs_mode: str = "raw_logprobs") -> tuple[GenerateResult, float, float]:
         """``_run`` under grammars (``jspec.structured_outputs.loop``): host-driven steps; the first call of a
         bucket's programs compiles them (counted as run time here)."""
         setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), logprobs=logprobs,
-                                    logits_processors=params.processes_logits)
+                                    logprobs_mode=logprobs_mode, logits_processors=params.processes_logits)
         rows = batch.prompt_ids.shape[0]
         matchers = matchers + [None] * (rows - len(matchers))
         start = time.perf_counter()
@@ -453,15 +458,16 @@ class SpecEngine:
                 processors)
 
     def _run(self, batch: PaddedBatch, params: SamplingParams, capture_layers: tuple[int, ...] = (),
-             logprobs: int | None = None) -> tuple[GenerateResult, float, float]:
+             logprobs: int | None = None, logprobs_mode: str = "raw_logprobs") -> tuple[GenerateResult, float, float]:
         args = self._arguments(batch, params)
         bucket = (batch.prompt_ids.shape, batch.stop_ids.shape, batch.seq_len, capture_layers, logprobs,
-                  params.processes_logits)
+                  logprobs_mode, params.processes_logits)
         compile_seconds = 0.0
         if bucket not in self._compiled:
             start = time.perf_counter()
             setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), capture_layers=capture_layers,
-                                        logprobs=logprobs, logits_processors=params.processes_logits)
+                                        logprobs=logprobs, logprobs_mode=logprobs_mode,
+                                        logits_processors=params.processes_logits)
             self._compiled[bucket] = generate.lower(*args, setup=setup).compile()
             compile_seconds = time.perf_counter() - start
         start = time.perf_counter()

@@ -25,7 +25,7 @@ from jspec.compile_options import setup_jit
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
 from jspec.logits_processors import ProcessorArrays, context_output_counts, process
-from jspec.logprobs import Logprobs, record
+from jspec.logprobs import Logprobs, record, recorded_logits
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
 from jspec.state import DecodeState, write_hidden_states
@@ -84,7 +84,8 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
                                      inputs.stop_ids, counts_as_step=False)
     if setup.logprobs is not None:
         buffers = Logprobs.zeros(batch, setup.max_seq_len, setup.logprobs)
-        state = state._replace(logprobs=record(buffers, out.logits, first[:, None], prompt_lens, committed))
+        recorded = recorded_logits(out.logits, first_logits, inputs.sampling, setup.logprobs_mode)
+        state = state._replace(logprobs=record(buffers, recorded, first[:, None], prompt_lens, committed))
     if setup.drafter is not None:
         draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first,
                                                                           constrain(setup.drafter_taps(out.taps),

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 from jspec.attention import target_attention
 from jspec.config import SpecConfig
 from jspec.drafters.base import Drafter
-from jspec.logprobs import check_num_logprobs
+from jspec.logprobs import check_logprobs_mode, check_num_logprobs
 from models.attention import AttentionFn
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
@@ -33,7 +33,8 @@ class GenerateSetup:
     compiler_options: XLA options as ((name, value), ...) that every program of this setup compiles with; None
     (the default): chosen per backend and step kind by ``jspec.compile_options.program_options``.
     logprobs: None (none recorded), or K >= 0: every generated token's log-probability and the K most likely
-    tokens at its position are kept in ``DecodeState.logprobs`` (``jspec.logprobs``).
+    tokens at its position are kept in ``DecodeState.logprobs`` (``jspec.logprobs``); logprobs_mode: vLLM's
+    "raw_logprobs" (the target's) or "processed_logprobs" (``jspec.logprobs.recorded_logits``).
     logits_processors: the target's logits pass through ``jspec.logits_processors`` (penalties, logit_bias,
     min_tokens) with the per-row parameters in ``StepInputs.processors``.
     """
@@ -48,6 +49,7 @@ class GenerateSetup:
     capture_layers: tuple[int, ...] = ()
     compiler_options: tuple[tuple[str, str], ...] | None = None
     logprobs: int | None = None
+    logprobs_mode: str = "raw_logprobs"
     logits_processors: bool = False
 
     def __post_init__(self):
@@ -62,6 +64,7 @@ class GenerateSetup:
             raise ValueError(f"capture_layers={self.capture_layers!r}: expected a tuple of layer indices")
         check_capture_layers(self.capture_layers, self.target.num_layers, name="capture_layers")
         check_num_logprobs(self.logprobs, self.target.vocab_size)
+        check_logprobs_mode(self.logprobs_mode)
         options = self.compiler_options
         if options is not None and not (isinstance(options, tuple) and all(
                 isinstance(o, tuple) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in options)):

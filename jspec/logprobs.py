@@ -1,12 +1,15 @@
 """Log-probabilities of the generated tokens (OpenAI's ``logprobs`` / ``top_logprobs``), kept per position like the
 tokens themselves.
 
-The values are vLLM's default ("raw"): the log-softmax of the target's logits at the position before, in float32,
-before temperature, top-k or top-p. Each committed token's comes from the target pass that committed it: the
-prefill for the first, the decode step in plain decoding, and under speculation the verify pass, where the step's
-new token i (the accepted drafts, then the bonus) is drawn from the logits of accepted path node i (node
-``accept_index[i]``; i = 0: the root). So a speculative run's log-probabilities are those of the same target on
-the same prefix, as plain decoding's are (equal up to the float rounding of a wider pass).
+The values are vLLM's default ("raw_logprobs"): the log-softmax of the target's logits at the position before, in
+float32, before temperature, top-k or top-p; or, with vLLM's "processed_logprobs" (:data:`LOGPROBS_MODES`), those of
+the distribution the token was drawn from: after the logits processors and a grammar's mask, then, for a sampled
+row, temperature, top-k and top-p (a greedy row's are not scaled; :func:`recorded_logits`). Each committed token's
+comes from the target pass that committed it: the prefill for the first, the decode step in plain decoding, and
+under speculation the verify pass, where the step's new token i (the accepted drafts, then the bonus) is drawn from
+the logits of accepted path node i (node ``accept_index[i]``; i = 0: the root). So a speculative run's
+log-probabilities are those of the same target on the same prefix, as plain decoding's are (equal up to the float
+rounding of a wider pass).
 
 Buffers, slot = position as in ``DecodeState.tokens`` (prompt slots stay 0)::
 
@@ -22,6 +25,27 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # vLLM's --logprobs-mode values jspec has
+
+
+def recorded_logits(raw: jax.Array, processed: jax.Array, sampling, mode: str) -> jax.Array:
+    """The logits whose log-softmax is recorded: ``raw`` f32[B, N, V] (the target's) under "raw_logprobs"; under
+    "processed_logprobs" ``processed`` (after the logits processors and a grammar's mask) with each sampled row's
+    temperature, top-k and top-p applied (``jspec.sampling.filtered_logits``; greedy rows as processed)."""
+    if mode == "raw_logprobs":
+        return raw
+    from jspec.sampling import filtered_logits
+
+    greedy = (sampling.temperature <= 0.0).reshape((-1,) + (1,) * (processed.ndim - 1))
+    return jnp.where(greedy, processed, filtered_logits(processed, sampling))
+
+
+def check_logprobs_mode(mode: str) -> str:
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode={mode!r}: expected one of {LOGPROBS_MODES}")
+    return mode
 
 
 class Logprobs(NamedTuple):

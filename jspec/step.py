@@ -23,7 +23,7 @@ from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree
 from jspec.kv_cache import commit_path
 from jspec.logits_processors import ProcessorArrays, path_counts, process
-from jspec.logprobs import record
+from jspec.logprobs import record, recorded_logits
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
 from jspec.structured_outputs.bitmask import apply_token_bitmask
@@ -54,14 +54,14 @@ def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, se
     """Runs the target on each sequence's last token, samples the next one, commits it."""
     del params_d
     keys = keys_at(inputs.keys, state.seq_len)
-    out, next_token = decode_one(params_t, state, last_tokens(state), inputs, keys, setup=setup)
+    out, next_token, recorded = decode_one(params_t, state, last_tokens(state), inputs, keys, setup=setup)
     # A done sequence's cache_len is frozen, so its rewrite of slot cache_len harms nothing.
     cache_len = state.cache_len
     state = state._replace(cache=out.cache)
     state, committed = commit_tokens(state, next_token[:, None], jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
-    logprobs = record(state.logprobs, out.logits, next_token[:, None], cache_len + 1, committed)
+    logprobs = record(state.logprobs, recorded, next_token[:, None], cache_len + 1, committed)
     return state._replace(step=state.step + 1, logprobs=logprobs)
 
 
@@ -84,7 +84,8 @@ def capture_committed(state: DecodeState, taps: jax.Array | None, cache_len: jax
 def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInputs, keys: jax.Array, *,
                setup: GenerateSetup):
     """The target on one token per sequence (token i32[B], written at slot cache_len) -> (its DecoderOutput,
-    the next token i32[B] sampled from the target's distribution)."""
+    the next token i32[B] sampled from the target's distribution, the logits f32[B, 1, V] its log-probability is
+    recorded from: ``jspec.logprobs.recorded_logits``)."""
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, token[:, None], cache_len[:, None], state.cache,
                                      cache_len, tap_layers=setup.tap_layers)
@@ -93,7 +94,8 @@ def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInput
         logits = process(logits, inputs.processors, state.output_counts[:, None], state.num_generated[:, None],
                          inputs.stop_ids)
     logits = apply_token_bitmask(logits, inputs.token_bitmask)
-    return out, sample_tokens(logits[:, 0], inputs.sampling, keys)
+    recorded = recorded_logits(out.logits, logits, inputs.sampling, setup.logprobs_mode)
+    return out, sample_tokens(logits[:, 0], inputs.sampling, keys), recorded
 
 
 def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]:
@@ -202,7 +204,8 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
     if state.logprobs is not None:  # new token i was drawn from the distribution at path node i (the root first)
-        path_logits = jnp.take_along_axis(out.logits, jnp.maximum(verified.accept_index, 0)[..., None], axis=1)
+        source = recorded_logits(out.logits, logits, inputs.sampling, setup.logprobs_mode)
+        path_logits = jnp.take_along_axis(source, jnp.maximum(verified.accept_index, 0)[..., None], axis=1)
         state = state._replace(logprobs=record(state.logprobs, path_logits, new_tokens, cache_len + 1, committed))
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
                                        CommitContext(new_tokens, committed, verified.accept_index,
@@ -240,14 +243,14 @@ def _root_and_commit(params_t, params_d, state: DecodeState, draft_state, root: 
     padded to ``num_nodes`` rows: the drafter reads node 0's only)."""
     cache_len = state.cache_len
     batch = root.shape[0]
-    out, token = decode_one(params_t, state, root, inputs, keys, setup=setup)
+    out, token, recorded = decode_one(params_t, state, root, inputs, keys, setup=setup)
     width = setup.tokens_per_step
     new_tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(token)
     state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
     state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
-    state = state._replace(logprobs=record(state.logprobs, out.logits, token[:, None], cache_len + 1, committed))
+    state = state._replace(logprobs=record(state.logprobs, recorded, token[:, None], cache_len + 1, committed))
     taps = constrain(setup.drafter_taps(out.taps), TAPS)
     if taps is not None and num_nodes > 1:
         taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))

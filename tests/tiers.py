@@ -61,6 +61,9 @@ SLOW: dict[str, str] = {
         "response_format / structured_outputs through the official client equal offline generate, mixed with an "
         "unconstrained request, chunked prefill under a grammar; default: the offline mixed case, "
         "test_tree_masks and test_protocol (request parsing)",
+    "tests/jspec/serve/test_memory_maps.py::test_a_server_past_the_limit_is_refused_before_compiling_the_rest":
+        "a server whose programs would pass vm.max_map_count is refused after one compile; default: "
+        "test_room_for_counts_this_process_against_the_limit",
     # --- logits processors ------------------------------------------------------------------------------------
     "tests/jspec/test_logits_processors.py::test_plain_decoding_equals_transformers_processors[bias-min-tokens]":
         "logit_bias and min_tokens equal transformers' SequenceBias and MinNewTokensLength; default: the "

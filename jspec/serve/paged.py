@@ -43,7 +43,7 @@ from jspec.generate_setup import GenerateSetup
 from jspec.commit import commit_tokens
 from jspec.drafters.base import DraftTree, PrefillContext
 from jspec.logits_processors import context_output_counts, process
-from jspec.logprobs import Logprobs, record
+from jspec.logprobs import Logprobs, record, recorded_logits
 from jspec.sampling import SamplingArrays, keys_at, sample_tokens
 from jspec.serve.programs import idle_slots, start_state
 from jspec.sharding import KV_POOL, TAPS, constrain, traced_on
@@ -352,7 +352,8 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
                             accepted_hist=jnp.zeros_like(view.accepted_hist), step=view.step, output_counts=counts)
         state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), max_new_tokens, stop_ids,
                                          counts_as_step=False)
-        state = state._replace(logprobs=record(view.logprobs, out.logits, first[:, None], prompt_lens, committed))
+        recorded = recorded_logits(out.logits, first_logits, sampling, small.logprobs_mode)
+        state = state._replace(logprobs=record(view.logprobs, recorded, first[:, None], prompt_lens, committed))
         if small.drafter is not None:
             taps = constrain(small.drafter_taps(out.taps), TAPS) if small.drafter.tap_layers else None
             state = state._replace(draft=_drafter_prefill_cached(

@@ -2,21 +2,21 @@
 
 Only the HTTP shapes live here, and what jspec checks the same way everywhere (a seed, prompt ids against the
 vocabulary) is checked by ``jspec.config``'s own functions; the slot engine checks the rest (lengths against the
-context, stop ids) and its ValueError is answered the same way (HTTP 400). Fields follow OpenAI's API reference, plus
-vLLM's extensions ``top_k`` (-1 or 0 = off), ``stop_token_ids`` and ``return_token_ids`` (the generated token
+context, stop ids) and its ValueError is answered the same way (HTTP 400). Fields follow OpenAI's API reference,
+plus vLLM's extensions ``top_k`` (-1 or 0 = off), ``stop_token_ids`` and ``return_token_ids`` (the generated token
 ids in each choice). Log-probabilities as OpenAI asks for them: completions ``logprobs: K`` (the K most likely
 tokens beside the chosen one), chat ``logprobs: true`` with ``top_logprobs: K``; at most the server's
 ``--max-logprobs``. Completions' ``echo`` returns the prompt before the completion (with ``logprobs``, the prompt
-tokens' too). ``n`` choices (``best_of`` candidates, the n most likely kept) run as requests of their own,
-choice i with seed ``choice_seed(seed, i)`` (:func:`choice_params`). The logits processors: OpenAI's
-``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` ({"token id": bias}), vLLM's ``repetition_penalty``,
-``min_tokens``, ``ignore_eos`` and ``bad_words_ids``-style ``banned_token_ids``. Structured outputs: OpenAI's
-``response_format`` (``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` (``json``, ``regex``,
-``choice``, ``grammar``, ``json_object``; its older ``guided_*`` names too). Chat ``tools`` are rendered by the
-chat template and, with ``tool_choice`` "auto" on a server started with ``--enable-auto-tool-choice
---tool-call-parser NAME``, the reply's calls parsed into ``tool_calls`` (``jspec.serve.tool_parsers``); "required"
-or a named function constrain the reply to a JSON schema of the call(s), as vLLM does. Features this server does
-not have (``suffix``, ``functions``) are refused by name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
+tokens' too). ``n`` choices (``best_of`` candidates, the n most likely kept) run as requests of their own, choice i
+with seed ``choice_seed(seed, i)`` (:func:`choice_params`). The logits processors: OpenAI's ``presence_penalty``,
+``frequency_penalty`` and ``logit_bias`` ({"token id": bias}), vLLM's ``repetition_penalty``, ``min_tokens``,
+``ignore_eos`` and ``bad_words_ids``-style ``banned_token_ids``. Structured outputs: OpenAI's ``response_format``
+(``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``, ``grammar``,
+``json_object``; its older ``guided_*`` names too). Chat ``tools`` are rendered by the chat template and, with
+``tool_choice`` "auto" on a server started with ``--enable-auto-tool-choice --tool-call-parser NAME``, the reply's
+calls parsed into ``tool_calls`` (``jspec.serve.tool_parsers``); "required" or a named function constrain the reply
+to a JSON schema of the call(s), as vLLM does. Features this server does not have (``suffix``, ``functions``) are
+refused by name rather than ignored; fields that mean nothing here (``user``, ``metadata``, ...) are ignored.
 
 Chat prompts use the checkpoint's chat template; a model without one gets a plain fallback, one line per message
 and an open assistant line::

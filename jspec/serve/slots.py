@@ -57,7 +57,7 @@ from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, p
 from jspec.config import SEED_RANGE, SamplingParams, SpecConfig, check_seed, check_token_ids
 from jspec.logprobs import SequenceLogprobs, check_num_logprobs
 from jspec.prompt_logprobs import score_prompts
-from jspec.serve import paged
+from jspec.serve import memory_maps, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedChunk, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
@@ -252,7 +252,8 @@ class SlotEngine:
     powers of two from 256, then max_seq_len): a chunk runs at the smallest one holding prompt + max_tokens of
     every request in its rows; max_logprobs: None (requests cannot ask for logprobs), or K: every program records
     each committed token's log-probability and the K most likely tokens at its position (``jspec.logprobs``; vLLM's
-    ``--max-logprobs``), and a request may ask for up to K; logits_processors: requests may use the penalties,
+    ``--max-logprobs``), and a request may ask for up to K; logprobs_mode: vLLM's "raw_logprobs" or
+    "processed_logprobs" (``jspec.logprobs.recorded_logits``); logits_processors: requests may use the penalties,
     logit_bias, banned ids and min_tokens (``jspec.logits_processors``: per-row arrays in every program, the
     processing itself skipped in a step where no row uses them). Structured outputs (a request's grammar) run
     their own programs (a step's proposal and its verify pass apart, the host masking the tree between them):
@@ -266,7 +267,7 @@ class SlotEngine:
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
                  seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None,
                  max_logprobs: int | None = None, logits_processors: bool = False,
-                 warm_up_structured_outputs: bool = False):
+                 warm_up_structured_outputs: bool = False, logprobs_mode: str = "raw_logprobs"):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -306,7 +307,7 @@ class SlotEngine:
         check_num_logprobs(max_logprobs, engine.config.vocab_size)
         self.engine = engine
         self.setup = dataclasses.replace(engine.setup.with_max_seq_len(max_seq_len), logprobs=max_logprobs,
-                                         logits_processors=bool(logits_processors))
+                                         logprobs_mode=logprobs_mode, logits_processors=bool(logits_processors))
         self.max_seq_len = max_seq_len
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
@@ -371,6 +372,8 @@ class SlotEngine:
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
         self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
         self.warm_up_structured_outputs = bool(warm_up_structured_outputs)
+        self._structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
+        self._maps_per_program: int | None = None  # memory mappings one compiled program took (warm_up; CPU)
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -503,8 +506,10 @@ class SlotEngine:
                     write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk),
                     short_nodes=self._short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk)
         began = time.perf_counter()
+        compiled = self._compile_within_maps(lowered)
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # XLA compiles without the GIL
-            compiled = dict(zip(lowered, pool.map(lambda program: program.compile(), lowered.values())))
+            rest = [key for key in lowered if key not in compiled]
+            compiled.update(zip(rest, pool.map(lambda key: lowered[key].compile(), rest)))
         self._compiled.update(compiled)
         logger.info("compiled %d programs in %.1f s", len(compiled), time.perf_counter() - began)
         real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
@@ -627,9 +632,12 @@ class SlotEngine:
 
     def _take_waiting(self) -> list[tuple[int, _Running]]:
         """Pairs waiting requests (first come, first served) with free rows while their pages fit; drops cancelled
-        ones. Under the lock."""
+        ones. With prefix caching, a request whose context equals one taken now or still being prefilled in pieces
+        (a request's n / best_of choices) waits until that prefill has put the prompt's pages in the cache: the
+        choices share the prompt's prefill. Under the lock."""
         free = [i for i, row in enumerate(self._rows) if row is None]
         taken: list[tuple[int, _Running]] = []
+        contexts = {tuple(row.pending.context) for row in self._rows if row is not None and row.prefilled is not None}
         while self._waiting and len(taken) < len(free):
             pending = self._waiting[0]
             request = pending.request
@@ -638,6 +646,9 @@ class SlotEngine:
                 _safe_sink(request, [], request.cancelled)
                 continue
             context = pending.context
+            if self.prefix_caching and tuple(context) in contexts:
+                break
+            contexts.add(tuple(context))
             need = len(request.prompt_ids) + request.max_tokens
             allocation = self._allocate(context, need)
             if allocation is None:
@@ -774,15 +785,6 @@ class SlotEngine:
         program = "prefill"
         if cached is not None:
             arrays, program = self._cached_arrays(arrays, cached, lengths), "prefill_cached"
-        matchers = [None if self._rows[row] is None else self._rows[row].pending.matcher for row in rows]
-        if any(m is not None for m in matchers):  # structured outputs: the first token under its grammar's mask
-            self._land()  # the host's grammars must have taken every token before
-            bitmask = root_bitmask(matchers + [None] * (size - len(rows)), self.engine.config.vocab_size)
-            run = paged.prefill_rows if cached is None else paged.prefill_cached_rows
-            seq_len = self._prefill_seq_len(width) if cached is None else self.max_seq_len
-            self._store, out = run(self.engine.params, self.engine.drafter_params, self._store, *arrays,
-                                   self._place(bitmask), layout=self.layout, setup=self.setup, seq_len=seq_len)
-            return out
         self._store, out = self._compiled[program, size, width](self.engine.params, self.engine.drafter_params,
                                                                 self._store, *arrays)
         self._land()  # readouts are read in dispatch order: the chunk before this prefill first
@@ -812,6 +814,16 @@ class SlotEngine:
         start = time.perf_counter()
         rows = next(r for r in self.row_buckets if r >= len(running))
         seq_len = next(n for n in self.seq_buckets if n >= max(self._rows[i].need for i in running))
+        if ((rows, seq_len) not in self._structured_buckets
+                and not memory_maps.room_for(2, self._maps_per_program)):
+            # no room for its programs: a compiled bucket at least as large, if any
+            larger = [(r, s) for r, s in self._structured_buckets if r >= rows and s >= seq_len]
+            if larger:
+                rows, seq_len = min(larger)
+            else:
+                logger.warning("compiling structured-output programs near vm.max_map_count (%s)",
+                               memory_maps.RAISE_IT)
+        self._structured_buckets.add((rows, seq_len))
         matchers = [self._rows[i].pending.matcher for i in running] + [None] * (rows - len(running))
         self._store, out = self._masked_step(running, rows, seq_len, matchers)
         self._emit(running, out, program=FULL, chunk_start=start)
@@ -819,22 +831,39 @@ class SlotEngine:
         self.metrics.observe_chunk("structured", self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
 
+    def _compile_within_maps(self, lowered: dict) -> dict:
+        """Compiles the first step program of ``lowered`` alone and, from the memory mappings it took
+        (``jspec.serve.memory_maps``), refuses to go on where all of them (and the structured-output programs
+        that ``warm_up_structured_outputs`` adds) would pass the kernel's limit: ValueError naming the ways out,
+        before minutes of compiling end in LLVM's "Cannot allocate memory" -> {key: compiled} so far."""
+        first = next((key for key in lowered if key[0] == "step"), next(iter(lowered)))
+        before = memory_maps.maps_in_use()
+        compiled = {first: lowered[first].compile()}
+        after = memory_maps.maps_in_use()
+        if before is None or after is None:
+            return compiled
+        self._maps_per_program = max(after - before, 1)
+        structured = (2 if self.speculative else 1) * len(self.row_buckets) * len(self.seq_buckets)
+        programs = len(lowered) - 1 + (structured if self.warm_up_structured_outputs else 0)
+        if not memory_maps.room_for(programs, self._maps_per_program, margin=0.95):
+            raise ValueError(
+                f"this server would compile {programs + 1} programs of about {self._maps_per_program} memory "
+                f"mappings each (XLA:CPU maps every kernel it compiles), {after + programs * self._maps_per_program} "
+                f"in all: above this system's vm.max_map_count={memory_maps.max_map_count()}, where the process "
+                f"would die compiling. Raise it ({memory_maps.RAISE_IT}), or compile fewer programs: a smaller "
+                f"--max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs")
+        return compiled
+
     def _warm_structured(self, examples: dict) -> None:
-        """Compiles and runs once every structured-output program (``warm_up_structured_outputs``): each prefill
-        with a first-token mask, and each bucket's structured step, on the idle null row (its pages are the null
-        page) with nothing masked."""
-        vocab = self.engine.config.vocab_size
-        args = (self.engine.params, self.engine.drafter_params)
-        for (program, rows, width), arrays in examples.items():
-            run = paged.prefill_rows if program == "prefill" else paged.prefill_cached_rows
-            seq_len = self._prefill_seq_len(width) if program == "prefill" else self.max_seq_len
-            self._store, out = run(*args, self._store, *arrays, self._place(root_bitmask([None] * rows, vocab)),
-                                   layout=self.layout, setup=self.setup, seq_len=seq_len)
-            jax.block_until_ready(out)
+        """Compiles and runs once every bucket's structured step (``warm_up_structured_outputs``) on the idle
+        null row (its pages are the null page) with nothing masked; the prefills take their grammar masks
+        already."""
+        del examples
         for rows in self.row_buckets:
             for seq_len in self.seq_buckets:
                 self._store, out = self._masked_step([], rows, seq_len, [None] * rows)
                 jax.block_until_ready(out)
+                self._structured_buckets.add((rows, seq_len))
 
     def _masked_step(self, running: list[int], rows: int, seq_len: int, matchers: list) -> tuple:
         """One structured step (:meth:`_structured_step`) over ``running`` rows padded to ``rows`` at context
@@ -1068,7 +1097,9 @@ class SlotEngine:
                         row_ids: list[int], history: list[tuple[list[int], int]] | None = None) -> tuple:
         """The arguments of a prefill program after the store: ``items`` (context, parameters) padded to ``rows``
         with idle rows of the null row; history: per item, (the request's own prompt, tokens it generated that end
-        the context: a preempted request's), for the logits processors (default: the context is a fresh prompt)."""
+        the context: a preempted request's), for the logits processors (default: the context is a fresh prompt);
+        last, the first tokens' grammar masks (``root_bitmask``: a structured-outputs row's, the others' all
+        allowed)."""
         null = ([1], SamplingParams(max_new_tokens=1))
         history = list(history or [(None, 0)] * len(items)) + [(None, 0)] * (rows - len(items))
         vocab = self.engine.config.vocab_size if self.setup.logits_processors else None
@@ -1080,7 +1111,12 @@ class SlotEngine:
         processors = None if vocab is None else jax.tree.map(lambda *a: np.concatenate(a), *[p[6] for p in parts])
         ids = np.full((rows,), self.layout.null_row, np.int32)
         ids[:len(row_ids)] = row_ids
-        return tuple(jax.tree.map(self._place, (*arrays, sampling, processors, ids, self._tables[ids])))
+        # structured outputs: each row's first token under its grammar's mask (every row allowed everything
+        # else: one program serves both)
+        matchers = [self._rows[i].pending.matcher if i < len(self._rows) and self._rows[i] is not None else None
+                    for i in ids]
+        bitmask = root_bitmask(matchers, self.engine.config.vocab_size)
+        return tuple(jax.tree.map(self._place, (*arrays, sampling, processors, ids, self._tables[ids], bitmask)))
 
     def _cached_arrays(self, arrays: tuple, cached: list[int], lengths: list[int] | None = None) -> tuple:
         """A cached prefill's arguments from :meth:`_prefill_arrays` over the prompts' uncached rest: the whole

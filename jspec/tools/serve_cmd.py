@@ -84,6 +84,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="requests may use presence/frequency/repetition penalties, logit_bias, banned ids and "
                              "min_tokens (every program carries their per-row arrays; a step where no row uses them "
                              "skips the work); default off: such requests get 400")
+    server.add_argument("--logprobs-mode", default="raw_logprobs", choices=["raw_logprobs", "processed_logprobs"],
+                        help="vLLM's: the target's log-softmax (raw_logprobs), or that of the distribution each token "
+                             "was drawn from, after logits processors, grammar masks, temperature, top-k and top-p "
+                             "(processed_logprobs)")
     server.add_argument("--warm-up-structured-outputs", action="store_true",
                         help="compile and run the structured-output programs (grammar masks on the host between a "
                              "step's proposal and its verify pass) at start-up for every bucket; default: each "
@@ -107,7 +111,7 @@ def paged_kwargs(args: argparse.Namespace) -> dict:
                 enable_prefix_caching=args.enable_prefix_caching, async_scheduling=args.async_scheduling,
                 max_logprobs=None if args.max_logprobs == -1 else args.max_logprobs,
                 logits_processors=args.logits_processors,
-                warm_up_structured_outputs=args.warm_up_structured_outputs)
+                warm_up_structured_outputs=args.warm_up_structured_outputs, logprobs_mode=args.logprobs_mode)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -93,6 +93,24 @@ def test_sampled_logprobs_are_the_raw_log_softmax(hf_target):
     assert any(got.top_ids[:, 0].tolist() != ids for got, ids in zip(out.logprobs, out.token_ids))  # not greedy
 
 
+def test_processed_logprobs_are_those_of_the_distribution_drawn_from(plain_engine):
+    """vLLM's processed_logprobs at temperature 0.7 and top-k 8: the same tokens as raw_logprobs' run (one seed),
+    each one's log-probability that of the tempered top-8 distribution, computed here from the raw top 10; the
+    tokens outside the top 8 at -inf."""
+    kwargs = dict(max_new_tokens=16, temperature=0.7, top_k=8, seed=5, logprobs=10)
+    raw = plain_engine.generate(PROMPTS, **kwargs)
+    processed = plain_engine.generate(PROMPTS, logprobs_mode="processed_logprobs", **kwargs)
+    assert processed.token_ids == raw.token_ids
+    for tokens, r, p in zip(raw.token_ids, raw.logprobs, processed.logprobs):
+        kept = r.top[:, :8] / 0.7
+        normal = np.log(np.exp(kept - kept.max(axis=1, keepdims=True)).sum(axis=1)) + kept.max(axis=1)
+        np.testing.assert_allclose(p.token, r.token / 0.7 - normal, atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(p.top_ids[:, :8], r.top_ids[:, :8])
+        assert np.isneginf(p.top[:, 8:]).all()
+    with pytest.raises(ValueError, match="logprobs_mode='processed': expected one of"):
+        plain_engine.generate(PROMPTS, logprobs=1, logprobs_mode="processed")
+
+
 def test_zero_top_logprobs_keep_the_chosen_tokens_only(plain_engine):
     out = plain_engine.generate(PROMPTS[:1], max_new_tokens=3, logprobs=0)
     assert out.logprobs[0].token.shape == (3,) and out.logprobs[0].top_ids.shape == (3, 0)

@@ -449,9 +449,13 @@ def test_n_choices_with_a_seed_each_equal_a_single_request_with_its_seed(crowd_s
 
 def test_best_of_keeps_the_most_likely_choices(server):
     """best_of=4, n=2 (sampled): the two answered are the best two of the four by cumulative log-probability, best
-    first (the ranking itself: test_best_choices_rank_by_cumulative_logprob); usage counts all four."""
-    kwargs = dict(model=NAME, prompt="import os\n", max_tokens=8, temperature=1.0, seed=3)
+    first (the ranking itself: test_best_choices_rank_by_cumulative_logprob); usage counts all four; the prompt is
+    prefilled once, the other three choices reading its pages from the prefix cache."""
+    prompt = CODE.split("class")[0]  # four pages of 16 tokens and a bit: the choices share the whole pages
+    kwargs = dict(model=NAME, prompt=prompt, max_tokens=8, temperature=1.0, seed=3)
+    hits = server.metric("jspec:prefix_cache_hits_total")
     answer = server.client.completions.create(n=2, best_of=4, logprobs=0, **kwargs)
+    assert server.metric("jspec:prefix_cache_hits_total") - hits >= 3 * 48  # one prefill, three cache hits
     assert [c.index for c in answer.choices] == [0, 1] and answer.usage.completion_tokens == 4 * 8
     scores = [sum(c.logprobs.token_logprobs) for c in answer.choices]
     assert scores[0] >= scores[1]
