@@ -15,13 +15,15 @@ so even a zero one goes dense (the target's verify call passes none, and the mod
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jspec.sharding import KV_CACHE, per_shard
+from jspec.sharding import KV_CACHE, KV_POOL, per_shard
 from models.attention import dense_attention
 from models.paged_kv import PagedKV, paged_attention
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
+from pallas_kernels.paged_tree_attention import paged_tree_attention
 from pallas_kernels.tree_attention import tree_attention
 
 
@@ -40,10 +42,15 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
     impl: the tree kernel's lowering for verify passes: "auto" (Pallas on a GPU, dense attention elsewhere),
     "pallas", "interpret" (the kernel in the Pallas interpreter: tests on CPU), or "reference" (dense attention).
     Calls that are not verify passes go dense whatever impl says. A paged cache (``models.paged_kv.PagedKV``:
-    the server's step programs) goes to ``paged_attention``, the prefix read through the page table (its jnp form;
-    a paged kernel is the kernel issue's).
+    the server's step programs) goes to ``paged_attention``, the prefix read through the page table, in jnp; or,
+    with impl "pallas" or "interpret" named (not "auto": the paged kernel has not run on a GPU yet) and pages of a
+    power-of-two size >= 16, to ``pallas_kernels.paged_tree_attention``.
     """
     if isinstance(k_cache, PagedKV):
+        page_size = k_cache.page_size
+        if impl in ("pallas", "interpret") and page_size >= 16 and not page_size & (page_size - 1):
+            return _paged_kernel(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset,
+                                 scale=scale, impl=impl)
         return paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
     if is_verify_pass(q, local_mask, write_offset) and resolve_impl(impl) is not Impl.REFERENCE:
         # On a mesh each device runs the kernel on its rows and its heads (KV heads split as its query heads are).
@@ -52,3 +59,19 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
                            out_specs=KV_CACHE)
         return kernel(q, k_cache, v_cache, cache_len, k_new, v_new, local_mask)
     return dense_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
+
+
+def _paged_kernel(q, k_cache: PagedKV, v_cache: PagedKV, k_new, v_new, cache_len, local_mask, write_offset, *,
+                  scale: float, impl: ImplName):
+    """``paged_attention``'s contract (new tokens at the window's start; causal without a mask) through the paged
+    tree-attention kernel, each device on its rows and its KV heads on a mesh."""
+    batch, num_new = q.shape[:2]
+    if not (isinstance(write_offset, (int, np.integer)) and int(write_offset) == 0):
+        raise ValueError(f"paged attention reads new tokens from k_new/v_new: write_offset must be the int 0, got "
+                         f"{write_offset!r}")
+    if local_mask is None:
+        local_mask = jnp.broadcast_to(jnp.tril(jnp.ones((num_new, num_new), bool)), (batch, num_new, num_new))
+    kernel = per_shard(lambda *a: paged_tree_attention(*a, scale=scale, impl=impl),
+                       in_specs=(KV_CACHE, KV_POOL, KV_POOL, P("data"), P("data"), KV_CACHE, KV_CACHE, P("data")),
+                       out_specs=KV_CACHE)
+    return kernel(q, k_cache.pages, v_cache.pages, k_cache.page_table, cache_len, k_new, v_new, local_mask)

@@ -49,6 +49,17 @@ SLOW: dict[str, str] = {
         "(test_plain_decoding_logprobs_equal_transformers, the [eagle3] speculative case)",
     "tests/jspec/test_logprobs.py::test_zero_top_logprobs_keep_the_chosen_tokens_only":
         "logprobs=0 returns the chosen tokens' only; default: logprobs=5 through the engine and the server",
+    # --- paged tree attention (issue 31) -----------------------------------------------------------------------
+    "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case0-bf16]":
+        "the paged tree-attention kernel in bf16; default: the same case in float32",
+    "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case1-bf16]":
+        "the paged tree-attention kernel in bf16; default: the same case in float32",
+    "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case2-bf16]":
+        "the paged tree-attention kernel in bf16; default: the same case in float32",
+    "tests/jspec/serve/test_paged.py::"
+    "test_the_paged_tree_attention_kernel_keeps_every_row_equal_to_generate_alone":
+        "the server's step programs through the paged kernel (interpreter) equal offline generate; default: the "
+        "kernel against its reference (test_paged_tree_attention) and test_paged_rows_equal_generate_alone",
     # --- structured outputs -----------------------------------------------------------------------------------
     "tests/jspec/structured_outputs/test_structured_generation.py::"
     "test_twenty_json_schemas_validate_and_speculation_equals_plain":

@@ -24,10 +24,18 @@ def _value(logprob: float) -> float:
 
 
 class _Names:
-    """Token id -> its string, decoded once per id."""
+    """Token id -> its string, decoded once per id; :meth:`width`: the characters it adds to the text (0 for a
+    special token such as BOS, which the text does not show)."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.cache = tokenizer, {}
+        self.tokenizer, self.cache, self.widths = tokenizer, {}, {}
+
+    def width(self, token_id: int) -> int:
+        token_id = int(token_id)
+        if token_id not in self.widths:
+            self.widths[token_id] = (len(self(token_id)) if self.tokenizer is None
+                                     else len(self.tokenizer.decode([token_id], skip_special_tokens=True)))
+        return self.widths[token_id]
 
     def __call__(self, token_id: int) -> str:
         token_id = int(token_id)
@@ -42,9 +50,9 @@ def completion_logprobs(tokenizer, token_ids: Sequence[int], values: SequenceLog
     name = _Names(tokenizer)
     tokens = [name(t) for t in token_ids]
     offsets, at = [], 0
-    for text in tokens:
+    for token_id in token_ids:
         offsets.append(at)
-        at += len(text)
+        at += name.width(token_id)
     tops = []
     for chosen, logprob, ids, logprobs in zip(token_ids, values.token, values.top_ids, values.top):
         top = {name(i): _value(lp) for i, lp in zip(ids, logprobs)}
@@ -73,16 +81,16 @@ def with_prompt(tokenizer, prompt_ids: Sequence[int], scored: SequenceLogprobs |
     """A completions ``logprobs`` object for ``echo``: the prompt's tokens first (the first with null values, as
     OpenAI's: nothing predicts it; ``scored``: the rest's), then ``completion``'s (None: none yet), text offsets
     running from the prompt's start."""
-    first = _Names(tokenizer)(prompt_ids[0])
-    prompt = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
+    name = _Names(tokenizer)
+    prompt = {"tokens": [name(prompt_ids[0])], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
     if scored is not None and len(prompt_ids) > 1:
         rest = completion_logprobs(tokenizer, prompt_ids[1:], scored)
         for field in ("tokens", "token_logprobs", "top_logprobs"):
             prompt[field] += rest[field]
-        prompt["text_offset"] += [len(first) + at for at in rest["text_offset"]]
+        prompt["text_offset"] += [name.width(prompt_ids[0]) + at for at in rest["text_offset"]]
     if completion is None:
         return prompt
-    shift = prompt["text_offset"][-1] + len(prompt["tokens"][-1])
+    shift = prompt["text_offset"][-1] + name.width(prompt_ids[len(prompt["tokens"]) - 1])
     return {"tokens": prompt["tokens"] + completion["tokens"],
             "token_logprobs": prompt["token_logprobs"] + completion["token_logprobs"],
             "top_logprobs": prompt["top_logprobs"] + completion["top_logprobs"],

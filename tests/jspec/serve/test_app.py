@@ -178,7 +178,8 @@ def test_completion_logprobs_equal_offline_plain_decoding(server):
         return server.engine.tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
     assert got.tokens == [name(i) for i in ids]
-    assert got.text_offset == list(np.cumsum([0] + [len(t) for t in got.tokens[:-1]]))
+    tokenizer = server.engine.tokenizer  # each offset: where the token's text starts in the completion's
+    assert got.text_offset == [len(tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
     for top, top_ids, top_values in zip(got.top_logprobs, want.top_ids, want.top):
         expected = {}
         for i, value in zip(top_ids, top_values):  # greedy: the chosen token is among them
@@ -204,7 +205,9 @@ def test_echo_returns_the_prompt_and_its_logprobs(server, tokenizer):
     np.testing.assert_allclose(got.token_logprobs[1:len(ids)], offline.prompt_logprobs[0].token, atol=1e-5,
                                rtol=1e-5)
     np.testing.assert_allclose(got.token_logprobs[len(ids):], offline.logprobs[0].token, atol=1e-5, rtol=1e-5)
-    assert got.text_offset == list(np.cumsum([0] + [len(t) for t in got.tokens[:-1]]))
+    every = ids + offline.token_ids[0]  # offsets into the echoed text, whose BOS shows no characters
+    assert got.tokens[0] == "<s>" and got.text_offset[:2] == [0, 0]
+    assert got.text_offset == [len(tokenizer.decode(every[:i], skip_special_tokens=True)) for i in range(len(every))]
     chunks = list(server.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=2,
                                                    stream=True))
     assert chunks[0].choices[0].text == prompt

@@ -4,11 +4,15 @@ alone, for plain decoding and every drafter kind with a cache (the drafters' cac
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import numpy as np
 import pytest
 
 import jspec
+from jspec.attention import target_attention
 from jspec.config import SamplingParams
 from jspec.serve import paged
 from jspec.serve.programs import admit_row
@@ -25,14 +29,14 @@ def params_t():
     return fx.near_bigram_target()
 
 
-def serve_paged(engine, prompts, budgets, *, rows_per_step: int, speculate: bool = True):
+def serve_paged(engine, prompts, budgets, *, rows_per_step: int, speculate: bool = True, page: int = PAGE):
     """Prefills every prompt (two at a time) into pages handed out in a shuffled order, then steps the rows in
     groups of ``rows_per_step`` (other rows waiting in the store) until all are done -> new tokens per prompt."""
     setup = engine.setup.with_max_seq_len(SEQ_LEN)
     args = (engine.params, engine.drafter_params)
     max_rows = len(prompts) + 1
-    layout = paged.paged_layout(*args, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=PAGE,
-                                num_pages=1 + max_rows * 12, max_rows=max_rows)
+    layout = paged.paged_layout(*args, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=page,
+                                num_pages=1 + max_rows * (12 * PAGE // page), max_rows=max_rows)
     assert any(leaf.kind == paged.SLOT and leaf.kv for leaf in layout.leaves)
     store = paged.empty_store(*args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS)
     store = [stale(leaf, i) if spec.kind == paged.SLOT else leaf
@@ -85,6 +89,18 @@ def test_paged_rows_equal_generate_alone(params_t, name):
     got = serve_paged(engine, prompts, budgets, rows_per_step=2)
     for prompt, budget, tokens in zip(prompts, budgets, got):
         assert tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0], (name, prompt)
+
+
+def test_the_paged_tree_attention_kernel_keeps_every_row_equal_to_generate_alone(params_t):
+    """The server's attention through pallas_kernels.paged_tree_attention (Pallas interpreter, pages of 16, GQA),
+    the offline reference through the dense tree kernel: the same tokens."""
+    engine = make_engine(params_t, "eagle3-dynamic")
+    engine.setup = dataclasses.replace(engine.setup, attention_fn=functools.partial(target_attention,
+                                                                                      impl="interpret"))
+    prompts, budgets = PROMPTS[:3], BUDGETS[:3]
+    got = serve_paged(engine, prompts, budgets, rows_per_step=2, page=16)
+    for prompt, budget, tokens in zip(prompts, budgets, got):
+        assert tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0], prompt
 
 
 def engine_with(params_t, name: str):
