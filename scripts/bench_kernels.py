@@ -4,10 +4,12 @@
     python scripts/bench_kernels.py --impl interpret --small           # CPU smoke check, tiny sizes
     python scripts/bench_kernels.py --kernel paged --out paged.json    # attention over a paged cache
 
-``--kernel paged`` times ``models.paged_kv.paged_attention`` (the jnp form the server's verify passes run: a row's
-pages gathered per layer, then the prefix and tree partials merged) on pages in shuffled order, beside the dense
-tree-attention kernel reading the same K/V laid out as one buffer per row: B in {1, 8, 32}, T in {1, 8, 32},
-L in {1k, 8k, 32k}, pages of 16 tokens.
+``--kernel paged`` times the paged tree-attention kernel (``pallas_kernels.paged_tree_attention``: the prefix read
+through the page table) and ``models.paged_kv.paged_attention`` (the jnp form the server's verify passes run by
+default: a row's pages gathered per layer, then the prefix and tree partials merged) on pages in shuffled order,
+beside the dense tree-attention kernel reading the same K/V laid out as one buffer per row: B in {1, 8, 32},
+T in {1, 8, 32}, L in {1k, 8k, 32k}, pages of 16 tokens; each column's bandwidth against the device's copy
+bandwidth.
 
 Sweep: B in {1, 8, 32}, T in {16, 64}, L in {1k, 8k, 32k}; bf16; Llama-3-8B heads (Hq=32, Hkv=8,
 D=128); every sequence's cache full (cache_len = L). Bandwidth = KV bytes read
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.paged_kv import PagedKV, paged_attention
+from pallas_kernels.paged_tree_attention import paged_tree_attention
 from pallas_kernels.tree_attention import tree_attention
 
 PAGE_SIZE = 16
@@ -150,14 +153,18 @@ def paged_inputs(shape: Shape, inputs: tuple, key) -> tuple:
 
 
 def bench_paged_shape(shape: Shape, impl: str, knobs: dict, iters: int, memory: int | None) -> dict:
-    """One row: the jnp paged attention ("paged") and the dense kernel over the same K/V ("dense")."""
+    """One row: the paged kernel ("kernel"), the jnp paged attention ("paged") and the dense kernel over the same
+    K/V ("dense")."""
     row = dataclasses.asdict(shape)
     if memory is not None and 5 * shape.kv_bytes > memory:  # dense + pool + the gathered copy, and headroom
         return {**row, "skipped": "KV cache does not fit"}
     dense = make_inputs(shape, jax.random.key(0))
     q, k_paged, v_paged, k_new, v_new, cache_len, mask = paged_inputs(shape, dense, jax.random.key(1))
     scale = shape.head_dim ** -0.5
+    paged_knobs = {k: v for k, v in knobs.items() if k in ("block_rows", "num_splits")}
     runs = {
+        "kernel": (jax.jit(functools.partial(paged_tree_attention, impl=impl, **paged_knobs)),
+                   (q, k_paged.pages, v_paged.pages, k_paged.page_table, cache_len, k_new, v_new, mask)),
         "paged": (jax.jit(lambda *a: paged_attention(*a, 0, scale=scale)),
                   (q, k_paged, v_paged, k_new, v_new, cache_len, mask)),
         "dense": (jax.jit(functools.partial(tree_attention, impl=impl, **knobs)), dense),
@@ -169,9 +176,11 @@ def bench_paged_shape(shape: Shape, impl: str, knobs: dict, iters: int, memory: 
             outputs[name] = fn(*args)
         row[f"{name}_ms"] = ms
         row[f"{name}_gbps"] = None if ms is None else shape.kv_bytes / ms / 1e6
-    if len(outputs) == 2:
-        difference = jnp.abs(outputs["paged"].astype(jnp.float32) - outputs["dense"].astype(jnp.float32))
-        row["max_abs_difference"] = float(jnp.max(difference))
+    if "paged" in outputs:
+        for name in ("kernel", "dense"):
+            if name in outputs:
+                difference = jnp.abs(outputs["paged"].astype(jnp.float32) - outputs[name].astype(jnp.float32))
+                row[f"max_abs_difference_{name}"] = float(jnp.max(difference))
     return row
 
 
@@ -198,7 +207,7 @@ def run(args) -> dict:
     memory = device_memory_bytes()
     copy_gbps = copy_bandwidth((16 << 20) if args.small else (1 << 30), iters=args.iters)
     if args.kernel == "paged":
-        impls = ["paged", "dense"]
+        impls = ["kernel", "paged", "dense"]
         rows = []
         print(format_table([], impls, copy_gbps), flush=True)
         for shape in sweep(args.small, "paged"):
