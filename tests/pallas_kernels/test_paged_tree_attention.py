@@ -1,7 +1,7 @@
-"""paged_tree_attention: the Pallas kernel (interpret mode here; the GPU lowering where one is present) against
-the paged reference, and the paged reference against the dense one on the cache the pages hold: ragged lengths,
-pages in shuffled order, the null page in each table's padding, NaN in every slot no row may read, GQA, chains and
-trees, float32 and bf16."""
+"""paged_tree_attention: the Pallas kernels (the Triton form in the Pallas interpreter and the Mosaic TPU form in
+Pallas's TPU interpreter here; the GPU lowering where one is present) against the paged reference, and the paged
+reference against the dense one on the cache the pages hold: ragged lengths, pages in shuffled order, the null page
+in each table's padding, NaN in every slot no row may read, GQA, chains and trees, float32 and bf16."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +11,7 @@ from pallas_kernels.paged_tree_attention import gather_pages, paged_tree_attenti
 from pallas_kernels.tree_attention import tree_attention_reference
 from tests.pallas_kernels.test_tree_attention import TOLERANCES, tree_masks
 
-IMPLS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
+IMPLS = ["interpret", "tpu_interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
 PAGE_SIZE = 16
 
 

@@ -1,0 +1,136 @@
+"""Paged tree attention on a TPU (Mosaic): the prefix half of ``pallas_kernels.paged_tree_attention`` as a
+Pallas TPU kernel, the pages fetched by the pipeline through the page table.
+
+The page table and the lengths are scalar-prefetched (SMEM); the grid is (row, KV head, page): each step's K and V
+blocks are ``[page_size, D]`` pages whose index map reads ``page_table[b, j]``, so the DMA engine gathers a row's
+pages in order while the previous one is computed. Past a row's last page the index map repeats that page (the
+pipeline skips a fetch whose block index does not change) and the step computes nothing, so unread pages (the null
+page, never-written ones, NaN) are never read. The query heads of KV head h are stacked as the rows of one matrix
+(``r = t * G + g``), so a page is read once per KV head; the online softmax (m, l, acc) lives in VMEM scratch across
+the page axis and is written out at the last page as (o, m, l) for the same log-sum-exp merge with the tree block as
+the GPU kernel's. TPU tiles: rows padded to a multiple of 8, D a multiple of 128 (Llama/Qwen heads), page_size a
+multiple of 8; bf16 or float32 in, float32 accumulation.
+
+Tested on a CPU in Pallas's TPU interpret mode (``impl="tpu_interpret"``); the compiled form (``impl="tpu"``, and
+"auto" on a TPU backend) has not run on a TPU yet.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels.tree_attention import (MASK_VALUE, _merge_partials, _pad_axis, _precision, _stack_query_heads,
+                                           _tree_partial, _unstack_query_heads)
+
+ROW_TILE = 8     # a TPU vreg's sublanes
+LANE_TILE = 128  # its lanes
+
+
+def _page_kernel(table_ref, lens_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, m_scr, l_scr, acc_scr, *,
+                 scale: float, page_size: int):
+    """Grid (b, h, j): rows of KV head h of row b against its j-th page."""
+    b, j = pl.program_id(0), pl.program_id(2)
+    length = lens_ref[b]
+
+    @pl.when(j == 0)
+    def _init():
+        m_scr[...] = jnp.full(m_scr.shape, MASK_VALUE, jnp.float32)
+        l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+    @pl.when(j * page_size < length)
+    def _page():
+        q = q_ref[...]
+        precision = _precision(q.dtype)
+        columns = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
+        rows = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
+        k = k_ref[...]
+        v = jnp.where(rows < length, v_ref[...], jnp.zeros((), v_ref.dtype))  # 0 * NaN is NaN
+        scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
+                                     precision=precision)
+        scores = jnp.where(columns < length, scores * scale, MASK_VALUE)  # [R, page_size]
+        m_prev = m_scr[...]
+        m_next = jnp.maximum(m_prev, scores.max(axis=-1, keepdims=True))
+        correction = jnp.exp(m_prev - m_next)
+        p = jnp.where(columns < length, jnp.exp(scores - m_next), 0.0)
+        l_scr[...] = l_scr[...] * correction + p.sum(axis=-1, keepdims=True)
+        acc_scr[...] = acc_scr[...] * correction + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32,
+                                                           precision=precision)
+        m_scr[...] = m_next
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _write():
+        o_ref[...] = acc_scr[...]
+        m_ref[...] = m_scr[...]
+        l_ref[...] = l_scr[...]
+
+
+def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, interpret):
+    """q_rows [B, Hkv, R, D] (R a multiple of 8) over each row's pages -> o f32[B, Hkv, R, D] (unnormalised),
+    m, l f32[B, Hkv, R, 1]."""
+    batch, kv_heads, rows, head_dim = q_rows.shape
+    page_size = k_pages.shape[1]
+    per_row = page_table.shape[1]
+
+    def page_of(b, h, j, table, lengths):
+        last = jnp.maximum((lengths[b] + page_size - 1) // page_size - 1, 0)
+        return table[b, jnp.minimum(j, last)], 0, h, 0
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(batch, kv_heads, per_row),
+        in_specs=[
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, j, table, lengths: (b, h, 0, 0)),
+            pl.BlockSpec((None, page_size, None, head_dim), page_of),
+            pl.BlockSpec((None, page_size, None, head_dim), page_of),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, j, table, lengths: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, rows, 1), lambda b, h, j, table, lengths: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, rows, 1), lambda b, h, j, table, lengths: (b, h, 0, 0)),
+        ],
+        scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32),
+                        pltpu.VMEM((rows, head_dim), jnp.float32)],
+    )
+    out_shape = [jax.ShapeDtypeStruct((batch, kv_heads, rows, head_dim), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, rows, 1), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, kv_heads, rows, 1), jnp.float32)]
+    return pl.pallas_call(
+        functools.partial(_page_kernel, scale=scale, page_size=page_size),
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name="paged_tree_attention_tpu",
+    )(page_table, cache_len, q_rows, k_pages, v_pages)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *, scale: float,
+                             interpret: bool = False):
+    """Shapes as ``paged_tree_attention_reference`` (checked by ``paged_tree_attention``); the pages in the TPU
+    kernel, the tree in jnp, one log-sum-exp merge."""
+    num_tokens, head_dim = q.shape[1], q.shape[3]
+    kv_heads = k_pages.shape[2]
+    q_rows = _stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
+    rows = q_rows.shape[2]
+    padded_rows = -(-rows // ROW_TILE) * ROW_TILE
+    padded_dim = -(-head_dim // LANE_TILE) * LANE_TILE
+    k_pages = _pad_axis(k_pages, 3, padded_dim)
+    v_pages = _pad_axis(v_pages, 3, padded_dim)
+    q_padded = _pad_axis(_pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
+    limit = page_table.shape[1] * k_pages.shape[1]
+    cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, limit)
+    o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, scale=scale,
+                             interpret=interpret)
+    o_tree, m_tree, l_tree = _tree_partial(q_rows, k_new, v_new, mask, scale=scale)
+    out = _merge_partials(
+        jnp.stack([o[:, :, :rows, :head_dim], o_tree], axis=2),
+        jnp.stack([m[:, :, :rows, 0], m_tree], axis=2),
+        jnp.stack([l[:, :, :rows, 0], l_tree], axis=2))
+    return _unstack_query_heads(out, num_tokens).astype(q.dtype)
