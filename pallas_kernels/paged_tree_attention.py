@@ -34,9 +34,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
-from pallas_kernels.tree_attention import (MASK_VALUE, MIN_TILE, TARGET_PROGRAMS, _merge_partials, _next_pow2,
-                                           _pad_axis, _precision, _stack_query_heads, _tree_partial,
-                                           _unstack_query_heads, tree_attention_reference)
+from pallas_kernels.tree_attention import (MASK_VALUE, MIN_TILE, TARGET_PROGRAMS, merge_partials, next_pow2,
+                                           pad_axis, dot_precision, stack_query_heads, tree_partial,
+                                           unstack_query_heads, tree_attention_reference)
 
 
 def gather_pages(pages: jax.Array, page_table: jax.Array) -> jax.Array:
@@ -83,7 +83,7 @@ def _page_split_kernel(
     used = (length + page_size - 1) // page_size  # pages holding a position < length
     count = jnp.maximum(jnp.minimum(first + pages_per_split, used) - first, 0)
     q = q_ref[...]
-    precision = _precision(q.dtype)
+    precision = dot_precision(q.dtype)
 
     def body(i, carry):
         o_prev, m_prev, l_prev = carry
@@ -164,25 +164,25 @@ def _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_n
     """Shapes as paged_tree_attention_reference; the pages in Pallas, the tree in jnp."""
     num_tokens, head_dim = q.shape[1], q.shape[3]
     kv_heads = k_pages.shape[2]
-    q_rows = _stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
+    q_rows = stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
     rows = q_rows.shape[2]
-    padded_rows = max(MIN_TILE, _next_pow2(rows), block_rows)
+    padded_rows = max(MIN_TILE, next_pow2(rows), block_rows)
     block_rows = min(block_rows, padded_rows)
-    padded_dim = max(MIN_TILE, _next_pow2(head_dim))
-    k_pages = _pad_axis(k_pages, 3, padded_dim)
-    v_pages = _pad_axis(v_pages, 3, padded_dim)
-    q_padded = _pad_axis(_pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
+    padded_dim = max(MIN_TILE, next_pow2(head_dim))
+    k_pages = pad_axis(k_pages, 3, padded_dim)
+    v_pages = pad_axis(v_pages, 3, padded_dim)
+    q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
     limit = page_table.shape[1] * k_pages.shape[1]
     cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, limit)
     o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, scale=scale,
                              block_rows=block_rows, num_splits=num_splits, num_warps=num_warps,
                              num_stages=num_stages, interpret=interpret)
-    o_tree, m_tree, l_tree = _tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = _merge_partials(
+    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
+    out = merge_partials(
         jnp.concatenate([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], axis=2),
         jnp.concatenate([m[:, :, :, :rows], m_tree[:, :, None]], axis=2),
         jnp.concatenate([l[:, :, :, :rows], l_tree[:, :, None]], axis=2))
-    return _unstack_query_heads(out, num_tokens).astype(q.dtype)
+    return unstack_query_heads(out, num_tokens).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

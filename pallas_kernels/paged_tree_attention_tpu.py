@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.tree_attention import (MASK_VALUE, _merge_partials, _pad_axis, _precision, _stack_query_heads,
-                                           _tree_partial, _unstack_query_heads)
+from pallas_kernels.tree_attention import (MASK_VALUE, merge_partials, pad_axis, dot_precision, stack_query_heads,
+                                           tree_partial, unstack_query_heads)
 
 ROW_TILE = 8     # a TPU vreg's sublanes
 LANE_TILE = 128  # its lanes
@@ -46,7 +46,7 @@ def _page_kernel(table_ref, lens_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, 
     @pl.when(j * page_size < length)
     def _page():
         q = q_ref[...]
-        precision = _precision(q.dtype)
+        precision = dot_precision(q.dtype)
         columns = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
         rows = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
         k = k_ref[...]
@@ -117,20 +117,20 @@ def paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, 
     kernel, the tree in jnp, one log-sum-exp merge."""
     num_tokens, head_dim = q.shape[1], q.shape[3]
     kv_heads = k_pages.shape[2]
-    q_rows = _stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
+    q_rows = stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
     rows = q_rows.shape[2]
     padded_rows = -(-rows // ROW_TILE) * ROW_TILE
     padded_dim = -(-head_dim // LANE_TILE) * LANE_TILE
-    k_pages = _pad_axis(k_pages, 3, padded_dim)
-    v_pages = _pad_axis(v_pages, 3, padded_dim)
-    q_padded = _pad_axis(_pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
+    k_pages = pad_axis(k_pages, 3, padded_dim)
+    v_pages = pad_axis(v_pages, 3, padded_dim)
+    q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
     limit = page_table.shape[1] * k_pages.shape[1]
     cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, limit)
     o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, scale=scale,
                              interpret=interpret)
-    o_tree, m_tree, l_tree = _tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = _merge_partials(
+    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
+    out = merge_partials(
         jnp.stack([o[:, :, :rows, :head_dim], o_tree], axis=2),
         jnp.stack([m[:, :, :rows, 0], m_tree], axis=2),
         jnp.stack([l[:, :, :rows, 0], l_tree], axis=2))
-    return _unstack_query_heads(out, num_tokens).astype(q.dtype)
+    return unstack_query_heads(out, num_tokens).astype(q.dtype)

@@ -52,11 +52,11 @@ MIN_TILE = 16  # Triton's smallest dot operand dimension.
 TARGET_PROGRAMS = 264  # ~2 waves of an H100's 132 SMs; more splits than this buys nothing.
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _precision(dtype) -> lax.Precision:
+def dot_precision(dtype) -> lax.Precision:
     """f32 inputs get true f32 dots (no TF32); bf16 products are exact in f32 accumulation."""
     return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else lax.Precision.DEFAULT
 
@@ -118,7 +118,7 @@ def _cache_split_kernel(
     split_end = jnp.minimum(split_start + split_size, cache_len_ref[()])
     num_blocks = (jnp.maximum(split_end - split_start, 0) + block_k - 1) // block_k
     q = q_ref[...]
-    precision = _precision(q.dtype)
+    precision = dot_precision(q.dtype)
 
     def body(i, carry):
         o_prev, m_prev, l_prev = carry
@@ -214,7 +214,7 @@ def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, bloc
 # ----------------------------------------------------------------------------------------------
 
 
-def _stack_query_heads(q, kv_heads: int):
+def stack_query_heads(q, kv_heads: int):
     """q: [B, T, Hq, D] -> [B, Hkv, T * G, D], row r = t * G + g holding query head h * G + g."""
     batch, num_tokens, q_heads, head_dim = q.shape
     group = q_heads // kv_heads
@@ -222,22 +222,22 @@ def _stack_query_heads(q, kv_heads: int):
     return q.reshape(batch, kv_heads, num_tokens * group, head_dim)
 
 
-def _unstack_query_heads(out, num_tokens: int):
-    """out: [B, Hkv, T * G, D] -> [B, T, Hq, D] (inverse of _stack_query_heads)."""
+def unstack_query_heads(out, num_tokens: int):
+    """out: [B, Hkv, T * G, D] -> [B, T, Hq, D] (inverse of stack_query_heads)."""
     batch, kv_heads, rows, head_dim = out.shape
     group = rows // num_tokens
     out = out.reshape(batch, kv_heads, num_tokens, group, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, num_tokens, kv_heads * group, head_dim)
 
 
-def _tree_partial(q_rows, k_new, v_new, mask, *, scale):
+def tree_partial(q_rows, k_new, v_new, mask, *, scale):
     """The tree keys as one more flash block.
 
     q_rows: [B, Hkv, T*G, D]; k_new, v_new: [B, T, Hkv, D]; mask: bool[B, T, T]
     -> o f32[B, Hkv, T*G, D] (unnormalised), m, l f32[B, Hkv, T*G].
     """
     group = q_rows.shape[2] // mask.shape[1]
-    precision = _precision(q_rows.dtype)
+    precision = dot_precision(q_rows.dtype)
     visible = jnp.repeat(mask, group, axis=1)[:, None]  # [B, 1, T*G, T]
     scores = jnp.einsum("bhrd,bjhd->bhrj", q_rows, k_new, preferred_element_type=jnp.float32,
                         precision=precision)
@@ -248,7 +248,7 @@ def _tree_partial(q_rows, k_new, v_new, mask, *, scale):
     return o, m, p.sum(axis=-1)
 
 
-def _merge_partials(o, m, l):
+def merge_partials(o, m, l):
     """Logsumexp merge over axis 2.
 
     o: f32[B, Hkv, S, R, D] (unnormalised); m, l: f32[B, Hkv, S, R] -> f32[B, Hkv, R, D].
@@ -261,7 +261,7 @@ def _merge_partials(o, m, l):
     return o_all / jnp.where(l_all > 0, l_all, 1.0)[..., None]
 
 
-def _pad_axis(x, axis: int, size: int):
+def pad_axis(x, axis: int, size: int):
     pad = [(0, 0)] * x.ndim
     pad[axis] = (0, size - x.shape[axis])
     return jnp.pad(x, pad) if size != x.shape[axis] else x
@@ -274,29 +274,29 @@ def _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *
     """Shapes as tree_attention_reference; the cache half runs in Pallas, the tree half in jnp."""
     num_tokens, head_dim = q.shape[1], q.shape[3]
     cache_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    q_rows = _stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
+    q_rows = stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
     rows = q_rows.shape[2]
 
     # Triton tiles: rows and D powers of two >= 16; the cache at least one block long.
-    padded_rows = max(MIN_TILE, _next_pow2(rows), block_rows)
+    padded_rows = max(MIN_TILE, next_pow2(rows), block_rows)
     block_rows = min(block_rows, padded_rows)
-    padded_dim = max(MIN_TILE, _next_pow2(head_dim))
+    padded_dim = max(MIN_TILE, next_pow2(head_dim))
     padded_cache = max(MIN_TILE, cache_size)
     block_k = min(block_k, 1 << (padded_cache.bit_length() - 1))
-    k_cache = _pad_axis(_pad_axis(k_cache, 3, padded_dim), 1, padded_cache)
-    v_cache = _pad_axis(_pad_axis(v_cache, 3, padded_dim), 1, padded_cache)
-    q_padded = _pad_axis(_pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
+    k_cache = pad_axis(pad_axis(k_cache, 3, padded_dim), 1, padded_cache)
+    v_cache = pad_axis(pad_axis(v_cache, 3, padded_dim), 1, padded_cache)
+    q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
     cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, cache_size)
 
     o, m, l = _cache_partials(q_padded, k_cache, v_cache, cache_len, scale=scale, block_k=block_k,
                               block_rows=block_rows, num_splits=num_splits, num_warps=num_warps,
                               num_stages=num_stages, interpret=interpret)
-    o_tree, m_tree, l_tree = _tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = _merge_partials(
+    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
+    out = merge_partials(
         jnp.concatenate([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], axis=2),
         jnp.concatenate([m[:, :, :, :rows], m_tree[:, :, None]], axis=2),
         jnp.concatenate([l[:, :, :, :rows], l_tree[:, :, None]], axis=2))
-    return _unstack_query_heads(out, num_tokens).astype(q.dtype)
+    return unstack_query_heads(out, num_tokens).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

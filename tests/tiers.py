@@ -51,17 +51,25 @@ SLOW: dict[str, str] = {
         "logprobs=0 returns the chosen tokens' only; default: logprobs=5 through the engine and the server",
     # --- paged tree attention (issue 31) -----------------------------------------------------------------------
     "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case0-bf16]":
-        "the paged tree-attention kernel (Triton form) in bf16; default: the same case in float32",
+        "the paged tree-attention kernel (Triton form) on case 0 in bf16; default: case0 in f32",
+    "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case1-f32]":
+        "the paged tree-attention kernel (Triton form) on case 1 in f32; default: case0 in f32",
     "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case1-bf16]":
-        "the paged tree-attention kernel (Triton form) in bf16; default: the same case in float32",
+        "the paged tree-attention kernel (Triton form) on case 1 in bf16; default: case0 in f32",
+    "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case2-f32]":
+        "the paged tree-attention kernel (Triton form) on case 2 in f32; default: case0 in f32",
     "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[interpret-case2-bf16]":
-        "the paged tree-attention kernel (Triton form) in bf16; default: the same case in float32",
+        "the paged tree-attention kernel (Triton form) on case 2 in bf16; default: case0 in f32",
     "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[tpu_interpret-case0-bf16]":
-        "the paged tree-attention kernel (TPU form) in bf16; default: the same case in float32",
+        "the paged tree-attention kernel (TPU form) on case 0 in bf16; default: case0 in f32",
+    "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[tpu_interpret-case1-f32]":
+        "the paged tree-attention kernel (TPU form) on case 1 in f32; default: case0 in f32",
     "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[tpu_interpret-case1-bf16]":
-        "the paged tree-attention kernel (TPU form) in bf16; default: the same case in float32",
+        "the paged tree-attention kernel (TPU form) on case 1 in bf16; default: case0 in f32",
+    "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[tpu_interpret-case2-f32]":
+        "the paged tree-attention kernel (TPU form) on case 2 in f32; default: case0 in f32",
     "tests/pallas_kernels/test_paged_tree_attention.py::test_kernel_equals_reference[tpu_interpret-case2-bf16]":
-        "the paged tree-attention kernel (TPU form) in bf16; default: the same case in float32",
+        "the paged tree-attention kernel (TPU form) on case 2 in bf16; default: case0 in f32",
     "tests/jspec/serve/test_paged.py::"
     "test_the_paged_tree_attention_kernel_keeps_every_row_equal_to_generate_alone":
         "the server's step programs through the paged kernel (interpreter) equal offline generate; default: the "

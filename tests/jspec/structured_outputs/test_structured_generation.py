@@ -57,13 +57,11 @@ def plain_mixed(plain_engine):
 
 
 def test_speculative_equals_plain_under_json_regex_choice_and_grammar(plain_engine, plain_mixed):
-    engine = speculative(plain_engine, "eagle3")
-    out = mixed(engine)
+    """EAGLE-3's tree under a schema, a regex, a choice and a Lark grammar at once, beside an unconstrained row:
+    plain decoding's tokens under the same constraints (each output checked against its constraint)."""
+    out = mixed(speculative(plain_engine, "eagle3"))
     assert out.token_ids == plain_mixed.token_ids
-    free = engine.generate([p for p, _, _ in MIXED], max_new_tokens=40)
-    assert free.token_ids[-1] == out.token_ids[-1]  # the unconstrained row is as without grammars beside it
-    print(f"eagle3 acceptance: {out.stats.acceptance_length:.2f} constrained, "
-          f"{free.stats.acceptance_length:.2f} free")
+    assert out.stats.acceptance_length > 1.0
 
 
 def test_sampled_outputs_match_their_constraints(plain_engine):
