@@ -34,9 +34,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
-from pallas_kernels.tree_attention import (MASK_VALUE, MIN_TILE, TARGET_PROGRAMS, merge_partials, next_pow2,
-                                           pad_axis, dot_precision, stack_query_heads, tree_partial,
-                                           unstack_query_heads, tree_attention_reference)
+from pallas_kernels.tree_attention import (MIN_TILE, TARGET_PROGRAMS, dot_precision, flash_init, flash_step,
+                                           next_pow2, pad_axis, stack_query_heads, tree_attention_reference,
+                                           with_tree)
 
 
 def gather_pages(pages: jax.Array, page_table: jax.Array) -> jax.Array:
@@ -86,25 +86,12 @@ def _page_split_kernel(
     precision = dot_precision(q.dtype)
 
     def body(i, carry):
-        o_prev, m_prev, l_prev = carry
         index = first + i
         page = table_ref[index]
         valid = index * page_size + jnp.arange(page_size) < length  # [page_size]
-        k = k_ref[page]
-        v = jnp.where(valid[:, None], v_ref[page], jnp.zeros((page_size, head_dim), v_ref.dtype))
-        scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision)
-        scores = jnp.where(valid[None, :], scores * scale, MASK_VALUE)  # [block_rows, page_size]
-        m_next = jnp.maximum(m_prev, scores.max(axis=-1))
-        correction = jnp.exp(m_prev - m_next)
-        p = jnp.where(valid[None, :], jnp.exp(scores - m_next[:, None]), 0.0)
-        l_next = l_prev * correction + p.sum(axis=-1)
-        pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32, precision=precision)
-        return o_prev * correction[:, None] + pv, m_next, l_next
+        return flash_step(q, k_ref[page], v_ref[page], valid, carry, scale=scale, precision=precision)
 
-    init = (jnp.zeros((block_rows, head_dim), jnp.float32),
-            jnp.full((block_rows,), MASK_VALUE, jnp.float32),
-            jnp.zeros((block_rows,), jnp.float32))
-    o, m, l = lax.fori_loop(0, count, body, init)
+    o, m, l = lax.fori_loop(0, count, body, flash_init(block_rows, head_dim))
     o_ref[...] = o
     m_ref[...] = m
     l_ref[...] = l
@@ -162,7 +149,7 @@ def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, bl
 def _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *, scale,
                                  block_rows, num_splits, num_warps, num_stages, interpret):
     """Shapes as paged_tree_attention_reference; the pages in Pallas, the tree in jnp."""
-    num_tokens, head_dim = q.shape[1], q.shape[3]
+    head_dim = q.shape[3]
     kv_heads = k_pages.shape[2]
     q_rows = stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
     rows = q_rows.shape[2]
@@ -177,12 +164,7 @@ def _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_n
     o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, scale=scale,
                              block_rows=block_rows, num_splits=num_splits, num_warps=num_warps,
                              num_stages=num_stages, interpret=interpret)
-    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = merge_partials(
-        jnp.concatenate([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], axis=2),
-        jnp.concatenate([m[:, :, :, :rows], m_tree[:, :, None]], axis=2),
-        jnp.concatenate([l[:, :, :, :rows], l_tree[:, :, None]], axis=2))
-    return unstack_query_heads(out, num_tokens).astype(q.dtype)
+    return with_tree(q_rows, o, m, l, k_new, v_new, mask, scale=scale, dtype=q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,8 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.tree_attention import (MASK_VALUE, merge_partials, pad_axis, dot_precision, stack_query_heads,
-                                           tree_partial, unstack_query_heads)
+from pallas_kernels.tree_attention import MASK_VALUE, dot_precision, pad_axis, stack_query_heads, with_tree
 
 ROW_TILE = 8     # a TPU vreg's sublanes
 LANE_TILE = 128  # its lanes
@@ -115,7 +114,7 @@ def paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, 
                              interpret: bool = False):
     """Shapes as ``paged_tree_attention_reference`` (checked by ``paged_tree_attention``); the pages in the TPU
     kernel, the tree in jnp, one log-sum-exp merge."""
-    num_tokens, head_dim = q.shape[1], q.shape[3]
+    head_dim = q.shape[3]
     kv_heads = k_pages.shape[2]
     q_rows = stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
     rows = q_rows.shape[2]
@@ -128,9 +127,5 @@ def paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, 
     cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, limit)
     o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, scale=scale,
                              interpret=interpret)
-    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = merge_partials(
-        jnp.stack([o[:, :, :rows, :head_dim], o_tree], axis=2),
-        jnp.stack([m[:, :, :rows, 0], m_tree], axis=2),
-        jnp.stack([l[:, :, :rows, 0], l_tree], axis=2))
-    return unstack_query_heads(out, num_tokens).astype(q.dtype)
+    return with_tree(q_rows, o[:, :, None], m[:, :, None, :, 0], l[:, :, None, :, 0], k_new, v_new, mask,
+                     scale=scale, dtype=q.dtype)

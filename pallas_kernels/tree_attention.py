@@ -121,7 +121,6 @@ def _cache_split_kernel(
     precision = dot_precision(q.dtype)
 
     def body(i, carry):
-        o_prev, m_prev, l_prev = carry
         start = split_start + i * block_k
         # The last block of the buffer is shifted back to end at L (no out-of-bounds reads, no
         # padded cache); keys before `start` were counted by the previous block and are masked.
@@ -130,23 +129,46 @@ def _cache_split_kernel(
         valid = (positions >= start) & (positions < split_end)  # [block_k]
         k = k_ref[pl.ds(window, block_k), :]
         v = v_ref[pl.ds(window, block_k), :]
-        v = jnp.where(valid[:, None], v, jnp.zeros_like(v))
-        scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision)
-        scores = jnp.where(valid[None, :], scores * scale, MASK_VALUE)  # [block_rows, block_k]
-        m_next = jnp.maximum(m_prev, scores.max(axis=-1))
-        correction = jnp.exp(m_prev - m_next)
-        p = jnp.where(valid[None, :], jnp.exp(scores - m_next[:, None]), 0.0)
-        l_next = l_prev * correction + p.sum(axis=-1)
-        pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32, precision=precision)
-        return o_prev * correction[:, None] + pv, m_next, l_next
+        return flash_step(q, k, v, valid, carry, scale=scale, precision=precision)
 
-    init = (jnp.zeros((block_rows, head_dim), jnp.float32),
-            jnp.full((block_rows,), MASK_VALUE, jnp.float32),
-            jnp.zeros((block_rows,), jnp.float32))
-    o, m, l = lax.fori_loop(0, num_blocks, body, init)
+    o, m, l = lax.fori_loop(0, num_blocks, body, flash_init(block_rows, head_dim))
     o_ref[...] = o
     m_ref[...] = m
     l_ref[...] = l
+
+
+def flash_init(rows: int, head_dim: int) -> tuple:
+    """An online softmax's start: (o f32[rows, D] zeros, m f32[rows] at MASK_VALUE, l f32[rows] zeros)."""
+    return (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+
+
+def flash_step(q, k, v, valid, carry, *, scale: float, precision) -> tuple:
+    """One block of an online softmax inside a kernel: q [R, D] against keys k and values v [K, D] where valid
+    bool[K] -> the carry (o, m, l) updated. Invalid keys are masked and their V rows zeroed (unused slots may hold
+    anything, and ``0 * NaN = NaN``)."""
+    o_prev, m_prev, l_prev = carry
+    v = jnp.where(valid[:, None], v, jnp.zeros_like(v))
+    scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision)
+    scores = jnp.where(valid[None, :], scores * scale, MASK_VALUE)  # [R, K]
+    m_next = jnp.maximum(m_prev, scores.max(axis=-1))
+    correction = jnp.exp(m_prev - m_next)
+    p = jnp.where(valid[None, :], jnp.exp(scores - m_next[:, None]), 0.0)
+    l_next = l_prev * correction + p.sum(axis=-1)
+    pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32, precision=precision)
+    return o_prev * correction[:, None] + pv, m_next, l_next
+
+
+def with_tree(q_rows, o, m, l, k_new, v_new, mask, *, scale: float, dtype):
+    """The prefix partials (o f32[B, Hkv, S, R', D'] unnormalised, m, l f32[B, Hkv, S, R'], rows and D possibly
+    padded) merged with the tree block's of the unpadded q_rows [B, Hkv, R, D] -> [B, T, Hq, D] in ``dtype``."""
+    rows, head_dim = q_rows.shape[2], q_rows.shape[3]
+    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
+    out = merge_partials(
+        jnp.concatenate([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], axis=2),
+        jnp.concatenate([m[:, :, :, :rows], m_tree[:, :, None]], axis=2),
+        jnp.concatenate([l[:, :, :, :rows], l_tree[:, :, None]], axis=2))
+    return unstack_query_heads(out, mask.shape[1]).astype(dtype)
 
 
 def _default_num_splits(batch: int, kv_heads: int, row_blocks: int, rows: int, cache_size: int,
@@ -272,7 +294,7 @@ def pad_axis(x, axis: int, size: int):
 def _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, scale, block_k,
                            block_rows, num_splits, num_warps, num_stages, interpret):
     """Shapes as tree_attention_reference; the cache half runs in Pallas, the tree half in jnp."""
-    num_tokens, head_dim = q.shape[1], q.shape[3]
+    head_dim = q.shape[3]
     cache_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     q_rows = stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
     rows = q_rows.shape[2]
@@ -291,12 +313,7 @@ def _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *
     o, m, l = _cache_partials(q_padded, k_cache, v_cache, cache_len, scale=scale, block_k=block_k,
                               block_rows=block_rows, num_splits=num_splits, num_warps=num_warps,
                               num_stages=num_stages, interpret=interpret)
-    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = merge_partials(
-        jnp.concatenate([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], axis=2),
-        jnp.concatenate([m[:, :, :, :rows], m_tree[:, :, None]], axis=2),
-        jnp.concatenate([l[:, :, :, :rows], l_tree[:, :, None]], axis=2))
-    return unstack_query_heads(out, num_tokens).astype(q.dtype)
+    return with_tree(q_rows, o, m, l, k_new, v_new, mask, scale=scale, dtype=q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
