@@ -40,9 +40,9 @@ def forced_path(tree: DraftTree, logits: jax.Array, *, accept: int, max_depth: i
 
 
 def accept_tree(tree: DraftTree, logits: jax.Array, sampling: SamplingArrays, keys: jax.Array, *,
-                max_depth: int, force_accept: int | None = None) -> Verified:
+                max_depth: int, force_accept: int | None = None, kernels: str = "auto") -> Verified:
     """tree: the drafted tree; logits: f32[B, T, V] the target's at every node; keys: key[B], row b's draws use
-    keys[b] alone -> Verified (local node ids)."""
+    keys[b] alone; kernels: the verify kernel's lowering (``pallas_kernels.impl``) -> Verified (local node ids)."""
     if force_accept is not None:
         return forced_path(tree, logits, accept=force_accept, max_depth=max_depth)
 
@@ -52,7 +52,7 @@ def accept_tree(tree: DraftTree, logits: jax.Array, sampling: SamplingArrays, ke
 
     def greedy(_):
         predict = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        walk = per_shard(lambda *a: verify_tree_greedy(*a, num_steps=max_depth, impl="auto"),
+        walk = per_shard(lambda *a: verify_tree_greedy(*a, num_steps=max_depth, impl=kernels),
                          in_specs=(rows,) * 4, out_specs=rows)
         return walk(tree.tokens, tree.next_token, tree.next_sibling, predict)
 
@@ -60,7 +60,7 @@ def accept_tree(tree: DraftTree, logits: jax.Array, sampling: SamplingArrays, ke
         probs = sampling_probs(logits, sampling)
         walk = per_shard(lambda tokens, next_token, next_sibling, probs, draft_probs, keys: verify_tree_sampling(
             tokens, next_token, next_sibling, probs, keys, num_steps=max_depth, draft_probs=draft_probs,
-            impl="auto"), in_specs=(rows,) * 6, out_specs=rows)
+            impl=kernels), in_specs=(rows,) * 6, out_specs=rows)
         return walk(tree.tokens, tree.next_token, tree.next_sibling, probs, tree.draft_probs, keys)
 
     return jax.lax.cond(sampling.is_greedy, greedy, sample, None)

@@ -39,16 +39,18 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
                      scale: float, impl: ImplName = "auto") -> jax.Array:
     """An ``models.attention.AttentionFn``; shapes as documented there.
 
-    impl: the tree kernel's lowering for verify passes: "auto" (Pallas on a GPU, dense attention elsewhere),
-    "pallas", "interpret" (the kernel in the Pallas interpreter: tests on CPU), or "reference" (dense attention).
-    Calls that are not verify passes go dense whatever impl says. A paged cache (``models.paged_kv.PagedKV``:
-    the server's step programs) goes to ``paged_attention``, the prefix read through the page table, in jnp; or,
-    with impl "pallas" or "interpret" named (not "auto": the paged kernel has not run on a GPU yet) and pages of a
-    power-of-two size >= 16, to ``pallas_kernels.paged_tree_attention``.
+    impl: the tree kernel's lowering for verify passes (``pallas_kernels.impl``): "auto" (Pallas on a GPU, Mosaic
+    on a TPU, dense attention elsewhere), "pallas", "interpret" (the GPU kernel in the Pallas interpreter: tests
+    on CPU), "tpu", "tpu_interpret", or "reference" (dense attention). Calls that are not verify passes go dense
+    whatever impl says. A paged cache (``models.paged_kv.PagedKV``: the server's step programs) goes to
+    ``paged_attention``, the prefix read through the page table, in jnp; or, with pages of a power-of-two size
+    >= 16, to ``pallas_kernels.paged_tree_attention``: its TPU form on a TPU (or named), its GPU form only with
+    impl "pallas" or "interpret" named (not "auto": the GPU form has not run on a GPU yet).
     """
     if isinstance(k_cache, PagedKV):
         page_size = k_cache.page_size
-        if impl in ("pallas", "interpret") and page_size >= 16 and not page_size & (page_size - 1):
+        named = impl in ("pallas", "interpret") or resolve_impl(impl).is_tpu
+        if named and page_size >= 16 and not page_size & (page_size - 1):
             return _paged_kernel(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset,
                                  scale=scale, impl=impl)
         return paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)

@@ -13,6 +13,8 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from pallas_kernels.impl import resolve_impl
+
 TreeKind = Literal["chain", "static", "dynamic"]
 TREE_KINDS = ("chain", "static", "dynamic")
 SELECTIONS = ("eagle2", "top1_chain")
@@ -33,6 +35,9 @@ class SpecConfig:
     selection: dynamic trees: "eagle2" keeps the ``num_draft_tokens - 1`` best candidates by cumulative log-prob;
       "top1_chain" always keeps the drafter's top-1 chain to full depth (``num_steps`` nodes) and fills the rest
       by cumulative log-prob, so a long greedy run is never cut short when the drafter is unsure early on.
+    kernels: the lowering of the tree kernels every step runs (tree build, tree verify, the target's tree
+      attention, dense or paged): "auto" (Pallas on a GPU, Mosaic on a TPU, jnp elsewhere), "pallas", "interpret",
+      "tpu", "tpu_interpret" or "reference" (``pallas_kernels.impl``; the interpreters are for tests on a CPU).
     """
 
     tree: TreeKind = "dynamic"
@@ -41,8 +46,10 @@ class SpecConfig:
     num_draft_tokens: int = 16
     tree_choices: tuple[tuple[int, ...], ...] | None = None
     selection: str = "eagle2"
+    kernels: str = "auto"
 
     def __post_init__(self):
+        resolve_impl(self.kernels)  # a ValueError naming the value and the choices
         if self.tree not in TREE_KINDS:
             raise ValueError(f"tree={self.tree!r}: expected one of {TREE_KINDS}")
         if self.selection not in SELECTIONS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 
 import jax
@@ -25,7 +26,8 @@ class GenerateSetup:
 
     target: the target model's config; max_seq_len: S, token slots per sequence (prompt + new tokens);
     dtype: activation/param dtype name; drafter: a static drafter object (jspec/drafters/base.py), None for
-    plain decoding; attention_fn: the target's attention; force_accept: accept exactly min(N, depth) drafts per
+    plain decoding; attention_fn: the target's attention (None: ``jspec.attention.target_attention`` with
+    the spec's ``kernels``); force_accept: accept exactly min(N, depth) drafts per
     step (benchmarks only); mesh: the ("data", "model") device mesh the program is split over
 (``jspec.sharding``), None on one device. The drafter's ``max_seq_len`` is kept equal to the setup's (:meth:`with_max_seq_len`).
     capture_layers: target layers whose residual-stream states ``generate`` keeps for every token (prompt and
@@ -43,7 +45,7 @@ class GenerateSetup:
     max_seq_len: int
     dtype: str = "float32"
     drafter: Drafter | None = None
-    attention_fn: AttentionFn = target_attention
+    attention_fn: AttentionFn | None = None
     force_accept: int | None = None
     mesh: Mesh | None = None
     capture_layers: tuple[int, ...] = ()
@@ -117,7 +119,10 @@ class GenerateSetup:
 
     def target_model(self) -> LlamaModel:
         """The target, unrolled over per-layer params (``models.llama.unstack_layers``) and a per-layer cache."""
-        return LlamaModel(self.target, self.jnp_dtype, self.attention_fn, scan_layers=False)
+        attention_fn = self.attention_fn
+        if attention_fn is None:
+            attention_fn = functools.partial(target_attention, impl="auto" if self.spec is None else self.spec.kernels)
+        return LlamaModel(self.target, self.jnp_dtype, attention_fn, scan_layers=False)
 
 
 def check_capture_layers(layers: Iterable[int], num_layers: int, *,

@@ -200,7 +200,7 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     logits = apply_token_bitmask(logits, inputs.token_bitmask)
     verified = accept_tree(tree, logits, inputs.sampling, keys,
                            max_depth=setup.spec.max_depth if max_depth is None else max_depth,
-                           force_accept=setup.force_accept)
+                           force_accept=setup.force_accept, kernels=setup.spec.kernels)
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
     if state.logprobs is not None:  # new token i was drawn from the distribution at path node i (the root first)

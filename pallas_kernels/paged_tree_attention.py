@@ -34,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
+from pallas_kernels.paged_tree_attention_tpu import paged_tree_attention_tpu
 from pallas_kernels.tree_attention import (MIN_TILE, TARGET_PROGRAMS, dot_precision, flash_init, flash_step,
                                            next_pow2, pad_axis, stack_query_heads, tree_attention_reference,
                                            with_tree)
@@ -215,9 +216,8 @@ def paged_tree_attention(q, k_pages, v_pages, page_table, cache_len, k_new, v_ne
       k_new, v_new: [B, T, Hkv, D] keys and values of the tree tokens.
       mask: bool[B, T, T]; mask[b, t, j] iff tree query t may see tree key j.
       scale: score scale, default D ** -0.5.
-      impl: "auto" | "pallas" | "interpret" | "reference" (pallas_kernels.impl; "auto" on a TPU backend: "tpu"),
-        or "tpu" / "tpu_interpret": the Mosaic TPU kernel (``pallas_kernels.paged_tree_attention_tpu``),
-        compiled or in Pallas's TPU interpreter.
+      impl: "auto" | "pallas" | "interpret" | "tpu" | "tpu_interpret" | "reference" (pallas_kernels.impl); the
+        TPU forms are ``pallas_kernels.paged_tree_attention_tpu`` (page_size a multiple of 8).
       block_rows: stacked (token, head) rows per program (power of two >= 16).
       num_splits: page splits per (b, KV head); None picks one from the shapes.
       num_warps, num_stages: Triton launch parameters (reasoned, not tuned on a GPU).
@@ -231,12 +231,10 @@ def paged_tree_attention(q, k_pages, v_pages, page_table, cache_len, k_new, v_ne
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits={num_splits} must be >= 1 (or None for automatic)")
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    if impl in ("tpu", "tpu_interpret") or (impl == "auto" and jax.default_backend() == "tpu"):
-        from pallas_kernels.paged_tree_attention_tpu import paged_tree_attention_tpu
-
-        return paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, scale=scale,
-                                        interpret=impl == "tpu_interpret")
     resolved = resolve_impl(impl)
+    if resolved.is_tpu:
+        return paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, scale=scale,
+                                        interpret=resolved.interpreted)
     if resolved is Impl.REFERENCE:
         return paged_tree_attention_reference(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask,
                                               scale=scale)

@@ -28,6 +28,7 @@ from pallas_kernels.tree_attention import MASK_VALUE, dot_precision, pad_axis, s
 
 ROW_TILE = 8     # a TPU vreg's sublanes
 LANE_TILE = 128  # its lanes
+DENSE_BLOCK = 128  # cache slots per step when a dense cache is read as pages
 
 
 def _page_kernel(table_ref, lens_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, m_scr, l_scr, acc_scr, *,
@@ -69,15 +70,22 @@ def _page_kernel(table_ref, lens_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, 
         l_ref[...] = l_scr[...]
 
 
-def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, interpret):
+def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, interpret, dense_page=None):
     """q_rows [B, Hkv, R, D] (R a multiple of 8) over each row's pages -> o f32[B, Hkv, R, D] (unnormalised),
-    m, l f32[B, Hkv, R, 1]."""
+    m, l f32[B, Hkv, R, 1].
+
+    dense_page None: k_pages, v_pages [P, page_size, Hkv, D] read through page_table i32[B, N]. dense_page an int:
+    they are dense caches [B, L, Hkv, D] read in blocks of dense_page slots (page_table unused; the last block may
+    run past L, whose slots are masked like any past cache_len).
+    """
     batch, kv_heads, rows, head_dim = q_rows.shape
-    page_size = k_pages.shape[1]
-    per_row = page_table.shape[1]
+    page_size = k_pages.shape[1] if dense_page is None else dense_page
+    per_row = page_table.shape[1] if dense_page is None else -(-k_pages.shape[1] // dense_page)
 
     def page_of(b, h, j, table, lengths):
         last = jnp.maximum((lengths[b] + page_size - 1) // page_size - 1, 0)
+        if dense_page is not None:
+            return b, jnp.minimum(j, last), h, 0
         return table[b, jnp.minimum(j, last)], 0, h, 0
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -109,23 +117,37 @@ def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, in
     )(page_table, cache_len, q_rows, k_pages, v_pages)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
-def paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *, scale: float,
-                             interpret: bool = False):
-    """Shapes as ``paged_tree_attention_reference`` (checked by ``paged_tree_attention``); the pages in the TPU
-    kernel, the tree in jnp, one log-sum-exp merge."""
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "dense_page"))
+def _tree_attention_tpu(q, k, v, page_table, cache_len, k_new, v_new, mask, *, scale, interpret, dense_page):
     head_dim = q.shape[3]
-    kv_heads = k_pages.shape[2]
+    kv_heads = k.shape[2]
     q_rows = stack_query_heads(q, kv_heads)  # [B, Hkv, R, D]
     rows = q_rows.shape[2]
     padded_rows = -(-rows // ROW_TILE) * ROW_TILE
     padded_dim = -(-head_dim // LANE_TILE) * LANE_TILE
-    k_pages = pad_axis(k_pages, 3, padded_dim)
-    v_pages = pad_axis(v_pages, 3, padded_dim)
     q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
-    limit = page_table.shape[1] * k_pages.shape[1]
+    limit = k.shape[1] if dense_page is not None else page_table.shape[1] * k.shape[1]
     cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, limit)
-    o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, scale=scale,
-                             interpret=interpret)
+    o, m, l = _page_partials(q_padded, pad_axis(k, 3, padded_dim), pad_axis(v, 3, padded_dim),
+                             page_table.astype(jnp.int32), cache_len, scale=scale, interpret=interpret,
+                             dense_page=dense_page)
     return with_tree(q_rows, o[:, :, None], m[:, :, None, :, 0], l[:, :, None, :, 0], k_new, v_new, mask,
                      scale=scale, dtype=q.dtype)
+
+
+def paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *, scale: float,
+                             interpret: bool = False):
+    """Shapes as ``paged_tree_attention_reference`` (checked by ``paged_tree_attention``); the pages in the TPU
+    kernel, the tree in jnp, one log-sum-exp merge."""
+    return _tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, scale=scale,
+                               interpret=interpret, dense_page=None)
+
+
+def tree_attention_tpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, scale: float, interpret: bool = False):
+    """Dense tree attention (``pallas_kernels.tree_attention``'s shapes: caches [B, L, Hkv, D]) through the same
+    kernel, the cache read in place in blocks of 128 slots (all L when L <= 128): a page table that is the
+    identity."""
+    batch, cache_slots = k_cache.shape[:2]
+    no_table = jnp.zeros((batch, 1), jnp.int32)
+    return _tree_attention_tpu(q, k_cache, v_cache, no_table, cache_len, k_new, v_new, mask, scale=scale,
+                               interpret=interpret, dense_page=min(cache_slots, DENSE_BLOCK))

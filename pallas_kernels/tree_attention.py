@@ -368,7 +368,8 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
       k_new, v_new: [B, T, Hkv, D] keys and values of the tree tokens.
       mask: bool[B, T, T]; mask[b, t, j] iff tree query t may see tree key j.
       scale: score scale, default D ** -0.5.
-      impl: "auto" | "pallas" | "interpret" | "reference" (see pallas_kernels.impl).
+      impl: "auto" | "pallas" | "interpret" | "tpu" | "tpu_interpret" | "reference" (see pallas_kernels.impl);
+        the TPU forms are the paged TPU kernel reading the dense cache in place.
       block_k: cache keys per inner-loop step (power of two >= 16).
       block_rows: stacked (token, head) rows per program (power of two >= 16).
       num_splits: cache splits per (b, KV head); None picks one from the shapes.
@@ -382,6 +383,12 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
     _validate_knobs(block_k, block_rows, num_splits)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     resolved = resolve_impl(impl)
+    if resolved.is_tpu:
+        # Imported here: the TPU module builds on this one's helpers.
+        from pallas_kernels.paged_tree_attention_tpu import tree_attention_tpu
+
+        return tree_attention_tpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=scale,
+                                  interpret=resolved.interpreted)
     if resolved is Impl.REFERENCE:
         return tree_attention_reference(q, k_cache, v_cache, cache_len, k_new, v_new, mask,
                                         scale=scale)

@@ -42,6 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
+from pallas_kernels.tree_build_tpu import dynamic_tree_tpu, static_tree_tpu
 
 
 class TreeArrays(NamedTuple):
@@ -76,7 +77,7 @@ def build_dynamic_tree(parent_list: jax.Array, selected_index: jax.Array, seq_le
       seq_lens: i32[B], committed tokens before the root's position.
       topk, num_steps: the drafter's branching factor and number of draft steps.
       packed: return the mask as bit-packed int32 words.
-      impl: "auto" | "pallas" | "interpret" | "reference".
+      impl: "auto" | "pallas" | "interpret" | "tpu" | "tpu_interpret" | "reference" (pallas_kernels.impl).
     Returns:
       TreeArrays.
     """
@@ -84,6 +85,11 @@ def build_dynamic_tree(parent_list: jax.Array, selected_index: jax.Array, seq_le
     kind = resolve_impl(impl)
     if kind is Impl.REFERENCE:
         return build_dynamic_tree_reference(parent_list, selected_index, seq_lens, topk=topk, packed=packed)
+    if kind.is_tpu:
+        num_nodes = selected_index.shape[1] + 1
+        return _tree_arrays(dynamic_tree_tpu(parent_list, selected_index, seq_lens, topk=topk,
+                                             num_words=num_mask_words(num_nodes), packed=packed,
+                                             interpret=kind.interpreted), num_nodes=num_nodes, packed=packed)
     return _build_dynamic_tree_pallas(parent_list, selected_index, seq_lens, topk=topk, packed=packed,
                                       interpret=kind is Impl.INTERPRET)
 
@@ -96,7 +102,7 @@ def tree_from_parents(parents: jax.Array, seq_lens: jax.Array, *, packed: bool =
       parents: i32[B, T]; parents[b, i] in [0, i) for i >= 1; parents[b, 0] is ignored.
       seq_lens: i32[B].
       packed: return the mask as bit-packed int32 words.
-      impl: "auto" | "pallas" | "interpret" | "reference".
+      impl: "auto" | "pallas" | "interpret" | "tpu" | "tpu_interpret" | "reference" (pallas_kernels.impl).
     Returns:
       TreeArrays.
     """
@@ -107,6 +113,10 @@ def tree_from_parents(parents: jax.Array, seq_lens: jax.Array, *, packed: bool =
     kind = resolve_impl(impl)
     if kind is Impl.REFERENCE:
         return tree_from_parents_reference(parents, seq_lens, packed=packed)
+    if kind.is_tpu:
+        num_nodes = parents.shape[1]
+        return _tree_arrays(static_tree_tpu(parents, seq_lens, num_words=num_mask_words(num_nodes), packed=packed,
+                                            interpret=kind.interpreted), num_nodes=num_nodes, packed=packed)
     return _tree_from_parents_pallas(parents, seq_lens, packed=packed, interpret=kind is Impl.INTERPRET)
 
 
@@ -346,6 +356,14 @@ def _call_tree_kernel(kernel, row_inputs, seq_lens, *, num_nodes, packed, interp
                    jax.ShapeDtypeStruct((batch,), jnp.int32)],
         interpret=interpret,
     )(*row_inputs, seq_lens.astype(jnp.int32))
+    return _tree_arrays((mask, positions, next_token, next_sibling, valid), num_nodes=num_nodes, packed=packed)
+
+
+def _tree_arrays(outputs, *, num_nodes, packed):
+    """A kernel's padded outputs (mask [B, Tp, Tp | >= W], positions, next_token, next_sibling [B, Tp], valid [B])
+    -> TreeArrays over the T real nodes."""
+    mask, positions, next_token, next_sibling, valid = outputs
+    batch = valid.shape[0]
     mask = mask[:, :num_nodes, :num_mask_words(num_nodes)] if packed else mask[:, :num_nodes, :num_nodes] != 0
     node = jnp.arange(num_nodes, dtype=jnp.int32)
     return TreeArrays(mask=mask, positions=positions[:, :num_nodes],

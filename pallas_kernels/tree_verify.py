@@ -60,6 +60,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
+from pallas_kernels.tree_verify_tpu import verify_tree_greedy_tpu, verify_tree_rejection_tpu
 
 
 class Verified(NamedTuple):
@@ -84,7 +85,7 @@ def verify_tree_greedy(candidates: jax.Array, retrieve_next_token: jax.Array, re
       retrieve_next_token, retrieve_next_sibling: i32[B, T], first child / next sibling, -1 where none.
       target_predict: i32[B, T], the target's argmax at each node.
       num_steps: the most draft tokens to accept (the tree's depth).
-      impl: "auto" | "pallas" | "interpret" | "reference".
+      impl: "auto" | "pallas" | "interpret" | "tpu" | "tpu_interpret" | "reference" (pallas_kernels.impl).
     Returns:
       Verified(accept_index i32[B, num_steps + 1], accept_length i32[B], bonus i32[B]).
     """
@@ -106,7 +107,7 @@ def verify_tree_sampling(candidates: jax.Array, retrieve_next_token: jax.Array, 
       num_steps: the most draft tokens to accept.
       draft_probs: f32[B, T, V] or None. draft_probs[b, i] is the distribution q that node i's children were
         drawn from, i.i.d.; None for deterministic drafts (top-k trees).
-      impl: "auto" | "pallas" | "interpret" | "reference".
+      impl: "auto" | "pallas" | "interpret" | "tpu" | "tpu_interpret" | "reference" (pallas_kernels.impl).
     Returns:
       Verified(accept_index i32[B, num_steps + 1], accept_length i32[B], bonus i32[B]).
     """
@@ -130,6 +131,8 @@ def verify_tree_sampling(candidates: jax.Array, retrieve_next_token: jax.Array, 
             final_noise)
     if kind is Impl.REFERENCE:
         return verify_tree_rejection_reference(*args, num_steps=num_steps)
+    if kind.is_tpu:
+        return Verified(*verify_tree_rejection_tpu(*args, num_steps=num_steps, interpret=kind.interpreted))
     return _verify_tree_rejection_pallas(*args, num_steps=num_steps, interpret=kind is Impl.INTERPRET)
 
 
@@ -155,6 +158,8 @@ def _rejection_noise(key, probs_shape):
 def _verify_greedy(kind: Impl, *args, num_steps):
     if kind is Impl.REFERENCE:
         return verify_tree_greedy_reference(*args, num_steps=num_steps)
+    if kind.is_tpu:
+        return Verified(*verify_tree_greedy_tpu(*args, num_steps=num_steps, interpret=kind.interpreted))
     return _verify_tree_greedy_pallas(*args, num_steps=num_steps, interpret=kind is Impl.INTERPRET)
 
 

@@ -1,4 +1,4 @@
-"""Shared pytest setup: float32 matmuls at full precision, the `gpu` marker, the number of xdist workers."""
+"""Shared pytest setup: float32 matmuls at full precision, the `gpu` and `tpu` markers, the xdist worker count."""
 
 import os
 import shutil
@@ -35,6 +35,10 @@ def _has_gpu() -> bool:
         return False
 
 
+def _has_tpu() -> bool:
+    return jax.default_backend() == "tpu"
+
+
 def pytest_xdist_auto_num_workers(config):
     """Workers for ``-n auto`` (pyproject addopts): two on a CPU-only machine, where most of the suite's time is
     single-threaded XLA compilation; none on a GPU machine, where every worker process would claim the device's
@@ -62,7 +66,7 @@ def _long_rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     """Marks the slow tier (tests/tiers.py; deselected by default, ``-m slow`` runs it), refusing an entry there
-    that names no test of a collected module; orders long modules first; skips `gpu` tests without a GPU."""
+    that names no test of a collected module; orders long modules first; skips `gpu` / `tpu` tests without that device."""
     collected = {item.nodeid.split("::")[0] for item in items}
     unmatched = {entry for entry in tiers.SLOW if entry.split("::")[0] in collected}
     for item in items:
@@ -73,12 +77,12 @@ def pytest_collection_modifyitems(config, items):
     if unmatched:
         raise pytest.UsageError(f"tests/tiers.py names tests that do not exist: {sorted(unmatched)}")
     items.sort(key=_long_rank)  # stable: the order within each module, and of the other modules, is kept
-    if _has_gpu():
-        return
-    skip = pytest.mark.skip(reason="needs a GPU")
+    missing = [(marker, pytest.mark.skip(reason=f"needs a {marker.upper()}"))
+               for marker, present in (("gpu", _has_gpu), ("tpu", _has_tpu)) if not present()]
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in missing:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -155,9 +155,11 @@ def static_draft_tree(tree: StaticTree, tokens: jax.Array, cache_len: jax.Array)
                      const(tree.next_token), const(tree.next_sibling))
 
 
-def dynamic_draft_tree(draft: DynamicDraft, cache_len: jax.Array, *, topk: int, num_steps: int) -> DraftTree:
-    """Verification buffers of a dynamic tree, built on device by pallas_kernels.tree_build."""
-    build = per_shard(lambda *a: build_dynamic_tree(*a, topk=topk, num_steps=num_steps, impl="auto"),
+def dynamic_draft_tree(draft: DynamicDraft, cache_len: jax.Array, *, topk: int, num_steps: int,
+                       kernels: str = "auto") -> DraftTree:
+    """Verification buffers of a dynamic tree, built on device by pallas_kernels.tree_build (``kernels``: its
+    lowering, ``pallas_kernels.impl``)."""
+    build = per_shard(lambda *a: build_dynamic_tree(*a, topk=topk, num_steps=num_steps, impl=kernels),
                       in_specs=(P("data"),) * 3, out_specs=P("data"))  # on a mesh: each data shard its rows
     arrays = build(draft.parent_list, draft.selected_index, cache_len)
     return DraftTree(draft.tokens, arrays.mask, arrays.positions, arrays.retrieve_next_token,
@@ -180,4 +182,5 @@ def search_tree(forward: DraftForward, carry: Any, root_token: jax.Array, root_l
                                       topk=spec.topk, num_steps=spec.num_steps,
                                       num_draft_tokens=spec.num_draft_tokens, to_target=to_target,
                                       keep_top1_chain=spec.selection == "top1_chain")
-    return carry, dynamic_draft_tree(draft, cache_len, topk=spec.topk, num_steps=spec.num_steps)
+    return carry, dynamic_draft_tree(draft, cache_len, topk=spec.topk, num_steps=spec.num_steps,
+                                         kernels=spec.kernels)

@@ -11,7 +11,8 @@ from pallas_kernels.paged_tree_attention import gather_pages, paged_tree_attenti
 from pallas_kernels.tree_attention import tree_attention_reference
 from tests.pallas_kernels.test_tree_attention import TOLERANCES, tree_masks
 
-IMPLS = ["interpret", "tpu_interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
+IMPLS = ["interpret", "tpu_interpret", pytest.param("pallas", marks=pytest.mark.gpu),
+         pytest.param("tpu", marks=pytest.mark.tpu)]
 PAGE_SIZE = 16
 
 

@@ -15,7 +15,8 @@ TOLERANCES = {
     np.dtype(jnp.bfloat16): dict(atol=2e-2, rtol=2e-2),
 }
 
-IMPLS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
+IMPLS = ["interpret", "tpu_interpret", pytest.param("pallas", marks=pytest.mark.gpu),
+         pytest.param("tpu", marks=pytest.mark.tpu)]
 
 
 def ancestor_mask(parents: np.ndarray) -> np.ndarray:

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from pallas_kernels.tree_build import (build_dynamic_tree, num_mask_words, pack_mask_reference,
                                        tree_from_parents)
 
-KERNEL_IMPLS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
+KERNEL_IMPLS = ["interpret", "tpu_interpret", pytest.param("pallas", marks=pytest.mark.gpu),
+                pytest.param("tpu", marks=pytest.mark.tpu)]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from pallas_kernels.tree_verify import verify_tree_greedy, verify_tree_sampling
 
-KERNEL_IMPLS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
+KERNEL_IMPLS = ["interpret", "tpu_interpret", pytest.param("pallas", marks=pytest.mark.gpu),
+                pytest.param("tpu", marks=pytest.mark.tpu)]
 KINDS = ["random", "chain", "star"]
 P_VALUE_FLOOR = 1e-3   # chi-square tests: fixed seeds, so a pass is reproducible; a real bias gives p ~ 0
 
