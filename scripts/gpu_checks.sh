@@ -2,7 +2,7 @@
 # The checks a session runs when it is lent a GPU, in one call (figures and logs under $OUT):
 #     OUT=/some/dir bash scripts/gpu_checks.sh kernels   # the Pallas kernels' and paged serving path's tests (in the
 #                                                        # background, a small share of the GPU's memory), and the
-#                                                        # paged-attention sweep
+#                                                        # paged-attention sweep (jspec bench --kernel-sweep)
 #     OUT=/some/dir bash scripts/gpu_checks.sh serve     # the load adapter's step programs (short chain included)
 #                                                        # tested on the GPU, and the server's step costs on
 #                                                        # Llama-3-8B shapes (scripts/serve_costs.py)
@@ -32,8 +32,8 @@ kernels)
          -k "paged or pool or long_prompt or greedy or crowd or cached" >>"$OUT/tests.txt" 2>&1
      echo "serve tests exit $?" >>"$OUT/tests.txt") &
     tests=$!
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 300 python3 scripts/bench_kernels.py --kernel paged \
-        --out "$OUT/paged_attention.json" 2>&1 | tee "$OUT/paged_attention.txt"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 330 python3 -m jspec.tools.cli bench --kernel-sweep --repeats 2 \
+        --out "$OUT" 2>&1 | tee "$OUT/kernel_sweep.txt"
     ;;
 serve)
     (export XLA_PYTHON_CLIENT_MEM_FRACTION=0.04

@@ -66,7 +66,7 @@ def _long_rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     """Marks the slow tier (tests/tiers.py; deselected by default, ``-m slow`` runs it), refusing an entry there
-    that names no test of a collected module; orders long modules first; skips `gpu` / `tpu` tests without that device."""
+    that names no test of a collected module; orders long modules first; skips `gpu` / `tpu` tests off that device."""
     collected = {item.nodeid.split("::")[0] for item in items}
     unmatched = {entry for entry in tiers.SLOW if entry.split("::")[0] in collected}
     for item in items:

@@ -74,6 +74,10 @@ SLOW: dict[str, str] = {
     "test_the_paged_tree_attention_kernel_keeps_every_row_equal_to_generate_alone":
         "the server's step programs through the paged kernel (interpreter) equal offline generate; default: the "
         "kernel against its reference (test_paged_tree_attention) and test_paged_rows_equal_generate_alone",
+    "tests/jspec/test_forced_kernels.py":
+        "the engine with every tree kernel forced to its TPU and its Triton form (interpreters) equals plain decoding "
+        "on the bundled model, on one device and on dp 2 x tp 2; default: each kernel against its reference in both "
+        "forms (tests/pallas_kernels) and test_sharded_kernels (the Triton forms per shard on 4 devices)",
     # --- structured outputs -----------------------------------------------------------------------------------
     "tests/jspec/structured_outputs/test_structured_generation.py::"
     "test_twenty_json_schemas_validate_and_speculation_equals_plain":
@@ -465,9 +469,33 @@ SLOW: dict[str, str] = {
 }
 
 
+# The TPU (Mosaic) forms in Pallas's TPU interpreter (issue 31): every case but a few representatives runs in the slow
+# tier; the default tier keeps, per kernel, the published SGLang vectors and one or two random cases (below).
+TPU_FORM_DEFAULT = {
+    "tests/pallas_kernels/test_tree_attention.py::test_kernel_matches_reference":
+        ("L513-ragged-gqa2-tree-f32", "L600-gqa1-D40-chain-bf16"),
+    "tests/pallas_kernels/test_tree_build.py::test_sglang_build_tree_kernel_efficient_vector": ("",),
+    "tests/pallas_kernels/test_tree_build.py::test_dynamic_kernel_matches_reference_on_garbage": ("True",),
+    "tests/pallas_kernels/test_tree_build.py::test_from_parents_kernel_matches_reference": ("3-33-False",),
+    "tests/pallas_kernels/test_tree_verify.py::test_sglang_verify_tree_greedy_vector": ("",),
+    "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference": ("33-3-33-6",),
+}
+TPU_FORM_MODULES = ("tests/pallas_kernels/test_tree_attention.py", "tests/pallas_kernels/test_tree_build.py",
+                    "tests/pallas_kernels/test_tree_verify.py")
+
+
+def _is_slow_tpu_form(nodeid: str) -> bool:
+    """A TPU-interpreter case of the tree kernels that is not one of TPU_FORM_DEFAULT's representatives."""
+    module, _, rest = nodeid.partition("::")
+    if module not in TPU_FORM_MODULES or "tpu_interpret" not in rest:
+        return False
+    function, _, params = rest.partition("[")
+    params = params.rstrip("]").replace("tpu_interpret", "").strip("-")
+    return params not in TPU_FORM_DEFAULT.get(f"{module}::{function}", ())
+
 def is_slow(nodeid: str) -> bool:
     """Whether a test (pytest node id, e.g. ``tests/x.py::test_y[z]``) is in the slow tier: its module, its
     function (every parametrisation) or exactly it is listed."""
     module, _, rest = nodeid.partition("::")
     function = rest.split("[", 1)[0]
-    return module in SLOW or f"{module}::{function}" in SLOW or nodeid in SLOW
+    return (module in SLOW or f"{module}::{function}" in SLOW or nodeid in SLOW) or _is_slow_tpu_form(nodeid)

@@ -3,6 +3,7 @@
     jspec bench                                  # bundled code model, 16 HumanEval prompts, batch 1/4/16, peers
     jspec bench --batch-sizes 1 --num-prompts 8 --repeats 3 --out bench-results
     jspec bench --synthetic llama3-8b,llama3-1b --out $OUT      # GPU roofline mode (jspec/tools/roofline/)
+    jspec bench --kernel-sweep --out $OUT        # paged tree attention against HBM bandwidth (kernel_sweep.py)
 
 Methods (greedy, the same prompts and max_new_tokens): ``plain`` (drafter=None, the baseline), EAGLE-3 with
 chain (``--chain-depth`` drafts), static and dynamic trees (``--num-draft-tokens`` nodes), the draft model
@@ -276,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--synthetic", default=None,
                         help="GPU roofline mode on random weights (e.g. llama3-8b,llama3-1b); every other argument "
                              "goes to jspec.tools.roofline")
+    parser.add_argument("--kernel-sweep", nargs="?", const="full", default=None, choices=["full", "small"],
+                        help="time the paged tree-attention kernel against the device's memory bandwidth "
+                             "(jspec.tools.kernel_sweep; 'small': a CPU smoke check) and write kernel_sweep.json "
+                             "under --out, instead of the methods")
+    parser.add_argument("--kernel-impl", default="auto",
+                        choices=["auto", "pallas", "interpret", "tpu", "tpu_interpret"],
+                        help="--kernel-sweep: the kernels' lowering (pallas_kernels.impl)")
     parser.add_argument("--target", default=None, help="converted target (default: the bundled code model)")
     parser.add_argument("--eagle3", default=None, help="converted EAGLE-3 head (default: the bundled one)")
     parser.add_argument("--draft", default=None, help="converted draft model (default: the bundled one)")
@@ -340,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jspec.tools.roofline import main as synthetic_main
         return synthetic_main(argv)
     args = build_parser().parse_args(argv)
+    if args.kernel_sweep is not None:
+        return kernel_sweep(args)
     methods, batch_sizes = _check_args(args)
     start_processes(args)
     import jspec
@@ -372,6 +382,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     chart = os.path.join(args.out, "bench.png")
     print(f"[bench] wrote {os.path.join(args.out, 'bench.json')}"
           + (f" and {chart}" if write_chart(rows, chart) else " (no chart: pip install matplotlib)"))
+    return 0
+
+
+def kernel_sweep(args: argparse.Namespace) -> int:
+    """``jspec bench --kernel-sweep``: the paged tree-attention sweep, printed row by row and written whole."""
+    from jspec.tools.kernel_sweep import run_kernel_sweep
+
+    report = run_kernel_sweep(args.kernel_impl, small=args.kernel_sweep == "small", iters=args.repeats * 5,
+                              echo=lambda line: print(line, flush=True))
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "kernel_sweep.json")
+    _write_json(report, path)
+    print(f"[bench] wrote {path}")
     return 0
 
 

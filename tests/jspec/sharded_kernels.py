@@ -1,5 +1,6 @@
 """Pallas kernels on a mesh, in the Pallas interpreter (tests/jspec/test_sharded_kernels.py runs this in a
-subprocess with 4 virtual CPU devices): each device runs the kernel on its own rows and heads under shard_map.
+subprocess with 4 virtual CPU devices): each device runs the kernel on its own rows and heads under shard_map; the
+paged tree-attention kernel in both its forms (Triton, Mosaic TPU).
 
 Prints one JSON object: the largest difference of each sharded kernel call from the same call on one device.
 """
@@ -15,7 +16,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.attention import target_attention
-from jspec.sharding import KV_CACHE, make_mesh, per_shard, traced_on
+from jspec.sharding import KV_CACHE, KV_POOL, make_mesh, per_shard, traced_on
+from models.paged_kv import PagedKV
 from pallas_kernels.tree_build import build_dynamic_tree
 from pallas_kernels.tree_verify import verify_tree_greedy
 from tests.jspec.test_attention import window_inputs
@@ -40,6 +42,35 @@ def tree_attention_difference(mesh) -> float:
     sharded = on_mesh(mesh, lambda *a: kernel(*a), *placed)
     assert sharded.sharding.spec[:3] == ("data", None, "model"), sharded.sharding
     return float(jnp.max(jnp.abs(sharded - single)))
+
+
+def paged_attention_differences(mesh) -> dict:
+    """The paged tree-attention kernel per shard (rows over "data", the pool's KV heads over "model"), each form:
+    {impl: largest difference from one device}, and one device's from dense attention on the same K/V."""
+    page, per_row = 16, 3
+    q, k_cache, v_cache, k_new, v_new, cache_len, mask = window_inputs(1, cache_len=[20, 37], num_new=6, window=6,
+                                                                       write_offset=0, cache_size=page * per_row)
+    batch = q.shape[0]
+    order = 1 + np.random.default_rng(2).permutation(batch * per_row)  # page 0: the null page, NaN
+
+    def pool(cache):
+        pages = cache.reshape((batch * per_row, page) + cache.shape[2:])
+        return jnp.full((1 + batch * per_row,) + pages.shape[1:], jnp.nan, cache.dtype).at[order].set(pages)
+
+    table = jnp.asarray(order.reshape(batch, per_row), jnp.int32)
+    dense = target_attention(q, k_cache, v_cache, k_new, v_new, cache_len, mask, 0, scale=0.25, impl="reference")
+    report = {}
+    for impl in ("interpret", "tpu_interpret"):
+        kernel = functools.partial(target_attention, scale=0.25, write_offset=0, impl=impl)
+        paged = lambda q, k, v, table, *rest: kernel(q, PagedKV(k, table), PagedKV(v, table), *rest)
+        args = (q, pool(k_cache), pool(v_cache), table, k_new, v_new, cache_len, mask)
+        single = paged(*args)
+        specs = (KV_CACHE, KV_POOL, KV_POOL, P("data"), KV_CACHE, KV_CACHE, P("data"), P("data"))
+        placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+        sharded = on_mesh(mesh, paged, *placed)
+        report[impl] = float(jnp.max(jnp.abs(sharded - single)))
+        report[f"{impl}_vs_dense"] = float(jnp.max(jnp.abs(single - dense)))
+    return report
 
 
 def tree_build_and_verify_differences(mesh) -> dict:
@@ -71,6 +102,7 @@ def tree_build_and_verify_differences(mesh) -> dict:
 
 if __name__ == "__main__":
     assert len(jax.devices()) == 4, jax.devices()
-    report = {"tree_attention": tree_attention_difference(make_mesh(2, 2))}
+    report = {"tree_attention": tree_attention_difference(make_mesh(2, 2)),
+              "paged_attention": paged_attention_differences(make_mesh(2, 2))}
     report.update(tree_build_and_verify_differences(make_mesh(1, 4)))
     print(json.dumps(report))
