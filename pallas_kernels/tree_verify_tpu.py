@@ -10,6 +10,9 @@ the one row it needs (q at the current node, p at an accepted child) into a ``[1
 a ``[1, Vp]`` float32 value carried through the walk, a token's probability a one-hot lane reduction, the bonus the
 exponential race over the final residual. V is padded to a multiple of 128 lanes.
 
+The scalar rows of the whole batch sit in SMEM at once (4 x B x T int32: 64 KiB at B = T = 64), as do the outputs;
+a batch whose rows would not fit the chip's SMEM needs the call split over rows by the caller.
+
 Same rules, inputs and outputs as the GPU kernels, compared with the same references. Tested on a CPU in Pallas's
 TPU interpret mode (``impl="tpu_interpret"``); the compiled form (``impl="tpu"``, and "auto" on a TPU backend) has
 not run on a TPU yet.

@@ -245,6 +245,12 @@ SLOW: dict[str, str] = {
         "EAGLE-3 training data parallel over 2 devices = one device's loss; default: the one-device training tests",
     "tests/jspec/tools/test_eval_acceptance.py::test_a_slice_of_prompts_with_top1_chain_trees_equals_plain":
         "scripts/eval_acceptance.py on a slice of HumanEval = plain; default: test_tree_selection",
+    "tests/jspec/tools/test_roofline.py::test_synthetic_through_a_one_device_mesh":
+        "the roofline rows through the mesh code path on a 1x1 mesh; default: the roofline plan, floor and report "
+        "tests, and test_sharded_params (the mesh placement it uses)",
+    "tests/jspec/test_generate_program.py::test_mtp_generate_is_one_loop_holding_target_and_modules[vanilla-5]":
+        "vanilla MTP's generate is one loop holding target and modules; default: [mtp_eagle-3] (the same program "
+        "shape with the other module chaining)",
     "tests/jspec/tools/test_roofline.py::test_json_is_the_report_and_complete":
         "jspec bench --roofline's JSON report; default: the roofline plan, floor and report tests",
     "tests/jspec/serve/test_slots.py::test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd[draft-model]":

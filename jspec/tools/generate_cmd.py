@@ -103,6 +103,10 @@ def add_tree_args(parser: argparse.ArgumentParser) -> None:
     tree.add_argument("--selection", default=None, choices=["eagle2", "top1_chain"],
                       help="dynamic tree: keep the drafter's top-1 chain to full depth (top1_chain) or only the "
                            "best cumulative scores (eagle2)")
+    tree.add_argument("--kernels", default=None,
+                      choices=["auto", "pallas", "interpret", "tpu", "tpu_interpret", "reference"],
+                      help="lowering of the tree kernels (tree build, verify, tree attention): auto = Pallas on a "
+                           "GPU, Mosaic on a TPU, jnp elsewhere (SpecConfig.kernels)")
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
@@ -356,11 +360,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def wants_auto(args: argparse.Namespace, drafter: str | None) -> bool:
-    """Whether jspec generate chooses by measurement (spec="auto"): no tree flag, no benchmark knob, and either
-    the bundled model with no --drafter (auto may pick any drafter, or none) or a named drafter (its best tree)."""
+    """Whether jspec generate chooses by measurement (spec="auto"): no tree flag (--kernels included), no benchmark
+    knob, and either the bundled model with no --drafter (auto may pick any drafter, or none) or a named drafter
+    (its best tree)."""
     from jspec.tools.force_accept import force_accept_from_env
 
-    if args.tree is not None or (args.num_draft_tokens, args.num_steps, args.topk, args.selection) != (None,) * 4:
+    if args.tree is not None or (args.num_draft_tokens, args.num_steps, args.topk, args.selection,
+                                 args.kernels) != (None,) * 5:
         return False
     if force_accept_from_env() is not None or args.drafter == "none":
         return False
@@ -374,7 +380,12 @@ def draft_spec(args: argparse.Namespace, drafter: str | None):
 
     if drafter is None:
         return None
-    base = default_spec(drafter)
+    spec = _tree_spec(args, default_spec(drafter), spec_for)
+    return spec if args.kernels is None else dataclasses.replace(spec, kernels=args.kernels)
+
+
+def _tree_spec(args: argparse.Namespace, base, spec_for):
+    """The tree flags over ``base``, the drafter's default tree."""
     tree = args.tree or base.tree
     if tree == base.tree and args.num_draft_tokens is args.num_steps is args.topk is args.selection is None:
         return base

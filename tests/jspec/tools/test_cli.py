@@ -347,6 +347,7 @@ def test_bench_help():
     (["--tree", "chain", "--num-draft-tokens", "4"], "eagle3", dict(tree="chain", num_steps=3)),
     (["--num-steps", "3", "--topk", "2", "--num-draft-tokens", "8"], "draft",
      dict(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=8, selection="top1_chain")),
+    (["--kernels", "tpu_interpret"], "ngram", dict(tree="chain", num_steps=9, kernels="tpu_interpret")),
 ])
 def test_tree_flags_override_the_drafters_default_tree(flags, drafter, expected):
     import jspec
@@ -355,6 +356,13 @@ def test_tree_flags_override_the_drafters_default_tree(flags, drafter, expected)
     args = parse_args(["generate", *flags])
     assert draft_spec(args, drafter) == jspec.SpecConfig(**expected)
     assert draft_spec(args, None) is None
+
+
+def test_kernels_turn_auto_off_like_the_other_tree_flags():
+    from jspec.tools.generate_cmd import wants_auto
+
+    assert wants_auto(parse_args(["generate"]), None)
+    assert not wants_auto(parse_args(["generate", "--kernels", "reference"]), None)
 
 
 def test_selection_on_a_chain_is_refused():
