@@ -33,11 +33,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.attention_parts import (dot_precision, flash_init, flash_step, next_pow2, pad_axis,
+                                            stack_query_heads, with_tree)
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.paged_tree_attention_tpu import paged_tree_attention_tpu
-from pallas_kernels.tree_attention import (MIN_TILE, TARGET_PROGRAMS, dot_precision, flash_init, flash_step,
-                                           next_pow2, pad_axis, stack_query_heads, tree_attention_reference,
-                                           with_tree)
+from pallas_kernels.tree_attention import MIN_TILE, TARGET_PROGRAMS, tree_attention_reference
 
 
 def gather_pages(pages: jax.Array, page_table: jax.Array) -> jax.Array:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.tree_attention import MASK_VALUE, dot_precision, pad_axis, stack_query_heads, with_tree
+from pallas_kernels.attention_parts import MASK_VALUE, dot_precision, pad_axis, stack_query_heads, with_tree
 
 ROW_TILE = 8     # a TPU vreg's sublanes
 LANE_TILE = 128  # its lanes

@@ -43,22 +43,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.attention_parts import (dot_precision, flash_init, flash_step, next_pow2, pad_axis,
+                                            stack_query_heads, with_tree)
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
+from pallas_kernels.paged_tree_attention_tpu import tree_attention_tpu
 
-# A finite "minus infinity": exp(MASK_VALUE - m) underflows to 0 and MASK_VALUE - MASK_VALUE = 0,
-# so a row that has seen no valid key yet never produces inf - inf = NaN.
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 MIN_TILE = 16  # Triton's smallest dot operand dimension.
 TARGET_PROGRAMS = 264  # ~2 waves of an H100's 132 SMs; more splits than this buys nothing.
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def dot_precision(dtype) -> lax.Precision:
-    """f32 inputs get true f32 dots (no TF32); bf16 products are exact in f32 accumulation."""
-    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else lax.Precision.DEFAULT
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,40 +128,6 @@ def _cache_split_kernel(
     l_ref[...] = l
 
 
-def flash_init(rows: int, head_dim: int) -> tuple:
-    """An online softmax's start: (o f32[rows, D] zeros, m f32[rows] at MASK_VALUE, l f32[rows] zeros)."""
-    return (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
-            jnp.zeros((rows,), jnp.float32))
-
-
-def flash_step(q, k, v, valid, carry, *, scale: float, precision) -> tuple:
-    """One block of an online softmax inside a kernel: q [R, D] against keys k and values v [K, D] where valid
-    bool[K] -> the carry (o, m, l) updated. Invalid keys are masked and their V rows zeroed (unused slots may hold
-    anything, and ``0 * NaN = NaN``)."""
-    o_prev, m_prev, l_prev = carry
-    v = jnp.where(valid[:, None], v, jnp.zeros_like(v))
-    scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision)
-    scores = jnp.where(valid[None, :], scores * scale, MASK_VALUE)  # [R, K]
-    m_next = jnp.maximum(m_prev, scores.max(axis=-1))
-    correction = jnp.exp(m_prev - m_next)
-    p = jnp.where(valid[None, :], jnp.exp(scores - m_next[:, None]), 0.0)
-    l_next = l_prev * correction + p.sum(axis=-1)
-    pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32, precision=precision)
-    return o_prev * correction[:, None] + pv, m_next, l_next
-
-
-def with_tree(q_rows, o, m, l, k_new, v_new, mask, *, scale: float, dtype):
-    """The prefix partials (o f32[B, Hkv, S, R', D'] unnormalised, m, l f32[B, Hkv, S, R'], rows and D possibly
-    padded) merged with the tree block's of the unpadded q_rows [B, Hkv, R, D] -> [B, T, Hq, D] in ``dtype``."""
-    rows, head_dim = q_rows.shape[2], q_rows.shape[3]
-    o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = merge_partials(
-        jnp.concatenate([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], axis=2),
-        jnp.concatenate([m[:, :, :, :rows], m_tree[:, :, None]], axis=2),
-        jnp.concatenate([l[:, :, :, :rows], l_tree[:, :, None]], axis=2))
-    return unstack_query_heads(out, mask.shape[1]).astype(dtype)
-
-
 def _default_num_splits(batch: int, kv_heads: int, row_blocks: int, rows: int, cache_size: int,
                         block_k: int) -> int:
     """Enough splits to fill the GPU, but no more than the partials' traffic can afford.
@@ -234,59 +191,6 @@ def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, bloc
 # ----------------------------------------------------------------------------------------------
 # jnp glue: stacking heads, the tree block, the merge
 # ----------------------------------------------------------------------------------------------
-
-
-def stack_query_heads(q, kv_heads: int):
-    """q: [B, T, Hq, D] -> [B, Hkv, T * G, D], row r = t * G + g holding query head h * G + g."""
-    batch, num_tokens, q_heads, head_dim = q.shape
-    group = q_heads // kv_heads
-    q = q.reshape(batch, num_tokens, kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
-    return q.reshape(batch, kv_heads, num_tokens * group, head_dim)
-
-
-def unstack_query_heads(out, num_tokens: int):
-    """out: [B, Hkv, T * G, D] -> [B, T, Hq, D] (inverse of stack_query_heads)."""
-    batch, kv_heads, rows, head_dim = out.shape
-    group = rows // num_tokens
-    out = out.reshape(batch, kv_heads, num_tokens, group, head_dim).transpose(0, 2, 1, 3, 4)
-    return out.reshape(batch, num_tokens, kv_heads * group, head_dim)
-
-
-def tree_partial(q_rows, k_new, v_new, mask, *, scale):
-    """The tree keys as one more flash block.
-
-    q_rows: [B, Hkv, T*G, D]; k_new, v_new: [B, T, Hkv, D]; mask: bool[B, T, T]
-    -> o f32[B, Hkv, T*G, D] (unnormalised), m, l f32[B, Hkv, T*G].
-    """
-    group = q_rows.shape[2] // mask.shape[1]
-    precision = dot_precision(q_rows.dtype)
-    visible = jnp.repeat(mask, group, axis=1)[:, None]  # [B, 1, T*G, T]
-    scores = jnp.einsum("bhrd,bjhd->bhrj", q_rows, k_new, preferred_element_type=jnp.float32,
-                        precision=precision)
-    scores = jnp.where(visible, scores * scale, MASK_VALUE)
-    m = scores.max(axis=-1)
-    p = jnp.where(visible, jnp.exp(scores - m[..., None]), 0.0)
-    o = jnp.einsum("bhrj,bjhd->bhrd", p, v_new.astype(jnp.float32), precision=lax.Precision.HIGHEST)
-    return o, m, p.sum(axis=-1)
-
-
-def merge_partials(o, m, l):
-    """Logsumexp merge over axis 2.
-
-    o: f32[B, Hkv, S, R, D] (unnormalised); m, l: f32[B, Hkv, S, R] -> f32[B, Hkv, R, D].
-    """
-    m_all = m.max(axis=2, keepdims=True)
-    weight = jnp.exp(m - m_all)  # [B, Hkv, S, R]
-    l_all = (l * weight).sum(axis=2)
-    o_all = (o * weight[..., None]).sum(axis=2)
-    # l_all = 0 only for rows that see no key at all (padding); give them 0, not 0/0.
-    return o_all / jnp.where(l_all > 0, l_all, 1.0)[..., None]
-
-
-def pad_axis(x, axis: int, size: int):
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad) if size != x.shape[axis] else x
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_k", "block_rows", "num_splits",
@@ -384,9 +288,6 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     resolved = resolve_impl(impl)
     if resolved.is_tpu:
-        # Imported here: the TPU module builds on this one's helpers.
-        from pallas_kernels.paged_tree_attention_tpu import tree_attention_tpu
-
         return tree_attention_tpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=scale,
                                   interpret=resolved.interpreted)
     if resolved is Impl.REFERENCE:

@@ -245,6 +245,13 @@ SLOW: dict[str, str] = {
         "EAGLE-3 training data parallel over 2 devices = one device's loss; default: the one-device training tests",
     "tests/jspec/tools/test_eval_acceptance.py::test_a_slice_of_prompts_with_top1_chain_trees_equals_plain":
         "scripts/eval_acceptance.py on a slice of HumanEval = plain; default: test_tree_selection",
+    "tests/models/test_eagle3_layouts.py::test_layer_ids_are_honoured":
+        "a SpecForge head's layer ids move the taps (lossless, drafts differ); default: "
+        "test_every_layout_converts_to_the_same_head (each layout's ids read into the same taps)",
+    "tests/jspec/test_chat.py::test_engine_chat_is_generate_on_the_rendered_ids_and_stops_at_end_of_turn":
+        "engine.chat = generate on the rendered ids, stopping at the end of turn; default: "
+        "test_cli_chat_prints_what_engine_chat_generates (engine.chat through the CLI) and the rendering tests "
+        "against transformers' apply_chat_template",
     "tests/jspec/tools/test_roofline.py::test_synthetic_through_a_one_device_mesh":
         "the roofline rows through the mesh code path on a 1x1 mesh; default: the roofline plan, floor and report "
         "tests, and test_sharded_params (the mesh placement it uses)",
