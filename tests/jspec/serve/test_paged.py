@@ -91,12 +91,12 @@ def test_paged_rows_equal_generate_alone(params_t, name):
         assert tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0], (name, prompt)
 
 
-def test_the_paged_tree_attention_kernel_keeps_every_row_equal_to_generate_alone(params_t):
-    """The server's attention through pallas_kernels.paged_tree_attention (Pallas interpreter, pages of 16, GQA),
-    the offline reference through the dense tree kernel: the same tokens."""
+@pytest.mark.parametrize("impl", ["interpret", "tpu_interpret"])
+def test_the_paged_tree_attention_kernel_keeps_every_row_equal_to_generate_alone(params_t, impl):
+    """The server's attention through pallas_kernels.paged_tree_attention (its Triton or TPU form in a Pallas
+    interpreter, pages of 16, GQA), the offline reference through the dense tree kernel: the same tokens."""
     engine = make_engine(params_t, "eagle3-dynamic")
-    engine.setup = dataclasses.replace(engine.setup, attention_fn=functools.partial(target_attention,
-                                                                                      impl="interpret"))
+    engine.setup = dataclasses.replace(engine.setup, attention_fn=functools.partial(target_attention, impl=impl))
     prompts, budgets = PROMPTS[:3], BUDGETS[:3]
     got = serve_paged(engine, prompts, budgets, rows_per_step=2, page=16)
     for prompt, budget, tokens in zip(prompts, budgets, got):
