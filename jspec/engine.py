@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -36,7 +37,8 @@ from jspec.structured_outputs.loop import generate_structured
 from jspec.tokenizer import generation_eos, load_tokenizer
 from models.checkpoint import load_llama
 from models.config import ModelConfig
-from models.llama import unstack_layers, unstack_layers_jit
+from models.llama import unstack_layers
+from models.quantization import QuantizationConfig, cpu_int4, quantize_params
 
 logger = logging.getLogger("jspec")
 
@@ -87,12 +89,16 @@ class SpecEngine:
     def __init__(self, target_config: ModelConfig, target_params: Any, *, tokenizer=None,
                  drafter: Drafter | None = None, drafter_params: Any = None, max_batch_size: int = 8,
                  max_seq_len: int = 2048, dtype: str = "float32", eos_token_ids: Sequence[int] = (),
-                 force_accept: int | None = None, mesh: jax.sharding.Mesh | None = None):
+                 force_accept: int | None = None, mesh: jax.sharding.Mesh | None = None,
+                 quantization: QuantizationConfig | str | None = None):
         """drafter: a static drafter (``jspec.drafters.Drafter``, e.g. from ``jspec.drafters.load``) or None (plain
         decoding); force_accept: verification accepts exactly min(N, depth) drafts per step, for timing without
         trained weights (benchmarks only: the output is then NOT the target's); mesh: a ("data", "model") mesh
         (``jspec.sharding.make_mesh``) to split the target over (tensor parallel) and the batch rows across (data
-        parallel), None for one device. Greedy float32 output equals one device's."""
+        parallel), None for one device. Greedy float32 output equals one device's. quantization: None, "int8",
+        "fp8", "int4" or a ``models.quantization.QuantizationConfig``: the target's and the drafter's linear layers
+        weight-only quantized with qwix (activations stay in ``dtype``); speculative output then equals plain
+        decoding of the same quantized target."""
         if drafter is not None and not isinstance(drafter, Drafter):
             raise ValueError(f"drafter={drafter!r}: expected a jspec.drafters.Drafter (or None)")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -101,13 +107,18 @@ class SpecEngine:
             raise ValueError("drafter and drafter_params go together: pass both or neither")
         self.config = target_config
         self.mesh = mesh
+        self.quantization = QuantizationConfig.coerce(quantization)
         self.data_parallel_size = 1
+        if drafter_params is not None and self.quantization is not None:
+            drafter_params = cpu_int4(jax.jit(quantize_params, static_argnums=1)(drafter_params, self.quantization))
         if mesh is None:
-            self.params = unstack_layers_jit(target_params, config=target_config)  # once, outside generate
+            self.params = cpu_int4(_prepare_target(target_params, target_config, self.quantization))  # once
         else:
             self.data_parallel_size, tensor_parallel_size = mesh_sizes(mesh)
             check_tensor_parallel(target_config, tensor_parallel_size)
-            self.params, target_config = _shard_target(target_params, target_config, mesh, tensor_parallel_size)
+            self.params, target_config = _shard_target(target_params, target_config, mesh, tensor_parallel_size,
+                                                       self.quantization)
+            self.params = cpu_int4(self.params)
             if drafter_params is not None:
                 specs = (drafter.param_specs(drafter_params, tensor_parallel_size)
                          if hasattr(drafter, "param_specs") else replicated_specs(drafter_params))
@@ -132,7 +143,8 @@ class SpecEngine:
                         data_parallel_size: int = 1, mesh: jax.sharding.Mesh | None = None,
                         auto_cache_dir: str | os.PathLike | None = None,
                         auto_log: Callable[[str], None] | None = None,
-                        auto_streamed: bool = False) -> "SpecEngine":
+                        auto_streamed: bool = False,
+                        quantization: QuantizationConfig | str | None = None) -> "SpecEngine":
         """Loads a converted checkpoint directory (``jspec convert``; ``jspec.bundled_model()`` for the bundled one).
 
         drafter: None (plain decoding), a name from ``jspec.drafters.DRAFTERS`` (``"ngram"``: prompt lookup, no
@@ -152,11 +164,15 @@ class SpecEngine:
         rows over ``data_parallel_size`` groups of them (a ("data", "model") mesh over the first dp x tp devices of
         ``jax.devices()``, every process's once ``jax.distributed`` is initialized); or pass your own ``mesh`` with
         those axes (``jspec.sharding.make_mesh``). Each parameter is restored straight into its sharding.
+        quantization: vLLM's name; None, "int8", "fp8" or "int4" (or a ``models.quantization.QuantizationConfig``):
+        the target's and the drafter's linear layers weight-only quantized at load (see ``__init__``).
         """
         target_dir = os.fspath(target_dir)
         if isinstance(spec, str) and spec == "auto":
             from jspec.auto import from_pretrained_auto
 
+            if quantization is not None:
+                raise ValueError("spec='auto' with quantization: not supported yet; name a drafter and a tree")
             return from_pretrained_auto(cls, target_dir, drafter, max_batch_size=max_batch_size,
                                         max_seq_len=max_seq_len, dtype=dtype,
                                         tensor_parallel_size=tensor_parallel_size,
@@ -187,7 +203,8 @@ class SpecEngine:
                                                           dtype=dtype)
         engine = cls(config, params, tokenizer=load_tokenizer(target_dir), drafter=static_drafter,
                      drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                     dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept, mesh=mesh)
+                     dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept, mesh=mesh,
+                     quantization=quantization)
         engine.chat_template = load_chat_template(target_dir)
         return engine
 
@@ -497,15 +514,23 @@ class SpecEngine:
                              compile_seconds=compile_seconds)
 
 
-def _shard_target(params: Any, config: ModelConfig, mesh: jax.sharding.Mesh,
-                  tensor_parallel_size: int) -> tuple[Any, ModelConfig]:
+@functools.partial(jax.jit, static_argnames=("config", "quantization"))
+def _prepare_target(params: Any, config: ModelConfig, quantization: QuantizationConfig | None) -> Any:
+    """Stored target params -> the inference layout (``models.llama.unstack_layers``), quantized if asked: one
+    program, run once."""
+    return quantize_params(unstack_layers(params, config), quantization)
+
+
+def _shard_target(params: Any, config: ModelConfig, mesh: jax.sharding.Mesh, tensor_parallel_size: int,
+                  quantization: QuantizationConfig | None = None) -> tuple[Any, ModelConfig]:
     """Target params (stacked or per layer, on any devices) -> (per-layer params split over ``mesh`` by
-    ``jspec.sharding.param_specs``, the config they run under): one program, each device writing only its shards.
-    KV heads fewer than the "model" devices are repeated (``jspec.sharding.expand_kv_heads``)."""
+    ``jspec.sharding.param_specs``, quantized if asked, the config they run under): one program, each device
+    writing only its shards. KV heads fewer than the "model" devices are repeated (``jspec.sharding.expand_kv_heads``,
+    before quantization: each repeated head keeps its scales)."""
     repeats = kv_repeats(config, tensor_parallel_size)
 
     def prepare(p):
-        return expand_kv_heads(unstack_layers(p, config), config, repeats)[0]
+        return quantize_params(expand_kv_heads(unstack_layers(p, config), config, repeats)[0], quantization)
 
     expanded_config = expand_kv_heads({}, config, repeats)[1]
     abstract = jax.eval_shape(prepare, params)

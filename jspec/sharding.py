@@ -129,6 +129,10 @@ def expand_kv_heads(params: dict, config: ModelConfig, repeats: int) -> tuple[di
     return expanded, dataclasses.replace(config, num_kv_heads=kv * repeats)
 
 
+# The array fields of a qwix QArray (a weight-only quantized kernel, models.quantization) as they appear in a path.
+QARRAY_FIELDS = ("qvalue", "scale", "zero_point")
+
+
 def _names(path) -> list[str]:
     return [str(getattr(key, "key", getattr(key, "name", key))) for key in path]
 
@@ -151,13 +155,19 @@ def param_specs(params: Any, config: ModelConfig, tensor_parallel_size: int) -> 
     """The PartitionSpec of every leaf of a Llama-family param tree (stacked or per layer), Megatron-style.
 
     The vocabulary is split only when it divides by tensor_parallel_size (else embedding and lm_head are
-    replicated: more bytes per device, no error)."""
+    replicated: more bytes per device, no error). A quantized kernel's qvalue splits as the kernel would, its scale
+    along the same axes where they still divide (a per-channel scale's size-1 input axis stays whole)."""
     vocab_split = config.vocab_size % tensor_parallel_size == 0
 
     def spec(path, leaf):
-        rule = _rule(_names(path), vocab_split)
-        ndim = len(np.shape(leaf))
-        return P(*((None,) * (ndim - len(rule)) + rule)) if rule else P()
+        names = _names(path)
+        quantized = len(names) >= 2 and names[-1] in QARRAY_FIELDS and names[-2] == "kernel"
+        rule = _rule(names[:-1] if quantized else names, vocab_split)
+        shape = np.shape(leaf)
+        axes = (None,) * (len(shape) - len(rule)) + rule
+        if quantized:  # a QArray's qvalue splits like its kernel; its scale where its axis still divides
+            axes = tuple(a if a is None or shape[i] % tensor_parallel_size == 0 else None for i, a in enumerate(axes))
+        return P(*axes) if rule else P()
 
     return jax.tree_util.tree_map_with_path(spec, params)
 

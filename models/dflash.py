@@ -47,6 +47,7 @@ import jax.numpy as jnp
 
 from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
 from models.config import ModelConfig, from_hf_config
+from models.dense import Dense
 from models.llama import MLP, RMSNorm, apply_rope, rope_cos_sin
 
 DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
@@ -189,8 +190,8 @@ def dflash_config_from_hf(hf: dict[str, Any]) -> DFlashConfig:
                         int(hf.get("target_hidden_size") or hf["hidden_size"]), **extra)
 
 
-def _dense(features: int, bias: bool, dtype, name: str) -> nn.Dense:
-    return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, name=name)
+def _dense(features: int, bias: bool, dtype, name: str) -> Dense:
+    return Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, name=name)
 
 
 class DFlashAttention(nn.Module):

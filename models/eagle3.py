@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig, rope_scaling_from_hf, rope_theta_from_hf
+from models.dense import Dense
 from models.llama import MLP, Attention, RMSNorm, rope_cos_sin
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle",
@@ -173,7 +174,7 @@ class Eagle3Head(nn.Module):
         cfg = self.config.layer
         embeds, hidden = embeds.astype(self.dtype), hidden.astype(self.dtype)
         if hidden.shape[-1] != cfg.hidden_size:
-            hidden = nn.Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+            hidden = Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                               name="fc")(hidden)
         cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
         pre, k, v = Eagle3Layer(cfg, self.attention_fn, self.dtype, name="midlayer")(
@@ -181,7 +182,7 @@ class Eagle3Head(nn.Module):
         if output_at is not None:
             pre = jnp.take_along_axis(pre, output_at[:, None, None], axis=1)
         normed = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(pre)
-        logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+        logits = Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                           name="lm_head")(normed)
         return Eagle3Output(logits.astype(jnp.float32), pre, KVCache(k[None], v[None]))
 

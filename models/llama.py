@@ -30,6 +30,7 @@ import numpy as np
 
 from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
 from models.config import ModelConfig
+from models.dense import Dense
 
 
 class DecoderOutput(NamedTuple):
@@ -80,7 +81,7 @@ class Attention(nn.Module):
         batch, num_new, _ = x.shape
 
         def proj(features, bias, name):
-            return nn.Dense(features, use_bias=bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
+            return Dense(features, use_bias=bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
 
         q = proj(cfg.num_heads * cfg.head_dim, cfg.qkv_bias, "q_proj")(x)
         k = proj(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "k_proj")(x)
@@ -109,7 +110,7 @@ class MLP(nn.Module):
         cfg = self.config
 
         def proj(features, name):
-            return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
+            return Dense(features, use_bias=cfg.mlp_bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
 
         gate = proj(cfg.intermediate_size, "gate_proj")(x)
         up = proj(cfg.intermediate_size, "up_proj")(x)
@@ -187,7 +188,7 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings and self.scan_layers:
             logits = embed.attend(x)
         else:
-            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+            logits = Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                               name="lm_head")(x)
         return DecoderOutput(logits.astype(jnp.float32), cache, taps)
 

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig
+from models.dense import Dense
 from models.llama import DecoderLayer, RMSNorm, rope_cos_sin
 
 MTP_LAYOUTS = ("mimo", "deepseek")
@@ -95,7 +96,7 @@ class MtpModule(nn.Module):
         token = RMSNorm(cfg.rms_norm_eps, self.dtype, name="token_norm")(embeds)
         state = RMSNorm(cfg.rms_norm_eps, self.dtype, name="hidden_norm")(hidden.astype(self.dtype))
         parts = [state, token] if self.config.layout == "mimo" else [token, state]
-        fused = nn.Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
+        fused = Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                          name="input_proj")(jnp.concatenate(parts, axis=-1))
         cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
         (x, _), (k, v) = DecoderLayer(cfg, self.attention_fn, self.dtype, name="block")(
