@@ -78,6 +78,20 @@ SLOW: dict[str, str] = {
         "the engine with every tree kernel forced to its TPU and its Triton form (interpreters) equals plain decoding "
         "on the bundled model, on one device and on dp 2 x tp 2; default: each kernel against its reference in both "
         "forms (tests/pallas_kernels) and test_sharded_kernels (the Triton forms per shard on 4 devices)",
+    # --- quantization (issue 32) -----------------------------------------------------------------------------
+    **{f"tests/jspec/test_quantized_engine.py::"
+       f"test_greedy_speculation_equals_plain_decoding_of_the_same_quantized_target[{case}]":
+       f"{case}: greedy speculation = plain decoding of the same quantized target; default: [eagle3-int8] and "
+       f"[ngram-int4] (the quantized Dense under a model drafter and a lookup), the MTP int4 case"
+       for case in ("eagle3-fp8", "eagle3-int4", "draft-int8", "draft-fp8", "draft-int4", "ngram-int8", "ngram-fp8")},
+    "tests/jspec/test_spec_sampling.py::test_a_quantized_target_is_followed_exactly":
+        "sampled speculation on int8 weights follows the quantized target's exact distribution (chi-square); default: "
+        "the float chi-square tests (the same verify walk) and the quantized greedy cases",
+    "tests/jspec/test_quantized_engine.py::test_mtp_greedy_equals_plain_decoding_of_the_same_quantized_target[int8]":
+        "MTP on int8 weights = plain; default: [int4] (group-quantized modules)",
+    "tests/jspec/test_quantized_engine.py::test_a_mesh_equals_one_device_and_splits_the_quantized_bytes":
+        "int8 on tp 2 and dp 2 x tp 2 = one device, each device holding its share of the quantized bytes; default: "
+        "test_sharded_params (the placement rules) and tests/models/test_quantization (the QArray leaves)",
     # --- structured outputs -----------------------------------------------------------------------------------
     "tests/jspec/structured_outputs/test_structured_generation.py::"
     "test_twenty_json_schemas_validate_and_speculation_equals_plain":

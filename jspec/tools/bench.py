@@ -64,6 +64,23 @@ class Row:
     accepted_hist: list[float]
     peer: bool = False
     spec: dict | None = None
+    quantization: str | None = None
+
+
+def quantizations(text: str) -> list[str | None]:
+    """--quantization's comma-separated list ("none" for the checkpoint's weights) -> schemes, None first if given."""
+    from models.quantization import SCHEMES
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    bad = [name for name in names if name != "none" and name not in SCHEMES]
+    if not names or bad:
+        raise ValueError(f"--quantization {text!r}: expected a comma-separated list of none, {', '.join(SCHEMES)}")
+    schemes = [None if name == "none" else name for name in dict.fromkeys(names)]
+    return sorted(schemes, key=lambda scheme: scheme is not None)  # the checkpoint's weights first: the peers' baseline
+
+
+def method_label(scheme: str | None, method: str) -> str:
+    return method if scheme is None else f"{method} [{scheme}]"
 
 
 def acceptance_histogram(accepted_per_position: Sequence[float]) -> list[float]:
@@ -92,44 +109,46 @@ def jspec_rows(target: str, drafters: dict[str, str | None], prompts: Sequence[s
     specs = method_specs(args.num_draft_tokens, args.num_steps, args.topk, args.chain_depth, args.ngram_depth,
                          args.selection)
     order = sorted(methods, key=lambda m: m != "plain")
+    schemes = quantizations(args.quantization)
+    keys = [(scheme, method) for scheme in schemes for method in order]  # every method on each weight format
     force_accept = force_accept_from_env()
     engines = {}
-    for method in order:
+    for scheme, method in keys:
         name, spec = specs[method]
-        engines[method] = jspec.SpecEngine.from_pretrained(target, drafter=method_drafter(name, drafters), spec=spec,
-                                                           max_batch_size=max(batch_sizes),
-                                                           max_seq_len=args.max_seq_len, dtype=args.dtype,
-                                                           force_accept=force_accept if name else None,
-                                                           **mesh_kwargs(args))
-    ids = engines["plain"].encode(prompts)
-    bar = tqdm(total=len(order) * len(batch_sizes) * (1 + args.repeats), desc="jspec passes", unit="pass")
+        engines[scheme, method] = jspec.SpecEngine.from_pretrained(
+            target, drafter=method_drafter(name, drafters), spec=spec, max_batch_size=max(batch_sizes),
+            max_seq_len=args.max_seq_len, dtype=args.dtype, force_accept=force_accept if name else None,
+            quantization=scheme, **mesh_kwargs(args))
+    baseline = (schemes[0], "plain")
+    ids = engines[baseline].encode(prompts)
+    bar = tqdm(total=len(keys) * len(batch_sizes) * (1 + args.repeats), desc="jspec passes", unit="pass")
     rows, plain_outputs = [], {}
     for batch in batch_sizes:
         warm = {}
-        for method in order:
-            warm[method] = run_method(engines[method], ids, batch, args.max_new_tokens)
+        for key in keys:
+            warm[key] = run_method(engines[key], ids, batch, args.max_new_tokens)
             bar.update()
-        plain_outputs[batch] = warm["plain"][0]
-        speeds = {method: [] for method in order}
+        plain_outputs[batch] = warm[baseline][0]
+        speeds = {key: [] for key in keys}
         for _ in range(args.repeats):
-            for method in order:
-                again, stats = run_method(engines[method], ids, batch, args.max_new_tokens)
-                if again != warm[method][0]:
-                    raise RuntimeError(f"{method}: greedy outputs changed between passes at batch {batch}: "
-                                       f"not deterministic")
-                speeds[method].append(stats["num_generated_tokens"] / stats["run_seconds"])
+            for key in keys:
+                again, stats = run_method(engines[key], ids, batch, args.max_new_tokens)
+                if again != warm[key][0]:
+                    raise RuntimeError(f"{method_label(*key)}: greedy outputs changed between passes at batch "
+                                       f"{batch}: not deterministic")
+                speeds[key].append(stats["num_generated_tokens"] / stats["run_seconds"])
                 bar.update()
-        for method in order:
-            outputs, stats = warm[method]
-            plain = method == "plain"
-            speedup = None if plain else statistics.median(
-                [s / p for s, p in zip(speeds[method], speeds["plain"])])
-            mismatches = None if plain else sum(a != b for a, b in zip(outputs, plain_outputs[batch]))
+        for scheme, method in keys:
+            outputs, stats = warm[scheme, method]
+            plain = (scheme, "plain")  # lossless against plain decoding of the same weights
+            speedup = None if method == "plain" else statistics.median(
+                [s / p for s, p in zip(speeds[scheme, method], speeds[plain])])
+            mismatches = None if method == "plain" else sum(a != b for a, b in zip(outputs, warm[plain][0]))
             spec = specs[method][1]
-            row = Row(method, batch, statistics.median(speeds[method]), speeds[method], speedup,
-                      stats["acceptance_length"], stats["num_generated_tokens"], stats["compile_seconds"],
-                      mismatches, acceptance_histogram(stats["accepted_per_position"]),
-                      spec=dataclasses.asdict(spec) if spec else None)
+            row = Row(method_label(scheme, method), batch, statistics.median(speeds[scheme, method]),
+                      speeds[scheme, method], speedup, stats["acceptance_length"], stats["num_generated_tokens"],
+                      stats["compile_seconds"], mismatches, acceptance_histogram(stats["accepted_per_position"]),
+                      spec=dataclasses.asdict(spec) if spec else None, quantization=scheme)
             rows.append(row)
             on_row(row)
     bar.close()
@@ -303,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--selection", default=DEFAULT_SPEC.selection, choices=["eagle2", "top1_chain"],
                         help="dynamic trees: EAGLE-2's (best cumulative scores) or keep the top-1 chain to full depth")
     parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--quantization", default="none",
+                        help="comma-separated weight formats to run every method on, side by side: none (the "
+                             "checkpoint's), int8, fp8, int4 (qwix weight-only; speedups and mismatches are against "
+                             "plain decoding of the same weights)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
     add_parallel_args(parser)
@@ -334,6 +357,7 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ValueError(f"--methods {args.methods!r}: expected 'plain' and some of {list(known)}")
     if "dflash" in methods and args.dflash is None:
         raise ValueError("--methods dflash needs --dflash DIR (a converted DFlash or DSpark drafter)")
+    quantizations(args.quantization)
     args.peers = [p for p in args.peers.split(",") if p]
     bad_peers = [p for p in args.peers if p not in PEERS]
     if bad_peers:

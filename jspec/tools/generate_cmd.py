@@ -85,6 +85,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                              f"model's max_position_embeddings if smaller)")
     models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                         help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
+    models.add_argument("--quantization", "-q", default=None, choices=["int8", "fp8", "int4"],
+                        help="weight-only quantization of the target's and drafter's linear layers at load (qwix; "
+                             "int4 in groups of 128 input features); output equals plain decoding of the same "
+                             "quantized target")
     return models
 
 
@@ -227,7 +231,7 @@ def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec
                                                   auto_cache_dir=jspec_home(),
                                                   auto_log=lambda line: print(f"[jspec] {line}", file=sys.stderr),
                                                   auto_streamed=streams(args),
-                                                  **mesh_kwargs(args))
+                                                  **mesh_kwargs(args))  # auto never runs with --quantization
         if engine.auto_choice.drafter is None or args.no_baseline:
             return engine, None
         return engine, engine.plain()
@@ -235,7 +239,7 @@ def _engines(args: argparse.Namespace, model_dir: str, drafter: str | None, spec
                                               max_batch_size=max(1, len(args.prompts)),
                                               max_seq_len=args.max_seq_len, dtype=args.dtype,
                                               force_accept=force_accept_from_env() if drafter else None,
-                                              **mesh_kwargs(args))
+                                              quantization=args.quantization, **mesh_kwargs(args))
     if drafter is None or args.no_baseline:
         return engine, None
     return engine, engine.plain()
@@ -361,14 +365,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def wants_auto(args: argparse.Namespace, drafter: str | None) -> bool:
     """Whether jspec generate chooses by measurement (spec="auto"): no tree flag (--kernels included), no benchmark
-    knob, and either the bundled model with no --drafter (auto may pick any drafter, or none) or a named drafter
-    (its best tree)."""
+    knob, no --quantization (auto's step costs are those of the checkpoint's weights), and either the bundled model
+    with no --drafter (auto may pick any drafter, or none) or a named drafter (its best tree)."""
     from jspec.tools.force_accept import force_accept_from_env
 
     if args.tree is not None or (args.num_draft_tokens, args.num_steps, args.topk, args.selection,
                                  args.kernels) != (None,) * 5:
         return False
-    if force_accept_from_env() is not None or args.drafter == "none":
+    if force_accept_from_env() is not None or args.drafter == "none" or args.quantization is not None:
         return False
     return args.drafter is not None or args.model is None
 

@@ -189,7 +189,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     sock = _listen(args.host, args.port)
     engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
                                               max_batch_size=min(args.max_num_seqs, 8), max_seq_len=args.max_seq_len,
-                                              dtype=args.dtype, **mesh_kwargs(args))
+                                              dtype=args.dtype, quantization=args.quantization,
+                                              **mesh_kwargs(args))
     slots = SlotEngine(engine, max_queue=args.max_queue, steps_per_chunk=args.steps_per_chunk,
                        adapt=not args.no_adapt, short_draft_len=args.short_draft_len, **paged_kwargs(args))
     slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)

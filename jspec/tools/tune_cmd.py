@@ -31,6 +31,9 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.drafter == "none":
         raise ValueError("--drafter none: jspec tune times drafters against plain decoding; name one, or none "
                          "for every drafter the model has")
+    if args.quantization is not None:
+        raise ValueError(f"--quantization {args.quantization}: jspec tune times the checkpoint's own weights (auto "
+                         f"configuration does not cover quantized ones yet)")
     start_processes(args)
     model_dir, _, _ = resolve_models(args)
     max_seq_len = checked_max_seq_len(args.max_seq_len, model_dir)

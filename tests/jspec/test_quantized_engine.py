@@ -1,0 +1,61 @@
+"""The engine on weight-only quantized weights (qwix; models.quantization): speculative decoding stays lossless
+against plain decoding of the same quantized target, for every drafter kind and scheme; on a mesh it equals one
+device and each device holds the quantized bytes."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+import jspec
+from models.quantization import QuantizationConfig
+from tests import spec_fixtures as fx
+from tests.jspec.test_mtp import DYNAMIC, RAGGED, copy_module, engine as mtp_engine, one_layer_target
+from tests.virtual_devices import run_on_virtual_devices
+
+PROMPTS = ["def fibonacci(n):", "import os\n\ndef list_files(path):", "class Stack:\n    def __init__(self):"]
+SPECS = {"eagle3": jspec.SpecConfig(tree="dynamic", num_steps=4, topk=2, num_draft_tokens=8),
+         "draft": jspec.SpecConfig(tree="chain", num_steps=4),
+         "ngram": jspec.SpecConfig(tree="chain", num_steps=5)}
+ACCEPTANCE_FLOOR = {"eagle3": 1.5, "draft": 1.5, "ngram": 1.2}  # prompt lookup finds the output's own repeats only
+
+
+def bundled(scheme: str, drafter: str | None = None) -> jspec.SpecEngine:
+    return jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=SPECS.get(drafter),
+                                            max_batch_size=3, max_seq_len=128, quantization=scheme)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8", "int4"])
+@pytest.mark.parametrize("drafter", ["eagle3", "draft", "ngram"])
+def test_greedy_speculation_equals_plain_decoding_of_the_same_quantized_target(scheme, drafter):
+    """The bundled model (float32 compute on this CPU) quantized at load, the drafter's linear layers too."""
+    plain = bundled(scheme).generate(PROMPTS, max_new_tokens=32)
+    out = bundled(scheme, drafter).generate(PROMPTS, max_new_tokens=32)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.acceptance_length > ACCEPTANCE_FLOOR[drafter], out.stats  # drafts are accepted: it means something
+
+
+@pytest.mark.parametrize("scheme", [QuantizationConfig("int8"), QuantizationConfig("int4", group_size=16)],
+                         ids=["int8", "int4"])
+def test_mtp_greedy_equals_plain_decoding_of_the_same_quantized_target(scheme):
+    target = one_layer_target(0.05)
+    modules = [copy_module(target, "mimo", scale, seed) for seed, scale in enumerate((0.3, 0.6))]
+    plain = fx.plain_engine(target, quantization=scheme).generate(RAGGED, max_new_tokens=20)
+    out = mtp_engine(target, modules, DYNAMIC, "mtp_eagle", quantization=scheme).generate(RAGGED, max_new_tokens=20)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.acceptance_length > 1.5, out.stats
+
+
+def test_quantized_engine_holds_quantized_params():
+    engine = bundled("int8", "eagle3")
+    layer = engine.params["layers_0"]["self_attn"]["q_proj"]["kernel"]
+    assert layer.qvalue.dtype == jax.numpy.int8 and layer.scale.shape == (1, layer.shape[1])
+    assert engine.drafter_params["head"]["fc"]["kernel"].qvalue.dtype == jax.numpy.int8
+    with pytest.raises(ValueError, match="spec='auto' with quantization"):
+        jspec.SpecEngine.from_pretrained(jspec.bundled_model(), spec="auto", quantization="int8")
+
+
+def test_a_mesh_equals_one_device_and_splits_the_quantized_bytes():
+    report = run_on_virtual_devices("tests.jspec.quantized_mesh", 4)
+    assert report["tp2"] == report["single"] and report["dp2xtp2"] == report["single"]
+    assert report["bytes_per_device_tp2"] < 0.6 * report["bytes_single"]  # the layers' qvalues and scales split
