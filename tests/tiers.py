@@ -84,6 +84,9 @@ SLOW: dict[str, str] = {
        f"{case}: greedy speculation = plain decoding of the same quantized target; default: [eagle3-int8] and "
        f"[ngram-int4] (the quantized Dense under a model drafter and a lookup), the MTP int4 case"
        for case in ("eagle3-fp8", "eagle3-int4", "draft-int8", "draft-fp8", "draft-int4", "ngram-int8", "ngram-fp8")},
+    "tests/jspec/test_quantized_engine.py::test_served_requests_equal_offline_generate_on_quantized_weights":
+        "the slot engine (paged KV) on int4 weights with EAGLE-3 = offline generate; default: the quantized greedy "
+        "cases (the same Dense in every program) and test_paged_rows_equal_generate_alone (the server's programs)",
     "tests/jspec/test_spec_sampling.py::test_a_quantized_target_is_followed_exactly":
         "sampled speculation on int8 weights follows the quantized target's exact distribution (chi-square); default: "
         "the float chi-square tests (the same verify walk) and the quantized greedy cases",

@@ -80,7 +80,7 @@ def quantizations(text: str) -> list[str | None]:
 
 
 def method_label(scheme: str | None, method: str) -> str:
-    return method if scheme is None else f"{method} [{scheme}]"
+    return method if scheme is None else f"{method} ({scheme})"
 
 
 def acceptance_histogram(accepted_per_position: Sequence[float]) -> list[float]:

@@ -59,3 +59,23 @@ def test_a_mesh_equals_one_device_and_splits_the_quantized_bytes():
     report = run_on_virtual_devices("tests.jspec.quantized_mesh", 4)
     assert report["tp2"] == report["single"] and report["dp2xtp2"] == report["single"]
     assert report["bytes_per_device_tp2"] < 0.6 * report["bytes_single"]  # the layers' qvalues and scales split
+
+
+def test_served_requests_equal_offline_generate_on_quantized_weights():
+    """The server's slot engine (paged KV, one step program) on int4 weights with an EAGLE-3 head: each request's
+    tokens equal the same engine's offline generate."""
+    from jspec.serve.slots import SlotEngine
+    from tests.jspec.serve.test_slots import serve_all
+
+    engine = bundled("int4", "eagle3")
+    slots = SlotEngine(engine, max_seq_len=128, steps_per_chunk=3, adapt=False, row_buckets=(3,),
+                       enable_prefix_caching=False)
+    slots.warm_up()
+    slots.start()
+    try:
+        ids = engine.encode(PROMPTS)
+        sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=20 + 4 * i, seed=i) for i, p in enumerate(ids)])
+        for i, (prompt, sink) in enumerate(zip(ids, sinks)):
+            assert sink.tokens == engine.generate([prompt], max_new_tokens=20 + 4 * i).token_ids[0]
+    finally:
+        slots.shutdown(10)

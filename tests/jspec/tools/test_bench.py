@@ -69,7 +69,7 @@ def test_methods_side_by_side_on_quantized_weights(tmp_path):
     assert bench.main(["--methods", "plain,ngram", "--peers", "", "--quantization", "int8,none", "--batch-sizes", "1",
                        "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--out", str(tmp_path)]) == 0
     rows = {r["method"]: r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
-    assert list(rows) == ["plain", "ngram", "plain [int8]", "ngram [int8]"]
-    assert rows["ngram"]["mismatches"] == 0 and rows["ngram [int8]"]["mismatches"] == 0
-    assert rows["plain [int8]"]["quantization"] == "int8" and rows["plain"]["quantization"] is None
+    assert list(rows) == ["plain", "ngram", "plain (int8)", "ngram (int8)"]
+    assert rows["ngram"]["mismatches"] == 0 and rows["ngram (int8)"]["mismatches"] == 0
+    assert rows["plain (int8)"]["quantization"] == "int8" and rows["plain"]["quantization"] is None
 
