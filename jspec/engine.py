@@ -36,6 +36,7 @@ from jspec.structured_outputs.grammar import GrammarCompiler
 from jspec.structured_outputs.loop import generate_structured
 from jspec.tokenizer import generation_eos, load_tokenizer
 from models.checkpoint import load_llama
+from models.checkpoint.store import read_jspec_meta
 from models.config import ModelConfig
 from models.llama import unstack_layers
 from models.quantization import QuantizationConfig, cpu_int4, quantize_params
@@ -164,8 +165,10 @@ class SpecEngine:
         rows over ``data_parallel_size`` groups of them (a ("data", "model") mesh over the first dp x tp devices of
         ``jax.devices()``, every process's once ``jax.distributed`` is initialized); or pass your own ``mesh`` with
         those axes (``jspec.sharding.make_mesh``). Each parameter is restored straight into its sharding.
-        quantization: vLLM's name; None, "int8", "fp8" or "int4" (or a ``models.quantization.QuantizationConfig``):
-        the target's and the drafter's linear layers weight-only quantized at load (see ``__init__``).
+        quantization: vLLM's name; "int8", "fp8" or "int4" (or a ``models.quantization.QuantizationConfig``): the
+        target's and the drafter's linear layers weight-only quantized at load (see ``__init__``); None: the scheme
+        of the quantized checkpoint ``target_dir`` was converted from (``models.checkpoint.hf_quantized``), if any;
+        "none": the weights as stored.
         """
         target_dir = os.fspath(target_dir)
         if isinstance(spec, str) and spec == "auto":
@@ -195,6 +198,10 @@ class SpecEngine:
                 check_tensor_parallel(config, tensor_parallel_size)
                 return named(mesh, param_specs(abstract, config, tensor_parallel_size))
 
+        if quantization is None:  # a checkpoint read from a quantized source names its scheme (hf_quantized)
+            quantization = _stored_quantization(target_dir)
+        elif quantization == "none":
+            quantization = None
         config, params, dtype = load_llama(target_dir, dtype if dtype is not None else default_dtype(), shardings)
         static_drafter = drafter_params = None
         if drafter is not None:
@@ -512,6 +519,12 @@ class SpecEngine:
                              num_verify_steps=total_steps, accepted_per_position=per_position,
                              num_generated_tokens=total_new, run_seconds=run_seconds,
                              compile_seconds=compile_seconds)
+
+
+def _stored_quantization(model_dir: str) -> QuantizationConfig | None:
+    """The scheme jspec.json records for a checkpoint converted from a quantized one, None for the others."""
+    stored = read_jspec_meta(model_dir).get("quantization") if os.path.isdir(model_dir) else None
+    return None if stored is None else QuantizationConfig(**stored)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "quantization"))

@@ -72,7 +72,8 @@ def main(argv=None) -> None:
     report = {"model": model, "prompts": len(ids), "dtype": "float32", "schemes": {}}
     for scheme in [s for s in args.schemes.split(",") if s]:
         quantized = engine(scheme)
-        report["schemes"][scheme] = compare(reference, [x for batch in batches for x in prompt_logits(quantized, batch)])
+        logits = [x for batch in batches for x in prompt_logits(quantized, batch)]
+        report["schemes"][scheme] = compare(reference, logits)
         print(scheme, json.dumps(report["schemes"][scheme]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -85,7 +85,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                              f"model's max_position_embeddings if smaller)")
     models.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                         help="compute dtype (default: float32 on a CPU, the checkpoint's own on a GPU/TPU)")
-    models.add_argument("--quantization", "-q", default=None, choices=["int8", "fp8", "int4"],
+    models.add_argument("--quantization", "-q", default=None, choices=["int8", "fp8", "int4", "none"],
                         help="weight-only quantization of the target's and drafter's linear layers at load (qwix; "
                              "int4 in groups of 128 input features); output equals plain decoding of the same "
                              "quantized target")

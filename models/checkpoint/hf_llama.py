@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -16,8 +16,9 @@ import numpy as np
 
 from models.checkpoint.hf_mtp import plan_mtp, stream_mtp_leaves
 from models.checkpoint.hf_params import UNUSED_TENSOR, TensorCheck, expected_shapes, naming_config, resolve_dtype
+from models.checkpoint.hf_quantized import DequantizingReader, read_quantization
 from models.checkpoint.mtp_layouts import MTP_DIR, split_mtp_name
-from models.checkpoint.safetensors_io import open_safetensors, read_tensor, safetensors_files, tensor_headers
+from models.checkpoint.safetensors_io import read_tensor, safetensors_files, tensor_headers
 from models.checkpoint.store import DTYPES, atomic_directory, check_destination, read_hf_config, write_jspec_dir
 from models.config import ModelConfig, from_hf_config
 
@@ -51,34 +52,35 @@ def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | None, bool] |
 _Source = tuple[int | None, str, str, bool]  # (layer or None, file, tensor name, transpose?)
 
 
-def _plan_llama(files: list[str], abstract_params: Any,
+def _plan_llama(tensors: Iterable[tuple[str, str, tuple[int, ...]]], abstract_params: Any,
                 ignore: Callable[[str], bool]) -> dict[tuple[str, ...], list[_Source]]:
-    """param path -> the source tensors that fill it, checked from the headers (no tensor data read)."""
+    """(file, tensor name, shape) of every source tensor -> param path -> the source tensors that fill it, checked
+    from the headers (no tensor data read)."""
     check = TensorCheck(abstract_params, llama_param_path, ignore)
     plan: dict[tuple[str, ...], list[_Source]] = {}
-    for file in files:
-        with open_safetensors(file) as f:
-            for name in f.keys():
-                placed = check.place(name, tuple(f.get_slice(name).get_shape()))
-                if placed is not None:
-                    path, layer, transpose = placed
-                    plan.setdefault(path, []).append((layer, file, name, transpose))
+    for file, name, shape in tensors:
+        placed = check.place(name, shape)
+        if placed is not None:
+            path, layer, transpose = placed
+            plan.setdefault(path, []).append((layer, file, name, transpose))
     check.raise_problems()
     return plan
 
 
 def _stream_llama_leaves(plan: dict[tuple[str, ...], list[_Source]], abstract_params: Any, dtype,
-                         on_tensor: Callable[[], None] = lambda: None) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-    """Yields (param path, array) one parameter at a time; each array is built when drawn (see above)."""
+                         on_tensor: Callable[[], None] = lambda: None,
+                         read: Callable[..., np.ndarray] = read_tensor) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+    """Yields (param path, array) one parameter at a time; each array is built when drawn (see above). read:
+    (file, name, out=None) -> the tensor (``read_tensor``, or a quantized checkpoint's dequantizing reader)."""
     np_dtype = np.dtype(dtype)
     for path, (shape, _) in expected_shapes(abstract_params).items():
         buffer = np.empty(shape, np_dtype)
         for layer, file, name, transpose in plan[path]:
             target = buffer if layer is None else buffer[layer]
             if transpose:
-                target[...] = read_tensor(file, name).T
+                target[...] = read(file, name).T
             else:
-                read_tensor(file, name, out=target)
+                read(file, name, out=target)
             del target
             on_tensor()
         yield path, buffer
@@ -106,10 +108,15 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     files = safetensors_files(src)
     abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
     headers = tensor_headers(files)
+    quantized = read_quantization(src, hf_config)
+    reader = DequantizingReader(headers) if quantized is not None else None
+    tensors = reader.listing() if reader is not None else ((f, n, s) for n, (f, s) in headers.items())
     mtp_names = {name for name in headers
                  if not UNUSED_TENSOR.match(name) and split_mtp_name(name, config.num_layers) is not None}
+    if quantized is not None and mtp_names:
+        raise ValueError(f"{src}: a quantized checkpoint with MTP modules is not supported")
     ignore_tied = ignore_tied_lm_head(config)
-    plan = _plan_llama(files, abstract, lambda name: ignore_tied(name) or name in mtp_names)
+    plan = _plan_llama(tensors, abstract, lambda name: ignore_tied(name) or name in mtp_names)
     with naming_config(src):
         mtp = plan_mtp(headers, mtp_names, hf_config, config, DTYPES[dtype])
     with contextlib.ExitStack() as stack:
@@ -120,8 +127,10 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
             bar = stack.enter_context(tqdm(total=total, desc="converting", unit="tensor"))
             on_tensor = bar.update
         with atomic_directory(dst, overwrite) as out:
-            write_jspec_dir(out, hf_config, _stream_llama_leaves(plan, abstract, DTYPES[dtype], on_tensor), "llama",
-                            dtype, src)
+            leaves = _stream_llama_leaves(plan, abstract, DTYPES[dtype], on_tensor,
+                                          read=reader.read if reader is not None else read_tensor)
+            write_jspec_dir(out, hf_config, leaves, "llama", dtype, src,
+                            meta=None if quantized is None else {"quantization": quantized.meta()})
             if mtp is not None:
                 mtp_dir = os.path.join(out, MTP_DIR)
                 os.makedirs(mtp_dir)

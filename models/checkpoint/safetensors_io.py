@@ -98,8 +98,9 @@ def tensor_headers(files: list[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
     return headers
 
 
-# safetensors dtype -> numpy; others (float8 ...) are read through safe_open.
+# safetensors dtype -> numpy (ml_dtypes for bf16 and fp8, which numpy lacks); others are read through safe_open.
 _SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+                       "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
                        "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
                        "BOOL": np.bool_}
 

@@ -177,14 +177,15 @@ def atomic_directory(dst: str, overwrite: bool = False) -> Iterator[str]:
 
 
 def write_jspec_dir(out: str, hf_config: dict, params: Any | Iterable[tuple[tuple[str, ...], Any]], kind: str,
-                    dtype: str, src: str | None) -> None:
+                    dtype: str, src: str | None, meta: dict | None = None) -> None:
     """Writes config.json, jspec.json, params/ and tokenizer files into the (temporary) directory ``out``.
 
-    params: a param pytree, or (path, array) pairs drawn one at a time (see ``save_params``)."""
+    params: a param pytree, or (path, array) pairs drawn one at a time (see ``save_params``); meta: more jspec.json
+    entries ("quantization": the scheme a quantized source was read from, ``models.checkpoint.hf_quantized``)."""
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
     with open(os.path.join(out, "jspec.json"), "w") as f:
-        json.dump({"format": FORMAT_VERSION, "kind": kind, "dtype": dtype}, f, indent=2)
+        json.dump({"format": FORMAT_VERSION, "kind": kind, "dtype": dtype, **(meta or {})}, f, indent=2)
     save_params(os.path.join(out, "params"), params)
     if src is not None:
         for name in TOKENIZER_FILES:
