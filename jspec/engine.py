@@ -522,9 +522,10 @@ class SpecEngine:
 
 
 def _stored_quantization(model_dir: str) -> QuantizationConfig | None:
-    """The scheme jspec.json records for a checkpoint converted from a quantized one, None for the others."""
+    """The scheme jspec.json records (a checkpoint converted from a quantized one, or stored quantized by jspec
+    convert --quantization), None for the others."""
     stored = read_jspec_meta(model_dir).get("quantization") if os.path.isdir(model_dir) else None
-    return None if stored is None else QuantizationConfig(**stored)
+    return None if stored is None else QuantizationConfig(**{k: v for k, v in stored.items() if k != "stored"})
 
 
 @functools.partial(jax.jit, static_argnames=("config", "quantization"))

@@ -15,6 +15,7 @@ Scales are absmax (qwix's default calibration): symmetric, no zero point.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -55,8 +56,9 @@ def is_quantized(leaf: Any) -> bool:
     return isinstance(leaf, qwix.QArray)
 
 
-def _quantizes(names: list[str], leaf: Any, config: QuantizationConfig) -> bool:
-    if not names or names[-1] != "kernel" or jnp.ndim(leaf) < 2:
+def quantizes(names: Sequence[str], ndim: int, config: QuantizationConfig) -> bool:
+    """Whether the leaf at ``names`` (its path's keys), of rank ``ndim``, is one ``config`` quantizes."""
+    if not names or names[-1] != "kernel" or ndim < 2:
         return False
     return config.lm_head or (len(names) < 2 or names[-2] != "lm_head")
 
@@ -85,11 +87,53 @@ def quantize_params(params: Any, config: QuantizationConfig | str | None) -> Any
 
     def quantize(path, leaf):
         names = [str(getattr(key, "key", getattr(key, "name", key))) for key in path]
-        if is_quantized(leaf) or not _quantizes(names, leaf, config):
+        if is_quantized(leaf) or not quantizes(names, jnp.ndim(leaf), config):
             return leaf
         return quantize_kernel(leaf, config, name="/".join(names))
 
     return jax.tree_util.tree_map_with_path(quantize, params, is_leaf=is_quantized)
+
+
+# --- stored quantized (jspec convert --quantization) ------------------------------------------------------------
+#
+# On disk a quantized kernel is two leaves, ``<path>/qvalue`` and ``<path>/scale``; int4 values are held in int8
+# (one per byte: the checkpoint store has no 4-bit type) and narrowed again at load.
+
+def stored_leaves(leaves: Iterable[tuple[tuple[str, ...], np.ndarray]],
+                  config: QuantizationConfig) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+    """(path, float array) pairs -> the pairs a quantized checkpoint stores, one source leaf at a time."""
+    for path, array in leaves:
+        if not quantizes(path, np.ndim(array), config):
+            yield path, array
+            continue
+        quantized = quantize_kernel(jnp.asarray(array, jnp.float32), config, name="/".join(path))
+        del array
+        qvalue = quantized.qvalue.astype(jnp.int8) if quantized.qvalue.dtype == jnp.int4 else quantized.qvalue
+        yield path + ("qvalue",), np.asarray(qvalue)
+        yield path + ("scale",), np.asarray(quantized.scale)
+
+
+def as_stored(tree: Any) -> Any:
+    """A tree with QArrays (arrays, abstract arrays or shardings) -> the same with each as {"qvalue", "scale"}, an
+    int4 qvalue's abstract array widened to int8 as stored."""
+    def widen(x):
+        if isinstance(x, jax.ShapeDtypeStruct) and x.dtype == jnp.int4:
+            return jax.ShapeDtypeStruct(x.shape, jnp.int8, sharding=x.sharding)
+        return x
+
+    return jax.tree.map(lambda q: {"qvalue": widen(q.qvalue), "scale": q.scale} if is_quantized(q) else q, tree,
+                        is_leaf=is_quantized)
+
+
+def from_stored(tree: Any, abstract: Any) -> Any:
+    """``as_stored``'s form of restored params -> QArrays again, shaped by ``abstract`` (the quantized abstract
+    params): each qvalue narrowed to its qtype."""
+    def rebuild(spec, stored):
+        if not is_quantized(spec):
+            return stored
+        return qwix.QArray(stored["qvalue"].astype(spec.qvalue.dtype), stored["scale"], qtype=spec.qtype)
+
+    return jax.tree.map(rebuild, abstract, tree, is_leaf=is_quantized)
 
 
 def cpu_int4(params: Any) -> Any:

@@ -87,6 +87,14 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_quantized_engine.py::test_served_requests_equal_offline_generate_on_quantized_weights":
         "the slot engine (paged KV) on int4 weights with EAGLE-3 = offline generate; default: the quantized greedy "
         "cases (the same Dense in every program) and test_paged_rows_equal_generate_alone (the server's programs)",
+    **{f"tests/models/test_quantized_checkpoints.py::{test}[{case}]": f"{why}; default: {kept}"
+       for test, case, why, kept in [
+        ("test_a_target_stored_quantized_loads_as_quantized_at_load", "int8",
+         "int8 stored by jspec convert = quantized at load", "[int4] (qvalue widened on disk and narrowed back)"),
+        ("test_a_target_stored_quantized_loads_as_quantized_at_load", "fp8",
+         "fp8 stored by jspec convert = quantized at load", "[int4]"),
+        ("test_a_quantized_checkpoint_converts_and_runs_as_its_dequantized_weights", "fp8-fp8",
+         "compressed-tensors fp8 per channel = its dequantize-then-run reference", "[modelopt-fp8] (fp8 read)")]},
     "tests/jspec/test_spec_sampling.py::test_a_quantized_target_is_followed_exactly":
         "sampled speculation on int8 weights follows the quantized target's exact distribution (chi-square); default: "
         "the float chi-square tests (the same verify walk) and the quantized greedy cases",

@@ -20,6 +20,9 @@ def add_convert_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="parameter dtype; auto: the checkpoint's own")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
+    parser.add_argument("--quantization", "-q", default=None, choices=["int8", "fp8", "int4"],
+                        help="store a target's linear layers weight-only quantized (qwix; int4 in groups of 128): "
+                             "loading reads them as stored")
 
 
 def _remove_tree(path: str, settle_seconds: float = 0.3, limit_seconds: float = 3.0) -> None:
@@ -50,7 +53,8 @@ def run_convert(args: argparse.Namespace) -> int:
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.converting-", dir=os.path.dirname(dst))
     try:
         with on_interrupt(lambda: _remove_tree(staging)):
-            converted = convert_hf_checkpoint(args.src, os.path.join(staging, "out"), dtype=args.dtype)
+            converted = convert_hf_checkpoint(args.src, os.path.join(staging, "out"), dtype=args.dtype,
+                                              quantization=args.quantization)
             check_destination(dst, args.overwrite)
             if os.path.exists(dst):
                 shutil.rmtree(dst)

@@ -23,6 +23,7 @@ from models.checkpoint.hf_eagle3 import convert_hf_eagle3, eagle3_tensor_files, 
 from models.checkpoint.hf_llama import convert_hf_llama
 from models.checkpoint.safetensors_io import tensor_names
 from models.checkpoint.store import read_hf_config
+from models.quantization import QuantizationConfig
 
 
 def checkpoint_kind(src: str) -> str:
@@ -49,8 +50,16 @@ def checkpoint_kind(src: str) -> str:
 
 
 def convert_hf_checkpoint(src: str, dst: str, dtype: str = "auto", overwrite: bool = False,
-                          progress: bool = True) -> str:
+                          progress: bool = True, quantization: str | None = None) -> str:
     """Converts a HF directory (Llama-family target, EAGLE-3 head or DFlash drafter, see ``checkpoint_kind``) to
-    ``dst``."""
-    convert = {"dflash": convert_hf_dflash, "eagle3": convert_hf_eagle3}.get(checkpoint_kind(src), convert_hf_llama)
+    ``dst``. quantization: "int8" | "fp8" | "int4" stores a target's linear layers quantized
+    (``models.quantization``; loading then needs no quantizing and reads a quarter to a half of the bytes)."""
+    kind = checkpoint_kind(src)
+    if quantization is not None:
+        if kind in ("dflash", "eagle3"):
+            raise ValueError(f"quantization={quantization!r}: converting stores a target quantized; a {kind} drafter "
+                             f"is quantized at load with its target (SpecEngine.from_pretrained(quantization=...))")
+        return convert_hf_llama(src, dst, dtype=dtype, overwrite=overwrite, progress=progress,
+                                quantization=QuantizationConfig.coerce(quantization))
+    convert = {"dflash": convert_hf_dflash, "eagle3": convert_hf_eagle3}.get(kind, convert_hf_llama)
     return convert(src, dst, dtype=dtype, overwrite=overwrite, progress=progress)

@@ -6,6 +6,7 @@ the checkpoint into a jspec directory one stacked parameter at a time (with the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +22,7 @@ from models.checkpoint.mtp_layouts import MTP_DIR, split_mtp_name
 from models.checkpoint.safetensors_io import read_tensor, safetensors_files, tensor_headers
 from models.checkpoint.store import DTYPES, atomic_directory, check_destination, read_hf_config, write_jspec_dir
 from models.config import ModelConfig, from_hf_config
+from models.quantization import QuantizationConfig, stored_leaves
 
 _LLAMA_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -93,7 +95,7 @@ def ignore_tied_lm_head(config: ModelConfig) -> Callable[[str], bool]:
 
 
 def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = False,
-                     progress: bool = True) -> str:
+                     progress: bool = True, quantization: QuantizationConfig | None = None) -> str:
     """Converts a HF Llama-family checkpoint directory at ``src`` into a jspec directory at ``dst``.
 
     MTP modules in the checkpoint (config.json ``num_nextn_predict_layers``; models/checkpoint/mtp_layouts.py) are
@@ -129,8 +131,13 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
         with atomic_directory(dst, overwrite) as out:
             leaves = _stream_llama_leaves(plan, abstract, DTYPES[dtype], on_tensor,
                                           read=reader.read if reader is not None else read_tensor)
-            write_jspec_dir(out, hf_config, leaves, "llama", dtype, src,
-                            meta=None if quantized is None else {"quantization": quantized.meta()})
+            meta = None if quantized is None else {"quantization": quantized.meta()}
+            if quantization is not None:  # stored quantized: the loaded model is quantized already
+                if mtp is not None:
+                    raise ValueError(f"{src}: storing a target with MTP modules quantized is not supported")
+                leaves = stored_leaves(leaves, quantization)
+                meta = {"quantization": {**dataclasses.asdict(quantization), "stored": True}}
+            write_jspec_dir(out, hf_config, leaves, "llama", dtype, src, meta=meta)
             if mtp is not None:
                 mtp_dir = os.path.join(out, MTP_DIR)
                 os.makedirs(mtp_dir)

@@ -40,6 +40,7 @@ from flax import traverse_util
 
 from models.checkpoint.mtp_layouts import MTP_DIR, abstract_module
 from models.config import ModelConfig, from_hf_config
+from models.quantization import QuantizationConfig, as_stored, from_stored, is_quantized, quantize_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
@@ -233,10 +234,21 @@ def load_llama(model_dir: str, dtype: str | None = None,
     meta = _read_kind(model_dir, "llama")
     config = from_hf_config(read_hf_config(model_dir))
     stored = meta["dtype"]
-    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[stored]))
-    placement = None if shardings is None else functools.partial(shardings, config)
-    params = load_params(os.path.join(model_dir, "params"), abstract, placement)
-    return (config,) + _cast_params(params, stored, dtype)
+    quantization = stored_quantization(meta)
+    abstract = jax.eval_shape(lambda: quantize_params(init_params(config, jax.random.key(0), DTYPES[stored]),
+                                                      quantization))
+    placement = None if shardings is None else lambda tree: as_stored(shardings(config, abstract))
+    params = load_params(os.path.join(model_dir, "params"), as_stored(abstract), placement)
+    return (config,) + _cast_params(from_stored(params, abstract), stored, dtype)
+
+
+def stored_quantization(meta: dict) -> QuantizationConfig | None:
+    """The scheme a converted directory's params are stored quantized in (jspec convert --quantization), from its
+    jspec.json; None for float params (also those read from a quantized source, which only name a scheme)."""
+    entry = meta.get("quantization") or {}
+    if not entry.get("stored"):
+        return None
+    return QuantizationConfig(**{k: v for k, v in entry.items() if k != "stored"})
 
 
 def _cast_params(params: Any, stored: str, dtype: str | None) -> tuple[Any, str]:
@@ -250,8 +262,9 @@ def _cast_params(params: Any, stored: str, dtype: str | None) -> tuple[Any, str]
 
 @functools.partial(jax.jit, static_argnames=("dtype",))
 def _cast_tree(params: Any, *, dtype: str) -> Any:
-    """Every leaf cast to ``dtype`` in one program (one compilation, cached, instead of one per leaf shape)."""
-    return jax.tree.map(lambda a: a.astype(DTYPES[dtype]), params)
+    """Every leaf cast to ``dtype`` in one program (one compilation, cached, instead of one per leaf shape); a
+    quantized kernel's scale only (``QArray.astype``), its integers kept."""
+    return jax.tree.map(lambda a: a.astype(DTYPES[dtype]), params, is_leaf=is_quantized)
 
 
 def _read_kind(model_dir: str, kind: str) -> dict:
