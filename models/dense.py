@@ -1,4 +1,5 @@
-"""Dense: ``flax.linen.Dense`` whose kernel may be weight-only quantized (a ``qwix.QArray``, models.quantization).
+"""Dense and Embed: ``flax.linen.Dense`` / ``flax.linen.Embed`` whose kernel / table may be weight-only quantized
+(a ``qwix.QArray``, models.quantization).
 
 The same parameters (``kernel`` [in, out], optional ``bias``) and, for a float kernel, the same computation as
 ``nn.Dense``; a quantized kernel goes through ``qwix.dot_general``, which dequantizes it in the compute dtype next
@@ -32,3 +33,25 @@ class Dense(nn.Dense):
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y
+
+
+class Embed(nn.Embed):
+    """``nn.Embed`` whose table may be a QArray (a scale per vocabulary row, per group of features for int4): the
+    looked-up rows are dequantized, and ``attend`` multiplies through ``qwix.dot_general``."""
+
+    def __call__(self, inputs):
+        table = self.embedding
+        if not isinstance(table, qwix.QArray):
+            return super().__call__(inputs)
+        rows = qwix.QArray(jnp.take(table.qvalue, inputs, axis=0), jnp.take(table.scale, inputs, axis=0),
+                           qtype=table.qtype)
+        return qwix.dequantize(rows).astype(self.dtype or table.dtype)
+
+    def attend(self, query):
+        table = self.embedding
+        if not isinstance(table, qwix.QArray):
+            return super().attend(query)
+        dtype = self.dtype or query.dtype
+        contract = (((query.ndim - 1,), (1,)), ((), ()))
+        return qwix.dot_general(jnp.asarray(query, dtype), table.astype(dtype), contract).astype(dtype)
+

@@ -30,7 +30,7 @@ import numpy as np
 
 from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
 from models.config import ModelConfig
-from models.dense import Dense
+from models.dense import Dense, Embed
 
 
 class DecoderOutput(NamedTuple):
@@ -166,8 +166,8 @@ class LlamaModel(nn.Module):
                  local_mask: jax.Array | None = None, logits_index: jax.Array | None = None,
                  tap_layers: Sequence[int] = (), write_offset: jax.Array | int = 0) -> DecoderOutput:
         cfg = self.config
-        embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
-                         name="embed_tokens")
+        embed = Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
+                      name="embed_tokens")
         x = embed(tokens)
         cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
 

@@ -7,8 +7,9 @@ operation the engine does (unstacking layers, slicing, sharding, donation) appli
 which XLA fuses into it: the int8 / int4 bytes are what is read from memory). Activations stay in the compute dtype.
 
 Which kernels: every ``Dense`` kernel (``kernel`` leaves of rank >= 2: attention and MLP projections, an EAGLE-3
-head's ``fc``, MTP's ``eh_proj``, DFlash's projections), ``lm_head`` only with ``lm_head=True``. Embedding tables stay
-in the compute dtype (vLLM's and llm-compressor's default is to leave ``lm_head`` and the embeddings unquantized).
+head's ``fc``, MTP's ``eh_proj``, DFlash's projections), ``lm_head`` only with ``lm_head=True``, the target's
+``embed_tokens`` table only with ``embeddings=True`` (vLLM's and llm-compressor's default is to leave ``lm_head`` and
+the embeddings unquantized).
 Scales are absmax (qwix's default calibration): symmetric, no zero point.
 """
 
@@ -30,11 +31,13 @@ QTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "int4": jnp.int4}
 @dataclasses.dataclass(frozen=True)
 class QuantizationConfig:
     """scheme: "int8" | "fp8" (per output channel) | "int4" (per group of ``group_size`` input features, as GPTQ and
-    AWQ checkpoints are); lm_head: quantize the output projection too."""
+    AWQ checkpoints are); lm_head: quantize the output projection too; embeddings: the embedding table too (a scale
+    per vocabulary row; a tied lm_head is its own kernel in the inference layout, quantized with ``lm_head``)."""
 
     scheme: str
     group_size: int = 128
     lm_head: bool = False
+    embeddings: bool = False
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
@@ -58,15 +61,20 @@ def is_quantized(leaf: Any) -> bool:
 
 def quantizes(names: Sequence[str], ndim: int, config: QuantizationConfig) -> bool:
     """Whether the leaf at ``names`` (its path's keys), of rank ``ndim``, is one ``config`` quantizes."""
-    if not names or names[-1] != "kernel" or ndim < 2:
+    if ndim < 2 or not names:
+        return False
+    if names[-1] == "embedding":
+        return config.embeddings and len(names) >= 2 and names[-2] == "embed_tokens"
+    if names[-1] != "kernel":
         return False
     return config.lm_head or (len(names) < 2 or names[-2] != "lm_head")
 
 
 def quantize_kernel(kernel: jax.Array, config: QuantizationConfig, name: str = "kernel") -> qwix.QArray:
-    """kernel [..., in, out] (leading axes: stacked layers) -> QArray; a scale per output channel (and per layer),
-    for int4 per group of ``config.group_size`` input features too."""
-    contracting = kernel.ndim - 2
+    """kernel [..., in, out] (leading axes: stacked layers), or an embedding table [V, H] -> QArray; a scale per
+    output channel (per vocabulary row) and per layer, for int4 per group of ``config.group_size`` input features
+    too."""
+    contracting = kernel.ndim - 1 if name.endswith("embedding") else kernel.ndim - 2
     channelwise = tuple(axis for axis in range(kernel.ndim) if axis != contracting)
     tiled = {}
     if config.scheme == "int4":

@@ -3,6 +3,8 @@ multiplies by a quantized kernel."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -80,3 +82,24 @@ def test_weight_bytes_against_bf16_on_llama_proportions():
     ratios = {scheme: weight_bytes(quantize_params(params, QuantizationConfig(scheme, lm_head=True)))
               / weight_bytes(params) for scheme in ("int8", "int4")}
     assert ratios["int8"] <= 0.55 and ratios["int4"] <= 0.32, ratios
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantized_embeddings_look_up_and_attend_as_their_dequantized_table(tied):
+    """embeddings=True: the table quantized per vocabulary row; lookups and a tied lm_head's logits equal those of
+    the dequantized table."""
+    from models.attention import KVCache
+    from models.llama import LlamaModel, unstack_layers
+
+    config = dataclasses.replace(TINY, tie_word_embeddings=tied)
+    params = unstack_layers(init_params(config, jax.random.key(0)), config)
+    quantized = quantize_params(params, QuantizationConfig("int8", embeddings=True, lm_head=tied))
+    table = quantized["embed_tokens"]["embedding"]
+    assert isinstance(table, qwix.QArray) and table.scale.shape == (TINY.vocab_size, 1)
+    dequantized = jax.tree.map(lambda x: qwix.dequantize(x) if isinstance(x, qwix.QArray) else x, quantized,
+                               is_leaf=lambda x: isinstance(x, qwix.QArray))
+    tokens = jnp.asarray([[3, 17, 42, 5]])
+    cache = KVCache.zeros(TINY.num_layers, 1, 4, TINY.num_kv_heads, TINY.head_dim, jnp.float32, per_layer=True)
+    run = lambda p: LlamaModel(config, scan_layers=False).apply({"params": p}, tokens, jnp.arange(4)[None], cache,
+                                                                jnp.zeros((1,), jnp.int32)).logits
+    np.testing.assert_allclose(run(quantized), run(dequantized), rtol=1e-5, atol=1e-5)
