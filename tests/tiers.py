@@ -81,9 +81,10 @@ SLOW: dict[str, str] = {
     # --- quantization (issue 32) -----------------------------------------------------------------------------
     **{f"tests/jspec/test_quantized_engine.py::"
        f"test_greedy_speculation_equals_plain_decoding_of_the_same_quantized_target[{case}]":
-       f"{case}: greedy speculation = plain decoding of the same quantized target; default: [eagle3-int8] and "
-       f"[ngram-int4] (the quantized Dense under a model drafter and a lookup), the MTP int4 case"
-       for case in ("eagle3-fp8", "eagle3-int4", "draft-int8", "draft-fp8", "draft-int4", "ngram-int8", "ngram-fp8")},
+       f"{case}: greedy speculation = plain decoding of the same quantized target; default: [eagle3-int8] (target "
+       f"and head quantized) and the MTP int4 case (group-quantized target and modules)"
+       for case in ("eagle3-fp8", "eagle3-int4", "draft-int8", "draft-fp8", "draft-int4", "ngram-int8", "ngram-fp8",
+                    "ngram-int4")},
     "tests/jspec/test_quantized_engine.py::test_served_requests_equal_offline_generate_on_quantized_weights":
         "the slot engine (paged KV) on int4 weights with EAGLE-3 = offline generate; default: the quantized greedy "
         "cases (the same Dense in every program) and test_paged_rows_equal_generate_alone (the server's programs)",
@@ -95,11 +96,16 @@ SLOW: dict[str, str] = {
          "fp8 stored by jspec convert = quantized at load", "[int4]"),
         ("test_a_quantized_checkpoint_converts_and_runs_as_its_dequantized_weights", "fp8-fp8",
          "compressed-tensors fp8 per channel = its dequantize-then-run reference", "[modelopt-fp8] (fp8 read)")]},
+    "tests/jspec/tools/test_bench.py::test_methods_side_by_side_on_quantized_weights":
+        "jspec bench --quantization none,int8 runs every method on both weight formats, each lossless against its own "
+        "plain decoding; default: the --quantization argument test and test_quantized_engine's default cases",
     "tests/jspec/test_spec_sampling.py::test_a_quantized_target_is_followed_exactly":
         "sampled speculation on int8 weights follows the quantized target's exact distribution (chi-square); default: "
         "the float chi-square tests (the same verify walk) and the quantized greedy cases",
     "tests/jspec/test_quantized_engine.py::test_mtp_greedy_equals_plain_decoding_of_the_same_quantized_target[int8]":
         "MTP on int8 weights = plain; default: [int4] (group-quantized modules)",
+    "tests/jspec/test_quantized_engine.py::test_mtp_greedy_equals_plain_decoding_of_the_same_quantized_target[fp8]":
+        "MTP on fp8 weights = plain; default: [int4] (group-quantized modules)",
     "tests/jspec/test_quantized_engine.py::test_a_mesh_equals_one_device_and_splits_the_quantized_bytes":
         "int8 on tp 2 and dp 2 x tp 2 = one device, each device holding its share of the quantized bytes; default: "
         "test_sharded_params (the placement rules) and tests/models/test_quantization (the QArray leaves)",

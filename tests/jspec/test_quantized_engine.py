@@ -35,8 +35,8 @@ def test_greedy_speculation_equals_plain_decoding_of_the_same_quantized_target(s
     assert out.stats.acceptance_length > ACCEPTANCE_FLOOR[drafter], out.stats  # drafts are accepted: it means something
 
 
-@pytest.mark.parametrize("scheme", [QuantizationConfig("int8"), QuantizationConfig("int4", group_size=16)],
-                         ids=["int8", "int4"])
+@pytest.mark.parametrize("scheme", [QuantizationConfig("int8"), QuantizationConfig("fp8"),
+                                    QuantizationConfig("int4", group_size=16)], ids=["int8", "fp8", "int4"])
 def test_mtp_greedy_equals_plain_decoding_of_the_same_quantized_target(scheme):
     target = one_layer_target(0.05)
     modules = [copy_module(target, "mimo", scale, seed) for seed, scale in enumerate((0.3, 0.6))]
