@@ -171,6 +171,8 @@ class SpecEngine:
         "none": the weights as stored.
         """
         target_dir = os.fspath(target_dir)
+        keep_floats = quantization == "none"
+        quantization = None if keep_floats else QuantizationConfig.coerce(quantization)  # checked before any work
         if isinstance(spec, str) and spec == "auto":
             from jspec.auto import from_pretrained_auto
 
@@ -198,10 +200,8 @@ class SpecEngine:
                 check_tensor_parallel(config, tensor_parallel_size)
                 return named(mesh, param_specs(abstract, config, tensor_parallel_size))
 
-        if quantization is None:  # a checkpoint read from a quantized source names its scheme (hf_quantized)
+        if quantization is None and not keep_floats:  # a converted quantized checkpoint names its scheme
             quantization = _stored_quantization(target_dir)
-        elif quantization == "none":
-            quantization = None
         config, params, dtype = load_llama(target_dir, dtype if dtype is not None else default_dtype(), shardings)
         static_drafter = drafter_params = None
         if drafter is not None:

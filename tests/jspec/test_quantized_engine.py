@@ -53,6 +53,8 @@ def test_quantized_engine_holds_quantized_params():
     assert engine.drafter_params["head"]["fc"]["kernel"].qvalue.dtype == jax.numpy.int8
     with pytest.raises(ValueError, match="spec='auto' with quantization"):
         jspec.SpecEngine.from_pretrained(jspec.bundled_model(), spec="auto", quantization="int8")
+    with pytest.raises(ValueError, match="quantization='int3': expected one of"):
+        jspec.SpecEngine.from_pretrained("/nonexistent", quantization="int3")  # before looking at the directory
 
 
 def test_a_mesh_equals_one_device_and_splits_the_quantized_bytes():
