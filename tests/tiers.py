@@ -516,11 +516,9 @@ SLOW: dict[str, str] = {
 # The TPU (Mosaic) forms in Pallas's TPU interpreter (issue 31): every case but a few representatives runs in the slow
 # tier; the default tier keeps, per kernel, the published SGLang vectors and one or two random cases (below).
 TPU_FORM_DEFAULT = {
-    "tests/pallas_kernels/test_tree_attention.py::test_kernel_matches_reference":
-        ("L513-ragged-gqa2-tree-f32", "L600-gqa1-D40-chain-bf16"),
+    "tests/pallas_kernels/test_tree_attention.py::test_kernel_matches_reference": ("L600-gqa1-D40-chain-bf16",),
     "tests/pallas_kernels/test_tree_build.py::test_sglang_build_tree_kernel_efficient_vector": ("",),
     "tests/pallas_kernels/test_tree_build.py::test_dynamic_kernel_matches_reference_on_garbage": ("True",),
-    "tests/pallas_kernels/test_tree_build.py::test_from_parents_kernel_matches_reference": ("3-33-False",),
     "tests/pallas_kernels/test_tree_verify.py::test_sglang_verify_tree_greedy_vector": ("",),
     "tests/pallas_kernels/test_tree_verify.py::test_sampling_kernel_matches_reference": ("33-3-33-6",),
 }
