@@ -95,10 +95,15 @@ SLOW: dict[str, str] = {
         ("test_a_target_stored_quantized_loads_as_quantized_at_load", "fp8",
          "fp8 stored by jspec convert = quantized at load", "[int4]"),
         ("test_a_quantized_checkpoint_converts_and_runs_as_its_dequantized_weights", "fp8-fp8",
-         "compressed-tensors fp8 per channel = its dequantize-then-run reference", "[modelopt-fp8] (fp8 read)")]},
+         "compressed-tensors fp8 per channel = its dequantize-then-run reference", "[modelopt-fp8] (fp8 read)"),
+        ("test_a_quantized_checkpoint_converts_and_runs_as_its_dequantized_weights", "int8-int8",
+         "compressed-tensors int8 per channel = its dequantize-then-run reference", "[int4-int4] (same reader)")]},
     "tests/jspec/tools/test_bench.py::test_methods_side_by_side_on_quantized_weights":
         "jspec bench --quantization none,int8 runs every method on both weight formats, each lossless against its own "
         "plain decoding; default: the --quantization argument test and test_quantized_engine's default cases",
+    "tests/jspec/test_quantized_engine.py::test_quantized_engine_holds_quantized_params":
+        "the loaded engine's target and head kernels are int8 QArrays; default: [eagle3-int8] (the same engine, "
+        "lossless) and test_which_kernels_are_quantized_and_how",
     "tests/jspec/test_spec_sampling.py::test_a_quantized_target_is_followed_exactly":
         "sampled speculation on int8 weights follows the quantized target's exact distribution (chi-square); default: "
         "the float chi-square tests (the same verify walk) and the quantized greedy cases",

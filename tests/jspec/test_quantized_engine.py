@@ -51,6 +51,9 @@ def test_quantized_engine_holds_quantized_params():
     layer = engine.params["layers_0"]["self_attn"]["q_proj"]["kernel"]
     assert layer.qvalue.dtype == jax.numpy.int8 and layer.scale.shape == (1, layer.shape[1])
     assert engine.drafter_params["head"]["fc"]["kernel"].qvalue.dtype == jax.numpy.int8
+
+
+def test_bad_quantization_settings_are_refused_before_loading():
     with pytest.raises(ValueError, match="spec='auto' with quantization"):
         jspec.SpecEngine.from_pretrained(jspec.bundled_model(), spec="auto", quantization="int8")
     with pytest.raises(ValueError, match="quantization='int3': expected one of"):
