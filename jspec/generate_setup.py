@@ -37,6 +37,8 @@ class GenerateSetup:
     logprobs: None (none recorded), or K >= 0: every generated token's log-probability and the K most likely
     tokens at its position are kept in ``DecodeState.logprobs`` (``jspec.logprobs``); logprobs_mode: vLLM's
     "raw_logprobs" (the target's) or "processed_logprobs" (``jspec.logprobs.recorded_logits``).
+    max_position: None (positions reach max_seq_len - 1), or the bound positions stay below in a program whose
+    buffers run past its context (:meth:`with_view_len`); the model's limit is checked against it.
     logits_processors: the target's logits pass through ``jspec.logits_processors`` (penalties, logit_bias,
     min_tokens) with the per-row parameters in ``StepInputs.processors``.
     """
@@ -53,13 +55,14 @@ class GenerateSetup:
     logprobs: int | None = None
     logprobs_mode: str = "raw_logprobs"
     logits_processors: bool = False
+    max_position: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.max_seq_len, int) or self.max_seq_len < 2:
             raise ValueError(f"max_seq_len={self.max_seq_len!r}: expected an integer >= 2")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {sorted(DTYPES)}")
-        self.target.check_max_seq_len(self.max_seq_len)
+        self.target.check_max_seq_len(self.max_seq_len if self.max_position is None else self.max_position)
         if self.force_accept is not None and (not isinstance(self.force_accept, int) or self.force_accept < 0):
             raise ValueError(f"force_accept={self.force_accept!r}: expected an integer >= 0")
         if not isinstance(self.capture_layers, tuple):
@@ -77,6 +80,12 @@ class GenerateSetup:
         """The same setup with shorter buffers (the engine sizes them per request bucket)."""
         drafter = None if self.drafter is None else self.drafter.with_max_seq_len(max_seq_len)
         return dataclasses.replace(self, max_seq_len=max_seq_len, drafter=drafter)
+
+    def with_view_len(self, view_len: int) -> "GenerateSetup":
+        """The same setup over buffers of ``view_len`` slots whose positions stay below this setup's context (a
+        cached prefill's view runs a prompt width past it): a context at the model's limit stays valid."""
+        limit = self.max_seq_len if self.max_position is None else self.max_position
+        return dataclasses.replace(self.with_max_seq_len(view_len), max_position=min(limit, view_len))
 
     @property
     def jnp_dtype(self):

@@ -22,8 +22,8 @@ SLOW: dict[str, str] = {
     "tests/jspec/test_capture_hidden_states.py::test_capture_on_a_mesh_equals_one_device":
         "hidden-state capture on a mesh; default: capture on one device, and the sharded engine cases",
     # --- serving ------------------------------------------------------------------------------------------------
-    "tests/jspec/serve/test_app.py::test_32_concurrent_greedy_requests_equal_generate_alone_and_compile_nothing":
-        "32 concurrent greedy requests each equal offline generate, nothing compiles after warm-up; default: "
+    "tests/jspec/serve/test_app.py::test_32_concurrent_greedy_requests_equal_generate_alone_and_the_scheduler_compiles_nothing":
+        "32 concurrent greedy requests each equal offline generate, the scheduler compiles nothing; default: "
         "test_completion_stream_equals_whole_with_usage (a served request equals offline), test_slots",
     "tests/jspec/serve/test_app.py::test_sampled_request_alone_equals_it_among_15_others":
         "a seeded sampled request's tokens do not depend on its neighbours; default: test_per_request_seeds, "

@@ -71,7 +71,6 @@ class DraftModelDrafter(DrafterBase):
 
     def __post_init__(self):
         check_same_vocab(self.draft, self.target)
-        self.draft.check_max_seq_len(self.max_seq_len)
 
     def _model(self) -> LlamaModel:
         """Unrolled over per-layer params and cache, as the target is (see models.llama.unstack_layers)."""
@@ -168,6 +167,7 @@ def load(source: DrafterSource, drafter_class: type = DraftModelDrafter,
     ``drafter_class`` (a PARD draft's is ``jspec.drafters.pard.PardDrafter``, with its ``fields``)."""
     draft_config, draft_params, _ = load_llama(source.path, source.dtype)
     check_same_vocab(draft_config, source.target)
+    draft_config.check_max_seq_len(source.max_seq_len)  # here, not per setup: a program's buffers may run longer
     if source.target_dir is not None:
         check_same_tokenizer(source.path, source.target_dir)
     drafter = drafter_class(draft_config, source.target, source.spec, source.max_seq_len, source.dtype, **fields)

@@ -114,10 +114,11 @@ def measure_costs(run_chunk: Callable[[str, int, int, bool], TimedChunk], row_bu
     buckets = {FULL: tuple(row_buckets), PLAIN: tuple(row_buckets), SHORT: tuple(short_rows)}
     seconds: dict[tuple[bool, str, int], float] = {}
     for kind in kinds:
-        for program, rows_of in buckets.items():
-            for rows in rows_of:
-                runs = [run_chunk(program, rows, steps_per_chunk, kind) for _ in range(repeats + 1)][1:]
-                seconds[kind, program, rows] = min(chunk.seconds / max(chunk.steps, 1) for chunk in runs)
+        for rows in sorted({rows for rows_of in buckets.values() for rows in rows_of}):  # rows outermost: the
+            for program, rows_of in buckets.items():                                  # programs share admissions
+                if rows in rows_of:
+                    runs = [run_chunk(program, rows, steps_per_chunk, kind) for _ in range(repeats + 1)][1:]
+                    seconds[kind, program, rows] = min(chunk.seconds / max(chunk.steps, 1) for chunk in runs)
 
     def table(kind: bool, program: str) -> dict[int, float] | None:
         if kind not in kinds or not buckets[program]:

@@ -330,7 +330,7 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
     batch, width = suffix_ids.shape
     seq_len += width
     page_table = jnp.pad(page_table, ((0, 0), (0, max(0, layout.pages_in_view(seq_len) - page_table.shape[1]))))
-    small = setup.with_max_seq_len(seq_len)
+    small = setup.with_view_len(seq_len)
     with traced_on(setup.mesh):
         view, _ = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         rows = jnp.arange(batch)[:, None]

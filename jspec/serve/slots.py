@@ -24,9 +24,12 @@ hands pages out. One scheduler thread loops:
    preempted with tokens on the way), and a readout is handed only to the request that held the row when its
    chunk was dispatched (a row freed and given to a new request since is skipped).
 
-Every program is compiled ahead in :meth:`SlotEngine.warm_up` (one prefill per prompt width and batch bucket, one
-step program per step kind, occupancy bucket and length bucket), so serving compiles nothing. With load
-adaptation, warm-up also measures the step programs' costs (``adapt.measure_costs``).
+Programs (one prefill per prompt width and batch bucket, one step program per step kind, occupancy bucket and
+length bucket) live in a :class:`jspec.serve.program_cache.ProgramCache`. By default (``precompile="needed"``)
+:meth:`SlotEngine.warm_up` compiles those that hold every request (the widest buckets) and those warm-up runs; a
+chunk or prefill whose own bucket is missing runs on the smallest compiled one holding it while the cache compiles
+its own on a thread of its own, so the scheduler never compiles (``precompile="all"``: every bucket at warm-up).
+With load adaptation, warm-up also measures the step programs' costs (``adapt.measure_costs``).
 
 A request's tokens depend only on (prompt, parameters, seed): its key is ``jspec.sampling.seed_keys([seed], 1)``
 and each step draws at the request's own positions (``jspec.sampling.keys_at``), never at its row or the loop's
@@ -39,15 +42,13 @@ fall changes the draws).
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import itertools
 import logging
-import os
 import secrets
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,7 @@ from jspec.serve import memory_maps, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedChunk, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
+from jspec.serve.program_cache import ProgramCache
 from jspec.serve.programs import admit_row
 from jspec.sharding import put
 from jspec.step import short_draft_nodes
@@ -76,6 +78,7 @@ CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory canno
 DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
 SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
 CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
+PRECOMPILE = ("needed", "all")  # SlotEngine(precompile=...), jspec serve --precompile
 
 
 class QueueFull(Exception):
@@ -258,6 +261,9 @@ class SlotEngine:
     processing itself skipped in a step where no row uses them). Structured outputs (a request's grammar) run
     their own programs (a step's proposal and its verify pass apart, the host masking the tree between them):
     compiled at the first structured request of a bucket, or in :meth:`warm_up` with warm_up_structured_outputs.
+    precompile: "needed" (warm-up compiles the widest buckets and what it runs itself; other buckets compile on
+    first use, off the scheduler's thread, while a larger compiled bucket serves their requests; module
+    docstring) or "all" (every bucket at warm-up).
     """
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
@@ -267,7 +273,8 @@ class SlotEngine:
                  enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
                  seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None,
                  max_logprobs: int | None = None, logits_processors: bool = False,
-                 warm_up_structured_outputs: bool = False, logprobs_mode: str = "raw_logprobs"):
+                 warm_up_structured_outputs: bool = False, logprobs_mode: str = "raw_logprobs",
+                 precompile: str = "needed"):
         max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
         max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
         chunks_prefill = paged.continues_from_cache(engine.setup)
@@ -305,6 +312,9 @@ class SlotEngine:
             raise ValueError(f"data_parallel_size={engine.data_parallel_size}: the server runs one replica; "
                              f"use tensor parallelism (-tp), or one server per data-parallel group")
         check_num_logprobs(max_logprobs, engine.config.vocab_size)
+        if precompile not in PRECOMPILE:
+            raise ValueError(f"precompile={precompile!r}: expected one of {PRECOMPILE}")
+        self.precompile = precompile
         self.engine = engine
         self.setup = dataclasses.replace(engine.setup.with_max_seq_len(max_seq_len), logprobs=max_logprobs,
                                          logprobs_mode=logprobs_mode, logits_processors=bool(logits_processors))
@@ -357,7 +367,9 @@ class SlotEngine:
         self.adapter: LoadAdapter | None = None
         self.layout: paged.PagedLayout | None = None
         self.blocks: BlockManager | None = None
-        self._compiled: dict[tuple, object] = {}
+        self._programs = ProgramCache(self._lower, ways_out="a smaller --max-num-seqs or --max-seq-len (fewer "
+                                      "buckets), without --warm-up-structured-outputs")
+        self._store_shape = None  # the store's shapes and shardings (warm_up): what programs are lowered for
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._rows: list[_Running | None] = [None] * max_num_seqs
         self._tables = np.zeros((max_num_seqs + 1, 1), np.int32)  # sized in warm_up
@@ -373,7 +385,6 @@ class SlotEngine:
         self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
         self.warm_up_structured_outputs = bool(warm_up_structured_outputs)
         self._structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
-        self._maps_per_program: int | None = None  # memory mappings one compiled program took (warm_up; CPU)
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -448,8 +459,12 @@ class SlotEngine:
 
     @property
     def num_compiled(self) -> int:
-        """Programs compiled: all of them in :meth:`warm_up`, none after."""
-        return len(self._compiled)
+        """Programs compiled: at :meth:`warm_up`, and since on the compiling thread (``precompile="needed"``)."""
+        return len(self._programs)
+
+    @property
+    def _compiled(self) -> ProgramCache:
+        return self._programs
 
     @property
     def max_total_tokens(self) -> int:
@@ -477,56 +492,32 @@ class SlotEngine:
         self._store = paged.empty_store(*args, layout, setup=self.setup, num_stop_ids=self.num_stop_ids)
         logger.info("KV pool: %d pages of %d token slots (%d tokens), %d rows", num_pages - 1, self.block_size,
                     (num_pages - 1) * self.block_size, self.max_num_seqs)
-        lowered, examples = {}, {}
-        for width in self.widths:
-            for rows in self._prefill_batches(width):
-                example = self._prefill_arrays([(list(range(1, 2)), SamplingParams(max_new_tokens=1))], width,
-                                               rows, [layout.null_row])
-                lowered["prefill", rows, width] = paged.prefill_rows.lower(
-                    *args, self._store, *example, layout=layout, setup=self.setup,
-                    seq_len=self._prefill_seq_len(width))
-                examples["prefill", rows, width] = example
-                if self.prefix_caching or self.piece_width:  # reads its cached pages (or its earlier pieces')
-                    examples["prefill_cached", rows, width] = self._cached_arrays(example, [0] * rows)
-                    lowered["prefill_cached", rows, width] = paged.prefill_cached_rows.lower(
-                        *args, self._store, *examples["prefill_cached", rows, width], layout=layout,
-                        setup=self.setup, seq_len=self.max_seq_len)
-        if self.setup.logprobs is not None:  # prompt scoring (echo), one row at any prompt width
-            for width in prompt_buckets(self.max_prompt_width, half_steps=False):
-                lowered["score", width] = score_prompts.lower(
-                    self.engine.params, self._place(np.zeros((1, width), np.int32)),
-                    self._place(np.ones((1,), np.int32)), setup=self.setup.with_max_seq_len(self.max_seq_len),
-                    num_top=self.setup.logprobs)
-        for program, rows in self._step_programs():
-            example = self._step_arrays([], rows)
-            for seq_len in self.seq_buckets:
-                lowered["step", program, rows, seq_len] = paged.step_rows.lower(
-                    *args, self._store, *example, self._place(np.asarray(self.steps_per_chunk, np.int32)),
-                    layout=layout, setup=self.setup, seq_len=seq_len, speculate=program != PLAIN,
-                    write_pages=paged.write_pages(layout, self.setup, self.steps_per_chunk),
-                    short_nodes=self._short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk)
-        began = time.perf_counter()
-        compiled = self._compile_within_maps(lowered)
-        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # XLA compiles without the GIL
-            rest = [key for key in lowered if key not in compiled]
-            compiled.update(zip(rest, pool.map(lambda key: lowered[key].compile(), rest)))
-        self._compiled.update(compiled)
-        logger.info("compiled %d programs in %.1f s", len(compiled), time.perf_counter() - began)
+        self._store_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                         self._store)
         real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
+        keys = self._every_key() if self.precompile == "all" else self._needed_keys(real)
+        structured = (2 if self.speculative else 1) * len(self.row_buckets) * len(self.seq_buckets)
         began = time.perf_counter()
-        self._first_runs(real, examples)
+        self._programs.compile_up_front(keys, later=structured if self.warm_up_structured_outputs else 0)
+        logger.info("compiled %d programs in %.1f s", len(self._programs), time.perf_counter() - began)
+        began = time.perf_counter()
+        self._first_runs(real)
         logger.info("ran every program once in %.1f s", time.perf_counter() - began)
         if self.warm_up_structured_outputs:
             began = time.perf_counter()
-            self._warm_structured(examples)
+            self._warm_structured()
             logger.info("compiled and ran the structured-output programs in %.1f s", time.perf_counter() - began)
         if self.adapt:
             began = time.perf_counter()
             # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
             # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
-            self.costs = measure_costs(self._calibration_chunks(real, rotate=True), self.row_buckets,
-                                       self.steps_per_chunk, repeats=1, short_rows=self.short_row_buckets)
-            sample = self._calibration_chunks(real)(FULL, self.row_buckets[0], 3 * self.steps_per_chunk, False)
+            chunks = self._calibration_chunks(real, rotate=True)
+            self.costs = measure_costs(chunks, self.row_buckets, self.steps_per_chunk, repeats=1,
+                                       short_rows=self.short_row_buckets)
+            chunks.release()
+            chunks = self._calibration_chunks(real)
+            sample = chunks(FULL, self.row_buckets[0], 3 * self.steps_per_chunk, False)
+            chunks.release()
             acceptance = sample.tokens / max(sample.verify_steps, 1)
             self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step,
                                        short_draft_len=self.short_draft_len, accepted_hist=sample.accepted_hist)
@@ -577,6 +568,7 @@ class SlotEngine:
             self._lock.notify()
         if self._thread is not None:
             self._thread.join(timeout=60.0)
+        self._programs.stop()
 
     # --- the scheduler ------------------------------------------------------------------------------------------
 
@@ -665,7 +657,9 @@ class SlotEngine:
     def _allocate(self, context: list[int], need: int):
         """The block manager's allocation for a request of ``context`` tokens (``need`` at most), reusing cached
         pages of all but its last token; a hit is cut by whole pages while the rest of the prompt, padded to its
-        width bucket, would run past ``max_seq_len`` (the cached prefill's context). None: the pool is full."""
+        width bucket, would run past ``max_seq_len`` (the cached prefill's context), or while the cached prefill
+        of that width is not compiled yet (asked for; a request without a hit prefills on any compiled width).
+        None: the pool is full."""
         limit = len(context) - 1
         while True:
             queries, hits = self.blocks.prefix_queries_tokens, self.blocks.prefix_hits_tokens
@@ -674,7 +668,7 @@ class SlotEngine:
             if allocation is None or not allocation.cached_tokens:
                 break
             width = prompt_bucket(len(context) - allocation.cached_tokens, self.max_prompt_width, half_steps=False)
-            if allocation.cached_tokens + width <= self.max_seq_len:
+            if allocation.cached_tokens + width <= self.max_seq_len and self._cached_prefill_ready(width):
                 break
             self.blocks.free(allocation.pages)
             limit = allocation.cached_tokens - self.block_size
@@ -682,6 +676,13 @@ class SlotEngine:
             self.metrics.prefix_queries.inc(self.blocks.prefix_queries_tokens - queries)
             self.metrics.prefix_hits.inc(self.blocks.prefix_hits_tokens - hits)
         return allocation
+
+    def _cached_prefill_ready(self, width: int) -> bool:
+        """Whether a cached prefill of one prompt at ``width`` has a compiled program (else it is asked for)."""
+        if any(key[0] == "prefill_cached" and key[2] == width for key in self._programs.keys()):
+            return True
+        self._programs.request(("prefill_cached", 1, width))
+        return False
 
     def _admit(self, admitted: list[tuple[int, _Running]]) -> int:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes ->
@@ -705,9 +706,7 @@ class SlotEngine:
             groups[width, running.cached > 0].append((row, running))
         start = time.perf_counter()
         for (width, hit), group in groups.items():
-            most = self._prefill_batches(width)[-1]
-            for first in range(0, len(group), most):
-                part = group[first:first + most]
+            for part in self._prefill_parts("prefill_cached" if hit else "prefill", group, width):
                 items = [(r.pending.context[r.cached:], dataclasses.replace(r.request.sampling_params(),
                                                                             max_new_tokens=r.pending.budget))
                          for _, r in part]
@@ -726,9 +725,12 @@ class SlotEngine:
         """A prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``), their num_top most likely
         tokens too: one program call over its width bucket."""
         width = prompt_bucket(len(prompt_ids), self.max_prompt_width, half_steps=False)
+        if ("score", width) not in self._programs:  # a wider compiled one meanwhile (only padding differs)
+            self._programs.request(("score", width))
+            width = min(key[1] for key in self._programs.keys() if key[0] == "score" and key[1] >= width)
         ids = np.zeros((1, width), np.int32)
         ids[0, :len(prompt_ids)] = prompt_ids
-        values = jax.device_get(self._compiled["score", width](self.engine.params, self._place(ids),
+        values = jax.device_get(self._programs["score", width](self.engine.params, self._place(ids),
                                                               self._place(np.asarray([len(prompt_ids)], np.int32))))
         token, top_ids, top = (x[0, 1:len(prompt_ids)] for x in values)
         return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
@@ -778,14 +780,15 @@ class SlotEngine:
         """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``;
         ``cached``: None, or the tokens of each already in its pages (prefix-cache hits), ``lengths`` its whole
         prompt -> the readout (in flight). The chunk in flight before it, if any, is read back first."""
-        size = next(n for n in self._prefill_batches(width) if n >= len(items))
+        program = "prefill" if cached is None else "prefill_cached"
+        size, width = self._prefill_program(program, len(items), width)
+        assert size >= len(items), (program, size, len(items))  # callers prefill in parts of :meth:`_prefill_program`
         history = [(None, 0) if self._rows[row] is None else
                    (self._rows[row].request.prompt_ids, len(self._rows[row].pending.generated)) for row in rows]
         arrays = self._prefill_arrays(items, width, size, rows, history)
-        program = "prefill"
         if cached is not None:
-            arrays, program = self._cached_arrays(arrays, cached, lengths), "prefill_cached"
-        self._store, out = self._compiled[program, size, width](self.engine.params, self.engine.drafter_params,
+            arrays = self._cached_arrays(arrays, cached, lengths)
+        self._store, out = self._programs[program, size, width](self.engine.params, self.engine.drafter_params,
                                                                 self._store, *arrays)
         self._land()  # readouts are read in dispatch order: the chunk before this prefill first
         return out
@@ -815,7 +818,7 @@ class SlotEngine:
         rows = next(r for r in self.row_buckets if r >= len(running))
         seq_len = next(n for n in self.seq_buckets if n >= max(self._rows[i].need for i in running))
         if ((rows, seq_len) not in self._structured_buckets
-                and not memory_maps.room_for(2, self._maps_per_program)):
+                and not memory_maps.room_for(2, self._programs.maps_per_program)):
             # no room for its programs: a compiled bucket at least as large, if any
             larger = [(r, s) for r, s in self._structured_buckets if r >= rows and s >= seq_len]
             if larger:
@@ -831,34 +834,10 @@ class SlotEngine:
         self.metrics.observe_chunk("structured", self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
 
-    def _compile_within_maps(self, lowered: dict) -> dict:
-        """Compiles the first step program of ``lowered`` alone and, from the memory mappings it took
-        (``jspec.serve.memory_maps``), refuses to go on where all of them (and the structured-output programs
-        that ``warm_up_structured_outputs`` adds) would pass the kernel's limit: ValueError naming the ways out,
-        before minutes of compiling end in LLVM's "Cannot allocate memory" -> {key: compiled} so far."""
-        first = next((key for key in lowered if key[0] == "step"), next(iter(lowered)))
-        before = memory_maps.maps_in_use()
-        compiled = {first: lowered[first].compile()}
-        after = memory_maps.maps_in_use()
-        if before is None or after is None:
-            return compiled
-        self._maps_per_program = max(after - before, 1)
-        structured = (2 if self.speculative else 1) * len(self.row_buckets) * len(self.seq_buckets)
-        programs = len(lowered) - 1 + (structured if self.warm_up_structured_outputs else 0)
-        if not memory_maps.room_for(programs, self._maps_per_program, margin=0.95):
-            raise ValueError(
-                f"this server would compile {programs + 1} programs of about {self._maps_per_program} memory "
-                f"mappings each (XLA:CPU maps every kernel it compiles), {after + programs * self._maps_per_program} "
-                f"in all: above this system's vm.max_map_count={memory_maps.max_map_count()}, where the process "
-                f"would die compiling. Raise it ({memory_maps.RAISE_IT}), or compile fewer programs: a smaller "
-                f"--max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs")
-        return compiled
-
-    def _warm_structured(self, examples: dict) -> None:
+    def _warm_structured(self) -> None:
         """Compiles and runs once every bucket's structured step (``warm_up_structured_outputs``) on the idle
         null row (its pages are the null page) with nothing masked; the prefills take their grammar masks
         already."""
-        del examples
         for rows in self.row_buckets:
             for seq_len in self.seq_buckets:
                 self._store, out = self._masked_step([], rows, seq_len, [None] * rows)
@@ -912,6 +891,7 @@ class SlotEngine:
             expected = self.adapter.expected_acceptance(
                 [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
             program = self.adapter.choose_program(rows, expected, sampled, seq_len)
+        rows, seq_len = self._step_bucket(program, rows, seq_len)
         dispatched = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk)
@@ -950,7 +930,7 @@ class SlotEngine:
     def _run_step(self, program: str, rows: int, seq_len: int, arrays: tuple, steps: int) -> tuple:
         """Calls the step program of ``program`` (:data:`FULL`, :data:`SHORT` or :data:`PLAIN`; a plain server's
         one program is its FULL) over the bucket of ``rows`` at context ``seq_len`` -> (store, readout)."""
-        compiled = self._compiled["step", program, rows, seq_len]
+        compiled = self._programs["step", program, rows, seq_len]
         return compiled(self.engine.params, self.engine.drafter_params, self._store, *arrays,
                         self._place(np.asarray(steps, np.int32)))
 
@@ -1147,32 +1127,152 @@ class SlotEngine:
             return jnp.asarray(array)
         return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
 
-    def _first_runs(self, prompt: list[int], examples: dict) -> None:
-        """Runs every program once before serving: on a CPU the first run of a program costs several times the
-        next ones (its buffers and kernels are set up then), which would fall on the first requests of each
+    def _first_runs(self, prompt: list[int]) -> None:
+        """Runs every compiled program once before serving (but the cost table's): on a CPU the first run of a
+        program costs several times the next ones (its buffers and kernels are set up then), which would fall on the first requests of each
         bucket. Prefills run on padding rows; each step program runs one step over rows of ``prompt`` as the
         cost table's, so its loop body, both sides of its verify and sampling paths, and the drafter's run."""
-        for key, arrays in examples.items():
-            self._store, out = self._compiled[key](self.engine.params, self.engine.drafter_params, self._store,
-                                                   *arrays)
-            jax.block_until_ready(out)
-        for seq_len in self.seq_buckets:
+        for key in self._programs.keys():
+            if key[0] in ("prefill", "prefill_cached"):
+                self._store, out = self._programs[key](self.engine.params, self.engine.drafter_params, self._store,
+                                                       *self._example(key))
+                jax.block_until_ready(out)
+        # With load adaptation the cost table's warm runs are the first runs at the longest context.
+        for seq_len in self.seq_buckets[:-1] if self.adapt else self.seq_buckets:
             chunk = self._calibration_chunks(prompt, rotate=True, seq_len=seq_len)
             for program, rows in self._step_programs():
-                chunk(program, rows, 1, True)
+                if ("step", program, rows, seq_len) in self._programs:
+                    chunk(program, rows, 1, True)
+            chunk.release()
+
+    # --- programs -------------------------------------------------------------------------------------------------
+
+    def _every_key(self) -> list[tuple]:
+        """Every program's key: ("prefill" | "prefill_cached", batch, width), ("score", width) and ("step",
+        program, rows, seq_len)."""
+        keys = []
+        for width in self.widths:
+            for rows in self._prefill_batches(width):
+                keys.append(("prefill", rows, width))
+                if self.prefix_caching or self.piece_width:  # reads its cached pages (or its earlier pieces')
+                    keys.append(("prefill_cached", rows, width))
+        if self.setup.logprobs is not None:  # prompt scoring (echo), one row at any prompt width
+            keys += [("score", width) for width in prompt_buckets(self.max_prompt_width, half_steps=False)]
+        return keys + [("step", program, rows, seq_len) for program, rows in self._step_programs()
+                       for seq_len in self.seq_buckets]
+
+    def _needed_keys(self, calibration_prompt: list[int]) -> list[tuple]:
+        """The programs warm-up compiles with ``precompile="needed"``: those every request fits (one prompt at the
+        widest width; the step programs at the longest context, fewest and most rows; with chunked prefill, a
+        cached prefill of one prompt at every width: a wider one cannot stand in, its padded positions must stay
+        in the context, and a prefix-cache hit is cut to a compiled width, :meth:`_allocate`), and those warm-up
+        runs (with load adaptation, the cost table's: every step program and occupancy at the longest context,
+        the calibration prompt's prefills)."""
+        keys = [("prefill", 1, self.widths[-1])]
+        if self.piece_width:  # a prompt's pieces (a prefix-cache hit is cut to a compiled width: _allocate)
+            keys += [("prefill_cached", 1, width) for width in self.widths]
+        if self.setup.logprobs is not None:
+            keys.append(("score", prompt_buckets(self.max_prompt_width, half_steps=False)[-1]))
+        top = self.seq_buckets[-1]
+        if not self.adapt:
+            rows = sorted({self.row_buckets[0], self.row_buckets[-1]})
+            return keys + [("step", FULL, n, top) for n in rows]
+        width = self._calibration_width(calibration_prompt, top)
+        keys += [("prefill", n, width) for n in self._prefill_batches(width)]
+        return keys + [("step", program, rows, top) for program, rows in self._step_programs()]
+
+    def _example(self, key: tuple) -> tuple:
+        """Arguments after the store of the program of ``key`` (idle rows)."""
+        kind = key[0]
+        if kind == "step":
+            _, _, rows, _ = key
+            return (*self._step_arrays([], rows), self._place(np.asarray(self.steps_per_chunk, np.int32)))
+        if kind == "score":
+            return (self._place(np.zeros((1, key[1]), np.int32)), self._place(np.ones((1,), np.int32)))
+        _, rows, width = key
+        example = self._prefill_arrays([([1], SamplingParams(max_new_tokens=1))], width, rows, [self.layout.null_row])
+        return example if kind == "prefill" else self._cached_arrays(example, [0] * rows)
+
+    def _lower(self, key: tuple):
+        """The program of ``key`` (:meth:`_every_key`) lowered for the store's shapes (any thread)."""
+        args = (self.engine.params, self.engine.drafter_params)
+        kind, example = key[0], self._example(key)
+        if kind == "score":
+            return score_prompts.lower(self.engine.params, *example,
+                                       setup=self.setup.with_max_seq_len(self.max_seq_len), num_top=self.setup.logprobs)
+        if kind == "prefill":
+            return paged.prefill_rows.lower(*args, self._store_shape, *example, layout=self.layout, setup=self.setup,
+                                            seq_len=self._prefill_seq_len(key[2]))
+        if kind == "prefill_cached":
+            return paged.prefill_cached_rows.lower(*args, self._store_shape, *example, layout=self.layout,
+                                                   setup=self.setup, seq_len=self.max_seq_len)
+        _, program, _, seq_len = key
+        return paged.step_rows.lower(
+            *args, self._store_shape, *example, layout=self.layout, setup=self.setup, seq_len=seq_len,
+            speculate=program != PLAIN, write_pages=paged.write_pages(self.layout, self.setup, self.steps_per_chunk),
+            short_nodes=self._short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk)
+
+    def _step_bucket(self, program: str, rows: int, seq_len: int) -> tuple[int, int]:
+        """(rows, seq_len) of the compiled step program a chunk of ``program`` over ``rows`` rows at context
+        ``seq_len`` runs: its own bucket's, else (its own asked for on the compiling thread) the smallest compiled
+        one holding it: more rows (idle ones) and a longer context give the same tokens."""
+        if ("step", program, rows, seq_len) in self._programs:
+            return rows, seq_len
+        self._programs.request(("step", program, rows, seq_len))
+        held = [key[2:] for key in self._programs.keys()
+                if key[:2] == ("step", program) and key[2] >= rows and key[3] >= seq_len]
+        return min(held, key=lambda bucket: (bucket[0] * bucket[1], bucket[0]))
+
+    def _prefill_parts(self, program: str, group: list, width: int) -> Iterator[list]:
+        """``group`` (prompts of width bucket ``width``) in the parts one prefill program call takes each: as many
+        as its batch bucket holds (at most ``max_num_batched_tokens`` prompt slots), or the largest compiled
+        program's (:meth:`_prefill_program`)."""
+        most = self._prefill_batches(width)[-1]
+        while group:
+            size, _ = self._prefill_program(program, len(group), width)
+            part, group = group[:min(size, most)], group[min(size, most):]
+            yield part
+
+    def _prefill_program(self, program: str, count: int, width: int) -> tuple[int, int]:
+        """(batch, width) of the compiled prefill program (``program``: "prefill" or "prefill_cached") that
+        ``count`` prompts of width bucket ``width`` run on: its own bucket's, else (that asked for on the
+        compiling thread) the cheapest compiled one of a batch and width at least theirs, else the one of the
+        largest batch (the caller prefills them in parts). A cached prefill keeps its width (its padded
+        positions stay in the context, :meth:`_allocate`)."""
+        sizes = self._prefill_batches(width)
+        size = next((n for n in sizes if n >= count), sizes[-1])
+        if (program, size, width) in self._programs:
+            return size, width
+        self._programs.request((program, size, width))
+        held = [key[1:] for key in self._programs.keys() if key[0] == program
+                and (key[2] == width if program == "prefill_cached" else key[2] >= width)]
+        fits = [bucket for bucket in held if bucket[0] >= min(count, size)]
+        if fits:
+            return min(fits, key=lambda bucket: (bucket[0] * bucket[1], bucket[1]))
+        return max(held, key=lambda bucket: (bucket[0], -bucket[1]))
+
+    def _calibration_budget(self, seq_len: int) -> int:
+        """New tokens a calibration row may take at context ``seq_len``: three chunks at full acceptance."""
+        return max(1, min(seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
+
+    def _calibration_width(self, prompt: Sequence[int], seq_len: int) -> int:
+        """The prompt width bucket of :meth:`_calibration_chunks` at context ``seq_len``."""
+        length = min(len(prompt), seq_len - self._calibration_budget(seq_len), self.widths[-1])
+        return prompt_bucket(length, self.max_prompt_width, half_steps=False)
 
     def _calibration_chunks(self, prompt: Sequence[int], rotate: bool = False,
                             seq_len: int | None = None) -> Callable[[str, int, int, bool], TimedChunk]:
-        """The timed chunks ``adapt.measure_costs`` calls: each admits ``prompt`` (greedy, a budget of three
-        chunks at full acceptance) into ``rows`` rows, runs one chunk at context ``seq_len`` (default: the
-        longest bucket; a verify pass's cost grows with the context more than a plain step's), and frees every
-        row and page; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the
+        """The timed chunks ``adapt.measure_costs`` calls: each runs one chunk at context ``seq_len`` (default: the
+        longest bucket; a verify pass's cost grows with the context more than a plain step's) over ``rows`` rows
+        admitted with ``prompt`` (greedy, a budget of three chunks at full acceptance): those of the chunk before
+        where it had as many rows, as sampled, and their budget holds this chunk's steps, else admitted afresh.
+        ``.release()`` frees the rows and their pages, after the last chunk; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the
         prompt rotated by 37 r tokens and row 0 distinct random tokens, which no lookup drafter matches: under
         load some row always drafts with the drafter's model and some row always needs the whole verify pass,
         and a step costs what its costliest row makes it (``jspec.step``'s and the hybrid drafter's
         ``lax.cond`` skip work only where every row can)."""
         seq_len = self.seq_buckets[-1] if seq_len is None else seq_len
-        budget = max(1, min(seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
+        budget = self._calibration_budget(seq_len)
         prompt = list(prompt)[:min(seq_len - budget, self.widths[-1])]  # a chunked-prefill server has no wider
         vocab = self.engine.config.vocab_size
         unmatched = np.random.default_rng(0).permutation(vocab)[:len(prompt)].tolist() if len(prompt) <= vocab \
@@ -1189,19 +1289,35 @@ class SlotEngine:
             turn = (37 * row) % len(prompt)
             return prompt[turn:] + prompt[:turn]
 
-        def timed_chunk(program: str, rows: int, steps: int, sampled: bool) -> TimedChunk:
-            held = []
+        held: list[tuple[int, list[int]]] = []  # the rows admitted last, their pages
+        admitted = {"as": None, "steps_left": 0}  # (rows, sampled) they were admitted for, full steps left
+
+        def release() -> None:
+            for row, pages in held:
+                self.blocks.free(pages)
+                self._tables[row] = 0
+            held.clear()
+            admitted["as"] = None
+
+        def admit(rows: int, sampled: bool) -> None:
+            release()
             for row in range(rows):
                 allocation = self.blocks.allocate([], self._lookahead(len(prompt), len(prompt) + budget))
                 if allocation is None:
                     break
                 held.append((row, allocation.pages))
                 self._set_table(row, allocation.pages)
-            most = self._prefill_batches(width)[-1]
-            for first in range(0, len(held), most):
-                part = [row for row, _ in held[first:first + most]]
+            for part in self._prefill_parts("prefill", [row for row, _ in held], width):
                 self._prefill([(text(row), drawn if sampled and row == 0 else params) for row in part], width, part,
                               None, [len(prompt)] * len(part))
+            admitted.update({"as": (rows, sampled), "steps_left": 3 * self.steps_per_chunk})
+
+        def timed_chunk(program: str, rows: int, steps: int, sampled: bool) -> TimedChunk:
+            # Rows admitted for the same occupancy and sampling run chunks until their budget (three chunks at
+            # full acceptance) could run out: one prefill serves several programs' chunks.
+            if admitted["as"] != (rows, sampled) or admitted["steps_left"] < steps:
+                admit(rows, sampled)
+            admitted["steps_left"] -= steps
             arrays = self._step_arrays([], rows)
             ids = np.full((rows,), self.layout.null_row, np.int32)
             ids[:len(held)] = [row for row, _ in held]
@@ -1212,13 +1328,11 @@ class SlotEngine:
             out = jax.device_get(out)
             seconds = time.perf_counter() - start
             ran, self._host_step = int(out.step) - self._host_step, int(out.step)
-            for row, pages in held:
-                self.blocks.free(pages)
-                self._tables[row] = 0
             gained = int(out.num_generated[:len(held)].sum()) - len(held)
             return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()),
                               tuple(int(n) for n in out.accepted_hist[:len(held)].sum(axis=0)))
 
+        timed_chunk.release = release
         return timed_chunk
 
 

@@ -92,6 +92,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="compile and run the structured-output programs (grammar masks on the host between a "
                              "step's proposal and its verify pass) at start-up for every bucket; default: each "
                              "compiles at the first structured request of its bucket")
+    server.add_argument("--precompile", choices=["needed", "all"], default="needed",
+                        help="needed: compile at start-up the programs of the widest buckets (they serve every "
+                             "request) and those start-up runs; a request whose own bucket is not compiled runs on a "
+                             "larger one while its own compiles in the background; all: every bucket at start-up "
+                             "(slower to start; on a CPU each program holds about a thousand of the process's "
+                             "vm.max_map_count memory mappings)")
     server.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="parse chat replies' tool calls into tool_calls when a request has tools and "
                              "tool_choice 'auto' (vLLM's flag; needs --tool-call-parser)")
@@ -111,7 +117,8 @@ def paged_kwargs(args: argparse.Namespace) -> dict:
                 enable_prefix_caching=args.enable_prefix_caching, async_scheduling=args.async_scheduling,
                 max_logprobs=None if args.max_logprobs == -1 else args.max_logprobs,
                 logits_processors=args.logits_processors,
-                warm_up_structured_outputs=args.warm_up_structured_outputs, logprobs_mode=args.logprobs_mode)
+                warm_up_structured_outputs=args.warm_up_structured_outputs, logprobs_mode=args.logprobs_mode,
+                precompile=args.precompile)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """The slot engine (continuous batching) against the offline engine: every request returns exactly what
 ``SpecEngine.generate([prompt], seed=[seed])`` returns alone, whatever else is running, for plain decoding and
 every drafter; load adaptation switches step programs without changing greedy output; a cancelled request frees
-its slot within one chunk; nothing compiles after warm-up."""
+its slot within one chunk; nothing compiles after warm-up with every bucket precompiled, and with the needed
+ones only, a request whose bucket is missing runs on a larger one while its own compiles off the scheduler."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import jax
 import pytest
 
 import jspec
+from jspec.batching import prompt_bucket
 from jspec.drafters.draft_model import DraftModelDrafter
 from jspec.drafters.ngram import NgramDrafter
 from jspec.serve.adapt import CostTable, LoadAdapter
@@ -106,7 +108,7 @@ def adaptive(params_t):
     prompt + max_tokens fall on both sides of 32)."""
     engine = make_engine(params_t, "eagle3-dynamic")
     slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=2, row_buckets=(1, 4),
-                       seq_buckets=(32, MAX_SEQ_LEN), enable_prefix_caching=False)
+                       seq_buckets=(32, MAX_SEQ_LEN), enable_prefix_caching=False, precompile="all")
     slots.warm_up(PROMPTS[0])
     slots.start()
     yield engine, slots
@@ -227,6 +229,38 @@ def test_nothing_compiles_after_warm_up(adaptive):
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert compiles == [] and slots.num_compiled == compiled
+
+
+def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_scheduler(params_t):
+    """precompile="needed" (the default): warm-up compiles the widest prefill and the longest context's step
+    programs; a short request runs on them at once, equal to generate, while its own buckets compile on the
+    compiling thread (never the scheduler's); the next one runs on its own bucket, equal again."""
+    engine = make_engine(params_t, "plain")
+    slots = SlotEngine(engine, max_seq_len=MAX_SEQ_LEN, steps_per_chunk=3, row_buckets=(1, 4),
+                       seq_buckets=(32, MAX_SEQ_LEN), enable_prefix_caching=False)
+    slots.warm_up(PROMPTS[0])
+    widest = slots.widths[-1]
+    assert set(slots._compiled.keys()) == {("prefill", 1, widest), ("step", "full", 1, MAX_SEQ_LEN),
+                                           ("step", "full", 4, MAX_SEQ_LEN)}
+    threads = []
+    listen = lambda event, duration, **kw: threads.append(threading.current_thread().name) \
+        if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    slots.start()
+    try:
+        prompt, budget = PROMPTS[2], 12  # 3 + 12 tokens: the 32-slot bucket, the narrowest prompt width
+        expected = engine.generate([prompt], max_new_tokens=budget).token_ids[0]
+        threads.clear()  # the offline reference compiled in this thread
+        first, = serve_all(slots, [dict(prompt_ids=prompt, max_tokens=budget)])
+        assert slots._programs.wait_idle(120)
+        width = prompt_bucket(len(prompt), slots.max_prompt_width, half_steps=False)
+        assert {("step", "full", 1, 32), ("prefill", 1, width)} <= set(slots._programs.compiled_on_demand)
+        second, = serve_all(slots, [dict(prompt_ids=prompt, max_tokens=budget)])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+        slots.shutdown()
+    assert first.tokens == second.tokens == expected
+    assert threads and set(threads) == {"jspec-compile"}, threads
 
 
 def test_a_cancelled_request_frees_its_slot_and_the_queue_is_bounded(params_t):
