@@ -32,9 +32,10 @@ CALIBRATION_PROMPT = "\n\n".join(CALIBRATION_PROMPTS)
 BUNDLED_NAME = "jspec-code"
 GPU_MAX_NUM_SEQS = 256  # vLLM's default
 CPU_MAX_NUM_SEQS = 32   # a CPU steps rows one after another: more rows add latency, not throughput
-# Off by default: with both on, a server of 32 rows at --max-seq-len 1024 on this CPU ran out of memory compiling its
-# programs (LLVM "Cannot allocate memory"; docs/serving.md), and every step would pay for them.
-DEFAULT_MAX_LOGPROBS = -1
+# On by default, as vLLM's (up to 20 top log-probabilities; penalties always): clients send them without asking. Their
+# arrays ride in every program; a step where no row uses them skips the work (docs/benchmarks.md has their cost).
+DEFAULT_MAX_LOGPROBS = 20
+DEFAULT_LOGITS_PROCESSORS = True
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -78,12 +79,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "off on a CPU, where host and steps share the cores)")
     server.add_argument("--max-logprobs", type=int, default=DEFAULT_MAX_LOGPROBS,
                         help="the most top log-probabilities a request may ask for per token (completions' logprobs, "
-                             "chat's top_logprobs, echo's prompt logprobs; vLLM's name, e.g. 20); every step then "
-                             "records them; default -1: none (requests asking for logprobs get 400)")
-    server.add_argument("--logits-processors", action=argparse.BooleanOptionalAction, default=False,
+                             "chat's top_logprobs, echo's prompt logprobs; vLLM's name and default, 20); every step "
+                             "records them; 0: the sampled token's only; -1: none (requests asking for logprobs get "
+                             "400)")
+    server.add_argument("--logits-processors", action=argparse.BooleanOptionalAction,
+                        default=DEFAULT_LOGITS_PROCESSORS,
                         help="requests may use presence/frequency/repetition penalties, logit_bias, banned ids and "
                              "min_tokens (every program carries their per-row arrays; a step where no row uses them "
-                             "skips the work); default off: such requests get 400")
+                             "skips the work); default on, as vLLM's; --no-logits-processors: such requests get 400")
     server.add_argument("--logprobs-mode", default="raw_logprobs", choices=["raw_logprobs", "processed_logprobs"],
                         help="vLLM's: the target's log-softmax (raw_logprobs), or that of the distribution each token "
                              "was drawn from, after logits processors, grammar masks, temperature, top-k and top-p "
@@ -171,14 +174,11 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _run_serve(args: argparse.Namespace) -> int:
-    import jspec
-    from jspec.bundle import is_bundled
-    from jspec.serve.app import create_app
-    from jspec.serve.slots import SlotEngine, checked_short_draft_len
+def resolve_serve_args(args: argparse.Namespace):
+    """Completes ``args`` as ``jspec serve`` does (the model and drafter, --max-num-seqs and --max-seq-len
+    defaults), checking what can be checked before loading -> (model_dir, drafter, spec)."""
+    from jspec.serve.slots import checked_short_draft_len
 
-    _check_args(args)
-    start_processes(args)
     model_dir, drafter, _ = resolve_models(args)
     if args.max_num_seqs is None:
         import jax
@@ -191,16 +191,20 @@ def _run_serve(args: argparse.Namespace) -> int:
             checked_short_draft_len(args.short_draft_len, spec)
         except ValueError as error:
             raise ValueError(str(error).replace("short_draft_len=", "--short-draft-len ")) from None
+    return model_dir, drafter, spec
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from jspec.bundle import is_bundled
+    from jspec.serve.app import create_app
+
+    _check_args(args)
+    start_processes(args)
+    model_dir, drafter, spec = resolve_serve_args(args)
     name = args.served_model_name or (BUNDLED_NAME if is_bundled(model_dir) else
                                       os.path.basename(os.path.normpath(model_dir)))
     sock = _listen(args.host, args.port)
-    engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
-                                              max_batch_size=min(args.max_num_seqs, 8), max_seq_len=args.max_seq_len,
-                                              dtype=args.dtype, quantization=args.quantization,
-                                              **mesh_kwargs(args))
-    slots = SlotEngine(engine, max_queue=args.max_queue, steps_per_chunk=args.steps_per_chunk,
-                       adapt=not args.no_adapt, short_draft_len=args.short_draft_len, **paged_kwargs(args))
-    slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)
+    slots = warm_slot_engine(args, model_dir, drafter, spec)
     slots.start()
     host, port = sock.getsockname()[:2]
     method = f"drafter {drafter} {spec.tree} {spec.tree_size}" if drafter is not None else "no drafter"
@@ -212,6 +216,21 @@ def _run_serve(args: argparse.Namespace) -> int:
     server.run(sockets=[sock])
     server.drain()
     return 0
+
+
+def warm_slot_engine(args: argparse.Namespace, model_dir: str, drafter, spec):
+    """The slot engine ``jspec serve`` runs for ``args`` (checked), loaded and warmed up (not started)."""
+    import jspec
+    from jspec.serve.slots import SlotEngine
+
+    engine = jspec.SpecEngine.from_pretrained(model_dir, drafter=drafter, spec=spec,
+                                              max_batch_size=min(args.max_num_seqs, 8), max_seq_len=args.max_seq_len,
+                                              dtype=args.dtype, quantization=args.quantization,
+                                              **mesh_kwargs(args))
+    slots = SlotEngine(engine, max_queue=args.max_queue, steps_per_chunk=args.steps_per_chunk,
+                       adapt=not args.no_adapt, short_draft_len=args.short_draft_len, **paged_kwargs(args))
+    slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)
+    return slots
 
 
 def _url_host(host: str) -> str:

@@ -89,13 +89,13 @@ def http_target(base_url: str, model: str, **payload_flags) -> Target:
 def launch_servers(engines: dict[str, Any], args: argparse.Namespace, host: str = "127.0.0.1",
                    costs: dict | None = None) -> Iterator[dict[str, Target]]:
     """One slot engine and app (``jspec.serve.app.create_app``, as ``jspec serve`` builds them: warmed up on its
-    calibration prompt) per engine, each on uvicorn in a thread on a free port -> {name: its HTTP target}, and
+    calibration prompt, log-probabilities and logits processors available) per engine, each on uvicorn in a thread on a free port -> {name: its HTTP target}, and
     with ``args.direct`` also {name-direct: the same slot engine without HTTP}; all are shut down when the block
     ends. ``costs``, when given, receives each server's start-up cost table."""
     from jspec.bundle import is_bundled
     from jspec.serve.app import create_app
     from jspec.serve.slots import SlotEngine
-    from jspec.tools.serve_cmd import BUNDLED_NAME, CALIBRATION_PROMPT
+    from jspec.tools.serve_cmd import BUNDLED_NAME, CALIBRATION_PROMPT, DEFAULT_LOGITS_PROCESSORS, DEFAULT_MAX_LOGPROBS
 
     model_dir = args.model or ""
     name = BUNDLED_NAME if not model_dir or is_bundled(model_dir) else os.path.basename(os.path.normpath(model_dir))
@@ -105,7 +105,8 @@ def launch_servers(engines: dict[str, Any], args: argparse.Namespace, host: str 
         for server, engine in engines.items():
             slots = SlotEngine(engine, max_queue=max(256, args.num_prompts), steps_per_chunk=args.steps_per_chunk,
                                adapt=not args.no_adapt, async_scheduling=args.async_scheduling,
-                               short_draft_len=args.short_draft_len if engine.setup.drafter is not None else None)
+                               short_draft_len=args.short_draft_len if engine.setup.drafter is not None else None,
+                               max_logprobs=DEFAULT_MAX_LOGPROBS, logits_processors=DEFAULT_LOGITS_PROCESSORS)
             slots.warm_up(engine.tokenizer.encode(CALIBRATION_PROMPT).ids if engine.tokenizer is not None else None)
             slots.start()
             stack.callback(slots.shutdown, 30.0)
