@@ -22,7 +22,6 @@ if not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")) and \
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from tests import tiers  # noqa: E402
 from tests.compile_cache import session_compile_cache_off  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -65,17 +64,8 @@ def _long_rank(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the slow tier (tests/tiers.py; deselected by default, ``-m slow`` runs it), refusing an entry there
-    that names no test of a collected module; orders long modules first; skips `gpu` / `tpu` tests off that device."""
-    collected = {item.nodeid.split("::")[0] for item in items}
-    unmatched = {entry for entry in tiers.SLOW if entry.split("::")[0] in collected}
-    for item in items:
-        if tiers.is_slow(item.nodeid):
-            item.add_marker(pytest.mark.slow)
-            module, _, rest = item.nodeid.partition("::")
-            unmatched -= {module, f"{module}::{rest.split('[', 1)[0]}", item.nodeid}
-    if unmatched:
-        raise pytest.UsageError(f"tests/tiers.py names tests that do not exist: {sorted(unmatched)}")
+    """Orders long modules first; skips `gpu` / `tpu` tests off that device. (The slow tier is marked where each
+    test is defined, ``@pytest.mark.slow``; pyproject's ``-m "not slow"`` deselects it, ``-m slow`` runs it.)"""
     items.sort(key=_long_rank)  # stable: the order within each module, and of the other modules, is kept
     missing = [(marker, pytest.mark.skip(reason=f"needs a {marker.upper()}"))
                for marker, present in (("gpu", _has_gpu), ("tpu", _has_tpu)) if not present()]

@@ -1,5 +1,7 @@
-"""The README's two set-up commands are the ones .ci/run runs, verbatim."""
+"""The README's two set-up commands are the ones .ci/run runs, verbatim; the slow tier it names (``-m slow``) is
+marked where each test is defined, and every mark names the default-tier test that stands in for it."""
 
+import glob
 import os
 import re
 
@@ -18,3 +20,33 @@ def test_ci_runs_the_readme_commands():
     ci_lines = [line.strip() for line in open(os.path.join(REPO, ".ci", "run"))]
     for command in commands:
         assert command in ci_lines, f"{command!r} is not in .ci/run"
+
+
+SLOW_MARK = re.compile(r"pytest\.mark\.slow\b")
+STAND_IN = re.compile(r"default[ -]tier")
+STAND_IN_WITHIN = 6  # lines above a mark (a decorator's comment, a parametrize list's head)
+
+
+def unexplained_slow_marks(path: str) -> list[str]:
+    """Each line of ``path`` that marks a test slow with no "default tier: ..." on it or in the lines just above."""
+    lines = open(path).read().splitlines()
+    return [f"{os.path.relpath(path, REPO)}:{i + 1}: {line.strip()}" for i, line in enumerate(lines)
+            if SLOW_MARK.search(line)
+            and not any(STAND_IN.search(above) for above in lines[max(0, i - STAND_IN_WITHIN):i + 1])]
+
+
+def test_every_slow_test_names_its_default_tier_stand_in():
+    paths = glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)
+    marked = [path for path in paths if any(SLOW_MARK.search(line) for line in open(path))]
+    assert len(marked) > 20, marked  # the slow tier is marked in the test modules themselves
+    unexplained = [line for path in sorted(paths) for line in unexplained_slow_marks(path)]
+    assert not unexplained, "slow marks without the default-tier test standing in for them:\n" + "\n".join(unexplained)
+
+
+def test_the_stand_in_check_sees_an_unexplained_mark(tmp_path):
+    module = tmp_path / "test_x.py"
+    mark = "pytest.mark." + "slow"
+    module.write_text(f"# slow: a; default tier: test_b\n@{mark}\ndef test_a():\n    pass\n\n\n\n\n\n\n\n"
+                      f"@{mark}  # no stand-in named\ndef test_c():\n    pass\n")
+    assert [line.split(": ", 1)[1] for line in unexplained_slow_marks(str(module))] == [
+        f"@{mark}  # no stand-in named"]

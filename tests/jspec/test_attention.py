@@ -141,6 +141,9 @@ TINY = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_laye
                    head_dim=16)
 
 
+# slow: the model hands the cache offset to attention; default tier: the attention tests against jax's, every cached
+# decode = transformers test
+@pytest.mark.slow
 def test_model_hands_the_offset_to_attention():
     """Through LlamaModel (unrolled, as the target runs): a depth of 2 tree tokens at offset 0 (a verify-shaped
     call: the kernel), then 3 at offset 2 under a 3-slot window (W = T: must go dense). Logits equal the model

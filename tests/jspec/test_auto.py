@@ -260,6 +260,9 @@ def test_the_bundle_ships_step_costs_for_every_candidate_at_the_cli_defaults(str
         assert entry["step_seconds"][key] > 0, key
 
 
+# slow: auto's real step timing in the loop and streamed; default tier: test_tune_cmd (real streamed timing), the
+# fake-clock arithmetic tests
+@pytest.mark.slow
 @needs_bundle
 def test_real_step_cost_measurement_runs_in_the_loop_and_streamed():
     """The real measurement on the bundled model gives a finite positive cost per step, through ``generate`` and
@@ -278,6 +281,9 @@ def test_real_step_cost_measurement_runs_in_the_loop_and_streamed():
         assert 1e-6 < seconds < 1.0
 
 
+# slow: the engine auto returns on the bundled model = plain; default tier: test_cli_default_runs_auto_and_says_why
+# (auto's engine end to end) and each drafter's greedy = plain
+@pytest.mark.slow
 @needs_bundle
 def test_auto_engine_on_the_bundled_model_equals_plain_decoding(tmp_path):
     prompts = ["def fibonacci(n):", "class Stack:"]

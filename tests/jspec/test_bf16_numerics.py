@@ -37,6 +37,8 @@ def bf16_plain(prompt_ids):
     return engine, tokens, numerics.decode_logits(engine, prompt_ids, tokens, MAX_NEW_TOKENS)
 
 
+# slow: bf16 recomputed logits are plain decoding's; default tier: test_verify_pass_logits_within_bound
+@pytest.mark.slow
 def test_recomputed_logits_are_plain_decodings(bf16_plain):
     """The helper's logits are the ones plain decoding picked from: their argmax is its every token."""
     _, tokens, logits = bf16_plain
@@ -53,6 +55,9 @@ def test_verify_pass_logits_within_bound(prompt_ids, bf16_plain):
     assert 0 < diff <= numerics.LOGIT_DIFF_BOUND  # 0 would mean bf16 was not in play
 
 
+# slow: bf16 speculative output leaves plain decoding only at near-ties (docs/numerics.md's bound); default tier:
+# test_verify_pass_logits_within_bound
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_bf16_divergences_are_near_ties(prompt_ids, bf16_plain, drafter):
     _, plain_tokens, logits = bf16_plain
@@ -68,6 +73,8 @@ def test_bf16_divergences_are_near_ties(prompt_ids, bf16_plain, drafter):
     assert all(p == s for b, (p, s) in enumerate(zip(plain_tokens, spec_tokens)) if b not in diverged)
 
 
+# slow: float32 speculative = plain for each drafter on the bundled model; default tier: every drafter's own greedy test
+@pytest.mark.slow
 def test_float32_speculative_equals_plain(prompt_ids):
     plain = numerics.generated(numerics.load_engine(None, "float32", max_batch_size=len(prompt_ids)), prompt_ids,
                                MAX_NEW_TOKENS)

@@ -68,7 +68,9 @@ ENGINES = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(ENGINES))
+# slow: hidden states captured during n-gram and dynamic-tree speculation = transformers; default tier: [plain]
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind != "plain" else kind
+                                  for kind in sorted(ENGINES)])
 def test_captured_states_match_transformers(checkpoint, plain_tokens, kind):
     model, out_dir = checkpoint
     engine = jspec.SpecEngine.from_pretrained(out_dir, max_batch_size=4, max_seq_len=64, **ENGINES[kind](out_dir))
@@ -87,6 +89,9 @@ def test_captured_states_match_transformers(checkpoint, plain_tokens, kind):
         np.testing.assert_allclose(states, hf_states(model, sequence, layers), atol=ATOL, rtol=0)
 
 
+# slow: an EAGLE-3 head keeps its own taps while the caller captures others; default tier: capture [plain],
+# [self_draft_dynamic]
+@pytest.mark.slow
 def test_eagle3_head_keeps_its_taps_while_capturing():
     """The head reads layers (2, 2, 1) of the 4-layer target; capturing (4, 2, 0) beside them changes neither the
     tokens nor the head's state (its K/V are built from its taps: the same after prefill and a few steps), and the
@@ -177,6 +182,8 @@ def mesh_case() -> dict:
             "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(single.hidden_states, sharded.hidden_states))}
 
 
+# slow: hidden-state capture on a mesh; default tier: capture on one device, and the sharded engine cases
+@pytest.mark.slow
 def test_capture_on_a_mesh_equals_one_device():
     case = run_on_virtual_devices("tests.jspec.test_capture_hidden_states", 4)
     assert case["same_tokens"]

@@ -286,6 +286,10 @@ def qwen_engine(qwen_model):
     return jspec.SpecEngine.from_pretrained(qwen_model, max_batch_size=2, max_seq_len=128)
 
 
+# slow: engine.chat = generate on the rendered ids, stopping at the end of turn; default tier:
+# test_cli_chat_prints_what_engine_chat_generates (engine.chat through the CLI) and the rendering tests against
+# transformers' apply_chat_template
+@pytest.mark.slow
 def test_engine_chat_is_generate_on_the_rendered_ids_and_stops_at_end_of_turn(qwen_engine):
     engine = qwen_engine
     im_end = engine.tokenizer.token_to_id("<|im_end|>")
@@ -349,6 +353,8 @@ def test_cli_chat_without_a_template_is_one_error_line(tmp_path):
                    f"give plain prompts without --chat\n")
 
 
+# slow: jspec generate --chat streamed = engine.chat; default tier: test_cli_chat_prints_what_engine_chat_generates
+@pytest.mark.slow
 def test_cli_chat_streams_the_rendered_prompt_and_engine_chats_reply(qwen_model, qwen_engine, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JSPEC_HOME", str(tmp_path_factory.mktemp("home")))

@@ -65,6 +65,9 @@ def test_an_option_this_jaxlib_does_not_know_falls_back_to_the_defaults(engines,
     assert program_options(spec.setup) == {}
 
 
+# slow: greedy output is the same under either XLA option set; default tier: every greedy = plain test (the default
+# options), test_speculative_steps_compile_without_ynn_fusions_and_plain_steps_with_defaults
+@pytest.mark.slow
 def test_greedy_output_is_the_same_under_either_options(engines):
     spec, plain = engines
     prompts = [[5, 9, 2, 7], [3, 3, 1]]

@@ -75,6 +75,9 @@ def test_dspark_greedy_output_equals_plain_decoding_under_its_confidence_cut(tar
         DFlashDrafter(DSPARK, fx.TARGET, SPECS["static"], fx.MAX_SEQ_LEN)
 
 
+# slow: DSpark's best-first tree with Markov-biased children greedy = plain; default tier: test_dflash's [dynamic] (the
+# same search), the DSpark chain test (the same bias)
+@pytest.mark.slow
 def test_dspark_dynamic_tree_greedy_equals_plain_decoding(target):
     """The best-first tree with each node's children biased by its own token (the Markov head)."""
     plain = fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
@@ -130,6 +133,10 @@ def distilled(model: DFlashConfig, target, windows: jax.Array) -> dict:
     return params
 
 
+# slow: DFlash chains and dynamic trees and DSpark under its confidence cut, sampled at T=1, follow the target's exact
+# distribution (chi-square); default tier: test_spec_sampling (the same verify walk over deterministic drafts) and
+# test_draft_model's shortened chain (rows drafting part of the chain)
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SAMPLED))
 def test_sampled_tokens_follow_the_exact_target_distribution(sampled_text, name):
     """x1 from prefill, x2 and x3 from verify steps over the block's drafts: counts of (x1, x2, x3) over 12000

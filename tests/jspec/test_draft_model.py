@@ -46,6 +46,10 @@ def plain_outputs(target):
     return {n: engine.generate(RAGGED, max_new_tokens=n).token_ids for n in (1, 7, 33)}
 
 
+# slow: draft-model greedy = plain for every tree; default tier: test_pard's greedy [chain] (the draft model's prefill
+# and commit), test_dflash's [static], test_spec_engine's EOS test [dynamic],
+# test_a_shortened_chain_follows_the_exact_target_distribution (its drafting, sampled)
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", sorted(fx.SPECS))
 def test_greedy_output_equals_plain_decoding(target, small_draft, plain_outputs, tree):
     """A different (smaller, random) draft model: drafts get rejected, output is still the target's."""
@@ -55,6 +59,9 @@ def test_greedy_output_equals_plain_decoding(target, small_draft, plain_outputs,
     assert engine.num_compiled == 2  # sequence buffers: 16 + 1 and 16 + 7 fit 32 slots, 16 + 33 needs 64
 
 
+# slow: a copy of the target as draft model accepts every draft of a chain and of a static tree; default tier:
+# test_spec_engine's forced-acceptance statistics
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", ["chain", "static"])
 def test_exact_copy_of_the_target_accepts_every_draft(target, plain_outputs, tree):
     spec = fx.SPECS[tree]
@@ -69,6 +76,8 @@ def test_exact_copy_of_the_target_accepts_every_draft(target, plain_outputs, tre
     assert cut.token_ids == plain_outputs[33]
 
 
+# slow: a draft model stops at EOS inside an accepted run; default tier: test_spec_engine's and test_ngram's
+@pytest.mark.slow
 def test_stops_at_eos_inside_an_accepted_run(target, plain_outputs):
     eos = plain_outputs[33][1][9]
     plain = fx.plain_engine(target, eos_token_ids=(eos,)).generate(RAGGED, max_new_tokens=33).token_ids
@@ -100,6 +109,11 @@ def test_vocab_mismatch_is_refused():
 
 
 
+# slow: a draft model's chain of 2 sampled drafts and its tree (recursive rejection), chi-square in the engine;
+# default tier: test_a_shortened_chain_follows_the_exact_target_distribution (the same engine path, verified after one
+# draft), test_tree_verify's test_sampling_is_lossless[3-2-True] (deeper sampled drafts over siblings, the same
+# verifier)
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [jspec.SpecConfig(tree="chain", num_steps=2),
                                   jspec.SpecConfig(tree="static", tree_choices=((0,), (1,), (2,), (0, 0), (1, 0)))],
                          ids=["chain", "tree"])
@@ -154,6 +168,8 @@ def _write_converted(directory, config: ModelConfig, params) -> str:
     return str(directory)
 
 
+# slow: from_pretrained with a converted draft model = plain; default tier: the bundled draft in test_tree_selection
+@pytest.mark.slow
 def test_from_pretrained_with_a_draft_model_or_ngram(target, small_draft, tmp_path):
     target_dir = _write_converted(tmp_path / "target", fx.TARGET, target)
     draft_dir = _write_converted(tmp_path / "draft", DRAFT, small_draft)

@@ -4,7 +4,14 @@ forms are the `gpu` / `tpu` marked kernel tests)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.virtual_devices import run_on_virtual_devices
+
+# slow: the engine with every tree kernel forced to its TPU and its Triton form (interpreters) = plain decoding, on
+# one device and on dp 2 x tp 2; default tier: each kernel against its reference in both forms (tests/pallas_kernels)
+# and test_sharded_kernels (the Triton forms per shard on 4 devices)
+pytestmark = pytest.mark.slow
 
 LOWERINGS = ("tpu_interpret", "interpret")  # the Mosaic TPU forms, the Triton forms
 

@@ -106,7 +106,10 @@ def speculative_loop(engine):
     return args, jaxpr, loops[0].params["body_jaxpr"].jaxpr
 
 
-@pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
+# slow: [chain], [static] (a chain's, a static tree's generate is one while loop holding both models); default tier:
+# [dynamic]
+@pytest.mark.parametrize("tree", [pytest.param("chain", marks=pytest.mark.slow),
+                                  pytest.param("static", marks=pytest.mark.slow), "dynamic"])
 def test_speculative_generate_is_one_loop_holding_both_models(tree):
     engine = _spec_engine(tree)
     args, jaxpr, body = speculative_loop(engine)
@@ -120,6 +123,9 @@ def test_speculative_generate_is_one_loop_holding_both_models(tree):
     assert not [t for t in targets if "callback" in t.lower()], targets
 
 
+# slow: a second speculative call in the same bucket compiles nothing; default tier:
+# test_same_bucket_compiles_nothing_new (plain decoding, the same bucketing)
+@pytest.mark.slow
 def test_speculative_same_bucket_compiles_nothing_new():
     engine = _spec_engine("dynamic")
     compiles = []
@@ -135,7 +141,10 @@ MTP_TARGET = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, nu
                          num_kv_heads=2, head_dim=8)  # intermediate != 2H: the modules' input_proj [2H, H] stands out
 
 
-@pytest.mark.parametrize("mode, forwards", [("mtp_eagle", 2 + 1), ("vanilla", 2 + 3)])
+# slow: [vanilla-5] (vanilla MTP's generate is one loop holding target and modules); default tier: [mtp_eagle-3] (the
+# same program shape with the other module chaining)
+@pytest.mark.parametrize("mode, forwards", [("mtp_eagle", 2 + 1),
+                                            pytest.param("vanilla", 2 + 3, marks=pytest.mark.slow)])
 def test_mtp_generate_is_one_loop_holding_target_and_modules(mode, forwards):
     """MTP (jspec/drafters/mtp.py), chain of 3: the loop body runs the target and every module forward: 2 drafting
     depths in propose, then the commit's extend (module 0 alone for mtp_eagle, the three modules for vanilla)."""

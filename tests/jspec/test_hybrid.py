@@ -119,6 +119,8 @@ def target():
     return fx.near_bigram_target()
 
 
+# slow: ngram+eagle3 with a random head greedy = plain; default tier: test_bundled_ngram_eagle3_equals_plain_decoding
+@pytest.mark.slow
 def test_greedy_output_equals_plain_decoding(target):
     """A random head's drafts are rejected; lookup hits as the near-bigram target's greedy output cycles. Every
     row, whoever drafted it, must be plain decoding's (a trained head's accepted drafts: the bundled test below).
@@ -135,6 +137,9 @@ def test_greedy_output_equals_plain_decoding(target):
     assert out.stats.acceptance_length > 1.5, out.stats
 
 
+# slow: ngram+eagle3 with the head's chain shorter than lookup's greedy = plain; default tier: the bundled chain of 11
+# (test_bundled_ngram_eagle3_equals_plain_decoding), whose head drafts 7
+@pytest.mark.slow
 def test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain(target):
     """Lookup drafts 6 tokens, the head 2: a step where every running row found a lookup draft verifies all 7
     nodes (committing up to 7 tokens), any other step the first 3. Both must give plain decoding's tokens."""
@@ -150,6 +155,10 @@ def test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain(target):
     assert out.stats.accepted_per_position[3] > 0, out.stats  # a long step accepted more than the head drafts
 
 
+# slow: the server's short chain cut on the hybrid (below and above its head's chain) keeps greedy output; default tier:
+# test_app's test_every_step_program_in_turn_keeps_greedy_output (the cut on prompt lookup's chain),
+# test_greedy_output_equals_plain_decoding_with_a_shorter_model_chain (the hybrid's own cut)
+@pytest.mark.slow
 @pytest.mark.parametrize("short_nodes", [2, 5], ids=["cut-below-the-head", "cut-above-the-head"])
 def test_the_servers_short_chain_composes_with_the_shorter_model_chain(target, short_nodes):
     """The server's short program (``spec_step``'s short_nodes) on the hybrid whose head drafts 2 of lookup's 6: cut
@@ -179,6 +188,8 @@ def test_the_servers_short_chain_composes_with_the_shorter_model_chain(target, s
     assert np.asarray(state.accepted_hist)[:, short_nodes:].sum() == 0  # no step committed past the cut
 
 
+# slow: ngram+eagle3 stops at EOS inside an accepted run; default tier: test_spec_engine's and test_ngram's EOS tests
+@pytest.mark.slow
 def test_stops_at_eos_inside_an_accepted_run(target):
     plain_ids = fx.plain_engine(target).generate(RAGGED, max_new_tokens=33).token_ids
     eos = plain_ids[1][9]
@@ -188,6 +199,8 @@ def test_stops_at_eos_inside_an_accepted_run(target):
     assert engine.generate(RAGGED, max_new_tokens=33).token_ids == expected
 
 
+# slow: ngram+eagle3 sampling chi-square (deterministic drafts); default tier: test_spec_sampling, the same path
+@pytest.mark.slow
 def test_sampling_follows_the_exact_target_distribution():
     """Tiny random target (V = 6: lookups hit often), the target itself as the model drafter (its drafts drawn
     with the drafter's own keys), temperature 1: counts of (x1, x2, x3) vs the enumerated joint. Both kinds of

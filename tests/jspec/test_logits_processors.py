@@ -56,7 +56,9 @@ def hf_generate(model, prompt: list[int], max_new_tokens: int, **kwargs) -> list
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("case", ["repetition-banned", "bias-min-tokens"])
+# slow: [bias-min-tokens] (logit_bias and min_tokens equal transformers' SequenceBias and MinNewTokensLength);
+# default tier: [repetition-banned], and test_app's served penalties with min_tokens equal offline
+@pytest.mark.parametrize("case", ["repetition-banned", pytest.param("bias-min-tokens", marks=pytest.mark.slow)])
 def test_plain_decoding_equals_transformers_processors(hf_target, plain_engine, unprocessed, case):
     """Repetition penalty 1.3 with banned tokens (HF: repetition_penalty, bad_words_ids); a bias of +8 on EOS with
     min_tokens 12 (HF: sequence_bias, min_new_tokens): EOS, alone within 8 tokens, is banned for 12, then comes."""
@@ -77,7 +79,10 @@ def test_plain_decoding_equals_transformers_processors(hf_target, plain_engine, 
         assert not any(t in (11, 13) for ids in out.token_ids for t in ids) and out.token_ids != unprocessed
 
 
-@pytest.mark.parametrize("drafter", sorted(DRAFTERS))
+# slow: the draft model, n-gram and the hybrid under penalties equal plain decoding; default tier: the [eagle3] tree's
+# (the same verify path)
+@pytest.mark.parametrize("drafter", [pytest.param(name, marks=pytest.mark.slow) if name != "eagle3" else name
+                                     for name in sorted(DRAFTERS)])
 def test_speculative_equals_plain_with_the_same_processors(plain_engine, unprocessed, drafter):
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=DRAFTERS[drafter],
                                               max_batch_size=4, max_seq_len=256,

@@ -68,7 +68,10 @@ def test_plain_decoding_logprobs_equal_transformers(hf_target, plain_engine):
         assert got.top_ids[:, 0].tolist() == ids  # greedy: the chosen token is the most likely
 
 
-@pytest.mark.parametrize("drafter", sorted(DRAFTERS))
+# slow: the draft model's, n-gram's and the hybrid's logprobs equal plain decoding's and transformers'; default tier:
+# the [eagle3] tree's
+@pytest.mark.parametrize("drafter", [pytest.param(name, marks=pytest.mark.slow) if name != "eagle3" else name
+                                     for name in sorted(DRAFTERS)])
 def test_speculative_logprobs_equal_plain_and_transformers(hf_target, plain_engine, drafter):
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=DRAFTERS[drafter],
                                               max_batch_size=4, max_seq_len=256,
@@ -82,6 +85,9 @@ def test_speculative_logprobs_equal_plain_and_transformers(hf_target, plain_engi
     assert_logprobs_are_the_targets(hf_target, out, engine.encode(PROMPTS), drafter)
 
 
+# slow: sampled tokens' logprobs are the raw log-softmax; default tier: the greedy ones equal transformers'
+# (test_plain_decoding_logprobs_equal_transformers, the [eagle3] speculative case)
+@pytest.mark.slow
 def test_sampled_logprobs_are_the_raw_log_softmax(hf_target):
     """At temperature 0.7 and top-k 8 the tokens are drawn from the processed distribution; the log-probabilities
     reported are still the target's raw log-softmax (vLLM's default), checked on whatever was drawn."""
@@ -111,6 +117,8 @@ def test_processed_logprobs_are_those_of_the_distribution_drawn_from(plain_engin
         plain_engine.generate(PROMPTS, logprobs=1, logprobs_mode="processed")
 
 
+# slow: logprobs=0 returns the chosen tokens' only; default tier: logprobs=5 through the engine and the server
+@pytest.mark.slow
 def test_zero_top_logprobs_keep_the_chosen_tokens_only(plain_engine):
     out = plain_engine.generate(PROMPTS[:1], max_new_tokens=3, logprobs=0)
     assert out.logprobs[0].token.shape == (3,) and out.logprobs[0].top_ids.shape == (3, 0)

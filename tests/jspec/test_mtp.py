@@ -77,7 +77,9 @@ def near_plain(near_target):
     return fx.plain_engine(near_target).generate(RAGGED, max_new_tokens=20).token_ids
 
 
-@pytest.mark.parametrize("mode, layout", [("mtp_eagle", "mimo"), ("vanilla", "deepseek")])
+# slow: [vanilla-deepseek] (MTP vanilla dynamic tree greedy = plain); default tier: [mtp_eagle-mimo]
+@pytest.mark.parametrize("mode, layout", [("mtp_eagle", "mimo"),
+                                          pytest.param("vanilla", "deepseek", marks=pytest.mark.slow)])
 def test_greedy_output_equals_plain_decoding_dynamic_tree(near_target, near_plain, mode, layout):
     """Noisy copies of the target's last layer (attention on: windows, caches and masks all matter); module 2 of
     the vanilla three is a random one, so its depth's drafts are mostly rejected. Chains: the host-replay and
@@ -161,6 +163,9 @@ def attention_free():
     return params, fx.plain_engine(params).generate(RAGGED, max_new_tokens=25).token_ids
 
 
+# slow: MTP acceptance equals a host replay (both chainings, both layouts); default tier: test_mtp's greedy = plain
+# [mtp_eagle-mimo]
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, layout, scales", [
     ("mtp_eagle", "mimo", (0.0,)),                # an exact copy: every draft accepted
     ("mtp_eagle", "deepseek", (0.5,)),            # the hidden half matters: partial acceptance
@@ -184,6 +189,9 @@ def test_acceptance_equals_the_host_replay(attention_free, mode, layout, scales)
 
 # --- sampling ----------------------------------------------------------------------------------------------------
 
+# slow: MTP drafting sampling chi-square (deterministic drafts); default tier: test_spec_sampling [dynamic], the same
+# verify path
+@pytest.mark.slow
 def test_sampled_tokens_follow_the_exact_target_distribution():
     """mtp_eagle, a dynamic tree, temperature 1: the first three tokens vs the enumerated joint (V = 5)."""
     target = sampling_tests.TARGET
@@ -211,6 +219,8 @@ def test_registry_names_resolve_to_the_target_directory(tmp_path):
             registry.resolve(name, str(tmp_path))
 
 
+# slow: from_pretrained with the target's MTP modules = plain; default tier: test_mtp_checkpoint's converted modules
+@pytest.mark.slow
 def test_from_pretrained_with_the_targets_own_modules(near_target, tmp_path):
     """HF checkpoint with MTP modules (DeepSeek layout) -> converter -> from_pretrained(target, drafter="mtp" |
     "mtp_vanilla"): the modules come from the target directory; output equals plain decoding."""
@@ -257,6 +267,8 @@ def reference_outputs(params_t, modules, hidden, tokens, count):
     return outputs, logits
 
 
+# slow: MTP vanilla's cached state equals a recomputation; default tier: greedy = plain [mtp_eagle-mimo]
+@pytest.mark.slow
 def test_vanilla_prefill_and_commit_state_equals_the_recomputation():
     """Random target and three random modules (attention on); prompts of 2 and 6 tokens (module 2 of the first has
     no committed slot at first: its first cache slots must not be read), then a commit of 3 and of 1 tokens."""

@@ -83,6 +83,9 @@ def _seed_auto_cache(home: str, best: str, best_seconds: float) -> tuple[str, di
     return path, {"step_seconds": timings}
 
 
+# slow: the CLI on two processes prints once and decides auto on process 0's cache; default tier:
+# test_two_processes_tp4_equal_one_device
+@pytest.mark.slow
 def test_cli_multihost_only_process_0_prints(single_device_tokens, tmp_path):
     """Greedy output equals one device's (any drafter gives plain decoding's tokens). Also: auto (--drafter with no
     tree flag) decides on process 0's cache for both processes, though process 1's own cache says otherwise (each

@@ -87,6 +87,10 @@ def plain_outputs(target):
     return {n: engine.generate(RAGGED, max_new_tokens=n).token_ids for n in (1, 7, 33)}
 
 
+# slow: n-gram greedy = plain on the near-bigram target for every tree; default tier:
+# test_random_target_greedy_is_lossless (chain and branches), test_no_match_skips_the_verify_pass[True], the EOS test
+# (chain), test_hybrid's bundled lookup
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", sorted(SPECS))
 def test_greedy_output_equals_plain_decoding(target, plain_outputs, tree):
     engine = ngram_engine(target, SPECS[tree])
@@ -98,6 +102,9 @@ def test_greedy_output_equals_plain_decoding(target, plain_outputs, tree):
     assert engine.num_compiled == 2  # sequence buffers: 16 + 1 and 16 + 7 fit 32 slots, 16 + 33 needs 64
 
 
+# slow: lookup drafts from a repeated prompt and accepts them; default tier: test_hybrid's bundled test (lookup drafts
+# accepted on real text), test_no_match_skips_the_verify_pass
+@pytest.mark.slow
 def test_repeated_prompt_is_drafted_from(target):
     """A prompt that repeats itself, and a target whose greedy continuation repeats it: long acceptance."""
     pattern = fx.plain_engine(target).generate([[3]], max_new_tokens=12).token_ids[0]
@@ -122,6 +129,9 @@ def test_random_target_greedy_is_lossless():
     assert ngram_engine(params, SPECS["branches"]).generate(RAGGED, max_new_tokens=20).token_ids == plain
 
 
+# slow: n-gram chain and branching-tree sampling chi-square (deterministic drafts); default tier: test_spec_sampling,
+# test_root_only_step_samples_the_target_distribution
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", ["chain", "branches"])
 def test_random_target_sampling_follows_the_exact_distribution(tree):
     """Tiny random target (V = 6, so lookups hit often) at temperature 1: counts of (x1, x2, x3) vs the
@@ -146,7 +156,9 @@ def _one_step(engine, params, prompt):
     return state.cache, step(engine.params, {}, state, inputs), state
 
 
-@pytest.mark.parametrize("drafted", [False, True])
+# slow: [False] (no lookup match: the step runs the target on the root alone); default tier: [True] (the same step
+# with a match), test_random_target_greedy_is_lossless (steps with and without matches = plain)
+@pytest.mark.parametrize("drafted", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_no_match_skips_the_verify_pass(target, drafted):
     """Without a lookup match the step runs the target on the root alone: the cache slots the T - 1 other tree
     nodes would take keep the prefill's values. With a match they are rewritten by the verify pass. Either way
@@ -171,6 +183,9 @@ def test_no_match_skips_the_verify_pass(target, drafted):
     assert np.asarray(after.tokens[0, len(prompt):len(prompt) + 1 + n]).tolist() == expected
 
 
+# slow: a step with no draft samples the target's distribution (chi-square); default tier: test_sampling's chi-square of
+# the sampler every step uses
+@pytest.mark.slow
 def test_root_only_step_samples_the_target_distribution():
     """A step in which no row has a match samples the next token from the target at temperature 1: 12000 rows
     share the prefix [p, x1] (x1 the greedy first token, never seen before it), so every row takes the root-only

@@ -52,7 +52,9 @@ def test_the_drafts_are_one_causal_forward_over_the_pard_tokens(models):
         assert np.asarray(tree.tokens[row]).tolist() == [int(roots[row])] + want
 
 
-@pytest.mark.parametrize("tree", ["chain", "static"])
+# slow: [static] (PARD's per-position top-k static tree greedy = plain); default tier: [chain], test_dflash's [static]
+# (the same per-position tree from one forward)
+@pytest.mark.parametrize("tree", ["chain", pytest.param("static", marks=pytest.mark.slow)])
 def test_greedy_output_equals_plain_decoding(models, tree):
     target, draft = models
     drafter = PardDrafter(fx.TARGET, fx.TARGET, SPECS[tree], fx.MAX_SEQ_LEN, pard_token=PARD_TOKEN)
@@ -63,6 +65,9 @@ def test_greedy_output_equals_plain_decoding(models, tree):
     assert out.stats.acceptance_length > 1.0, out.stats
 
 
+# slow: a PARD chain sampled at T=1 follows the target's exact distribution (chi-square); default tier:
+# test_spec_sampling (the same verify walk over deterministic drafts)
+@pytest.mark.slow
 def test_sampled_tokens_follow_the_exact_target_distribution():
     """A PARD chain of 3 at temperature 1 (the target drafting for itself: draft 1 often accepted, the pard
     positions' drafts less often): counts of (x1, x2, x3) over 12000 rows against the target's enumerated joint."""

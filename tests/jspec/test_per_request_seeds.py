@@ -34,7 +34,11 @@ def engines(params_t) -> dict:
     }
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram"])
+# slow: plain decoding, an EAGLE-3 dynamic tree and a draft model: per-prompt seeds draw the same alone or in a
+# crowd; default tier: [ngram]
+@pytest.mark.parametrize("name", [pytest.param("plain", marks=pytest.mark.slow),
+                                  pytest.param("eagle3-dynamic", marks=pytest.mark.slow),
+                                  pytest.param("draft-model", marks=pytest.mark.slow), "ngram"])
 def test_a_prompt_draws_the_same_tokens_alone_or_in_a_crowd(params_t, name):
     engine = engines(params_t)[name]
     for temperature in (0.0, 1.0):

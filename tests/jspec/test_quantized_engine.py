@@ -25,8 +25,12 @@ def bundled(scheme: str, drafter: str | None = None) -> jspec.SpecEngine:
                                             max_batch_size=3, max_seq_len=128, quantization=scheme)
 
 
-@pytest.mark.parametrize("scheme", ["int8", "fp8", "int4"])
-@pytest.mark.parametrize("drafter", ["eagle3", "draft", "ngram"])
+# slow: every drafter and scheme but [eagle3-int8] (a mark on either value: the draft model, n-gram, fp8, int4);
+# default tier: [eagle3-int8] (target and head quantized) and the MTP int4 case (group-quantized target and modules)
+@pytest.mark.parametrize("scheme", ["int8", pytest.param("fp8", marks=pytest.mark.slow),
+                                    pytest.param("int4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("drafter", ["eagle3", pytest.param("draft", marks=pytest.mark.slow),
+                                     pytest.param("ngram", marks=pytest.mark.slow)])
 def test_greedy_speculation_equals_plain_decoding_of_the_same_quantized_target(scheme, drafter):
     """The bundled model (float32 compute on this CPU) quantized at load, the drafter's linear layers too."""
     plain = bundled(scheme).generate(PROMPTS, max_new_tokens=32)
@@ -35,7 +39,9 @@ def test_greedy_speculation_equals_plain_decoding_of_the_same_quantized_target(s
     assert out.stats.acceptance_length > ACCEPTANCE_FLOOR[drafter], out.stats  # drafts are accepted: it means something
 
 
-@pytest.mark.parametrize("scheme", [QuantizationConfig("int8"), QuantizationConfig("fp8"),
+# slow: [int8], [fp8] (MTP on per-channel weights = plain); default tier: [int4] (group-quantized modules)
+@pytest.mark.parametrize("scheme", [pytest.param(QuantizationConfig("int8"), marks=pytest.mark.slow),
+                                    pytest.param(QuantizationConfig("fp8"), marks=pytest.mark.slow),
                                     QuantizationConfig("int4", group_size=16)], ids=["int8", "fp8", "int4"])
 def test_mtp_greedy_equals_plain_decoding_of_the_same_quantized_target(scheme):
     target = one_layer_target(0.05)
@@ -46,6 +52,9 @@ def test_mtp_greedy_equals_plain_decoding_of_the_same_quantized_target(scheme):
     assert out.stats.acceptance_length > 1.5, out.stats
 
 
+# slow: the loaded engine's target and head kernels are int8 QArrays; default tier: [eagle3-int8] (the same engine,
+# lossless) and test_which_kernels_are_quantized_and_how
+@pytest.mark.slow
 def test_quantized_engine_holds_quantized_params():
     engine = bundled("int8", "eagle3")
     layer = engine.params["layers_0"]["self_attn"]["q_proj"]["kernel"]
@@ -60,12 +69,18 @@ def test_bad_quantization_settings_are_refused_before_loading():
         jspec.SpecEngine.from_pretrained("/nonexistent", quantization="int3")  # before looking at the directory
 
 
+# slow: int8 on tp 2 and dp 2 x tp 2 = one device, each device holding its share of the quantized bytes; default tier:
+# test_sharded_params (the placement rules) and tests/models/test_quantization (the QArray leaves)
+@pytest.mark.slow
 def test_a_mesh_equals_one_device_and_splits_the_quantized_bytes():
     report = run_on_virtual_devices("tests.jspec.quantized_mesh", 4)
     assert report["tp2"] == report["single"] and report["dp2xtp2"] == report["single"]
     assert report["bytes_per_device_tp2"] < 0.6 * report["bytes_single"]  # the layers' qvalues and scales split
 
 
+# slow: the slot engine (paged KV) on int4 weights with EAGLE-3 = offline generate; default tier: the quantized greedy
+# cases (the same Dense in every program) and test_paged_rows_equal_generate_alone (the server's programs)
+@pytest.mark.slow
 def test_served_requests_equal_offline_generate_on_quantized_weights():
     """The server's slot engine (paged KV, one step program) on int4 weights with an EAGLE-3 head: each request's
     tokens equal the same engine's offline generate."""

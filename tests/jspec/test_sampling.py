@@ -114,7 +114,9 @@ def exact_joint(params, prompt, sampling_row):
     return first[:, None] * second
 
 
-@pytest.mark.parametrize("sampling_row", [(1.0, 0, 1.0), (0.7, 3, 0.9)])
+# slow: [sampling_row0] (two sampled tokens at temperature 1 follow the target's joint distribution, chi-square);
+# default tier: [sampling_row1] (temperature, top-k and top-p)
+@pytest.mark.parametrize("sampling_row", [pytest.param((1.0, 0, 1.0), marks=pytest.mark.slow), (0.7, 3, 0.9)])
 def test_generated_pairs_follow_the_exact_target_distribution(sampling_row):
     params = init_params(TINY, jax.random.key(4))
     params = jax.tree.map(lambda a: a * 2.0 if a.ndim >= 2 else a, params)  # varied, non-uniform distributions

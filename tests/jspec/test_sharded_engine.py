@@ -20,6 +20,11 @@ import pytest
 from tests.jspec import sharded_cases as cases
 from tests.virtual_devices import run_on_virtual_devices
 
+# slow: every drafter's greedy and seeded tokens at tp 8 and dp 2 x tp 4 equal one device's, one all-reduce per layer
+# and no weight gather in the loop; default tier: test_multihost's tp 4 engine over two processes (= one device),
+# test_sharded_kernels and test_sharded_params on 4 devices
+pytestmark = pytest.mark.slow
+
 DRAFTERS = ("plain", "eagle3-chain", "eagle3-dynamic", "draft-model", "ngram", "dflash", "dspark")
 
 

@@ -53,7 +53,11 @@ def models():
     return params, {"head": head, "d2t": jnp.zeros((VOCAB,), jnp.int32)}
 
 
-@pytest.mark.parametrize("name, spec, sampling_row", CASES, ids=[c[0] for c in CASES])
+# slow: EAGLE-3 chain and static tree sampling chi-square (deterministic drafts), the dynamic tree with top-p;
+# default tier: [dynamic] (top-k; the same verify path, the Gumbel-max walk)
+@pytest.mark.parametrize("name, spec, sampling_row",
+                         [pytest.param(*case, marks=pytest.mark.slow) if case[0] != "dynamic" else case
+                          for case in CASES], ids=[c[0] for c in CASES])
 def test_first_three_tokens_follow_the_target(models, name, spec, sampling_row):
     params, head = models
     drafter = Eagle3Drafter(HEAD, TARGET, spec, 16)
@@ -65,6 +69,9 @@ def test_first_three_tokens_follow_the_target(models, name, spec, sampling_row):
     assert_triples_follow(out.token_ids, exact_triples(TARGET, params, PROMPT, t, k, p), name, min_cells=0)
 
 
+# slow: sampling under penalties follows the processed target (chi-square); default tier: test_logits_processors (greedy
+# per-node processing equals plain decoding and transformers)
+@pytest.mark.slow
 def test_first_three_tokens_follow_the_penalized_target(models):
     """Presence, frequency and repetition penalties and a logit bias, at T=1 through a dynamic tree: every node is
     processed with its own path's history, so the tokens follow the processed target's distribution, enumerated
@@ -83,6 +90,9 @@ def test_first_three_tokens_follow_the_penalized_target(models):
     assert np.abs(joint - unpenalized).sum() > 0.2  # the penalties change the distribution the test checks
 
 
+# slow: sampled speculation on int8 weights follows the quantized target's exact distribution (chi-square);
+# default tier: the float chi-square tests (the same verify walk) and the quantized greedy cases
+@pytest.mark.slow
 def test_a_quantized_target_is_followed_exactly():
     """int8 weights (the drafter's too) through a dynamic tree at T=1: the tokens follow the quantized target's
     distribution, enumerated from the same quantized weights."""

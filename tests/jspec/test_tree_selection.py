@@ -100,7 +100,8 @@ def test_selection_option_is_validated():
         jspec.SpecConfig(num_steps=6, topk=2, num_draft_tokens=6, selection="top1_chain")
 
 
-@pytest.mark.parametrize("drafter", ["eagle3", "draft"])
+# slow: [draft] (top1_chain selection with the bundled draft model = plain); default tier: [eagle3]
+@pytest.mark.parametrize("drafter", ["eagle3", pytest.param("draft", marks=pytest.mark.slow)])
 def test_top1_chain_greedy_equals_plain_on_the_bundled_model(drafter, bundled_plain_tokens):
     prompts, plain = bundled_plain_tokens
     spec = jspec.SpecConfig(tree="dynamic", num_steps=6, topk=3, num_draft_tokens=12, selection="top1_chain")

@@ -90,6 +90,9 @@ def engines(user_module):
     return chain, branches, plain, plain.generate(PROMPTS, max_new_tokens=NEW).token_ids
 
 
+# slow: a user-registered drafter's greedy output = plain with drafts accepted (chain, branching tree); default tier:
+# test_docs_python_usage_runs (the docs' usage of the same chain drafter asserts both)
+@pytest.mark.slow
 @needs_bundle
 @pytest.mark.parametrize("tree", ["chain", "branches"])
 def test_greedy_output_is_the_targets_and_drafts_are_accepted(engines, user_module, tree):
@@ -101,6 +104,9 @@ def test_greedy_output_is_the_targets_and_drafts_are_accepted(engines, user_modu
     assert out.stats.num_verify_steps < sum(len(ids) - 1 for ids in out.token_ids)
 
 
+# slow: a user drafter's sampled tokens repeat per prompt seed, greedy and sampled share a program; default tier:
+# test_per_request_seeds (the same property for the built-in drafters)
+@pytest.mark.slow
 @needs_bundle
 def test_sampled_output_is_reproducible_per_prompt(engines):
     engine = engines[0]
@@ -232,6 +238,8 @@ def test_broken_plugins_name_their_entry_point(user_module, monkeypatch):
     assert not {"missing", "other", "raises", "text"} & set(DRAFTERS)
 
 
+# slow: jspec generate runs a drafter registered by entry point; default tier: the registry and Python-usage tests
+@pytest.mark.slow
 @needs_bundle
 def test_cli_generate_with_an_entry_point_drafter(user_module, monkeypatch, tmp_path, capsys):
     from jspec.tools.cli import main

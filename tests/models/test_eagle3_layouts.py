@@ -128,6 +128,9 @@ def test_every_layout_converts_to_the_same_head(setup, reference):
     assert len(engines) == 1
 
 
+# slow: a SpecForge head's layer ids move the taps (lossless, drafts differ); default tier:
+# test_every_layout_converts_to_the_same_head (each layout's ids read into the same taps)
+@pytest.mark.slow
 def test_layer_ids_are_honoured(setup, reference):
     params_t, params_d, tensors, work = setup
     plain = jspec.SpecEngine(TARGET, params_t, max_batch_size=4, max_seq_len=MAX_SEQ_LEN)

@@ -17,7 +17,13 @@ from tests.hf_models import FAMILIES
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+# slow: Mistral and Qwen2 (their config, logits with cached decode, hidden-state taps and tree mask against
+# transformers'); default tier: [llama], [qwen3], and test_shipped_targets' Qwen2.5
+SLOW_FAMILIES = ("mistral", "qwen2")
+
+
+@pytest.fixture(scope="module", params=[pytest.param(family, marks=pytest.mark.slow) if family in SLOW_FAMILIES
+                                        else family for family in sorted(FAMILIES)])
 def converted(request, hf_checkpoint):
     model, _, out_dir = hf_checkpoint(request.param)
     config, params, _ = load_llama(out_dir)
@@ -74,6 +80,9 @@ def test_hidden_state_taps_match_transformers(converted):
         np.testing.assert_allclose(np.asarray(out.taps[slot]), hidden[layer].numpy(), atol=ATOL, rtol=0)
 
 
+# slow: [qwen3] as well as Mistral and Qwen2 (a tree mask = separate causal branches); default tier: [llama]
+@pytest.mark.parametrize("converted", [pytest.param(family, marks=pytest.mark.slow) if family != "llama" else family
+                                       for family in sorted(FAMILIES)], indirect=True)
 def test_tree_mask_equals_separate_causal_branches(converted):
     """Two branches in one tree pass give the logits each branch gets on its own (the tree case)."""
     _, model, config, params = converted

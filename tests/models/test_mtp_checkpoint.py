@@ -142,7 +142,14 @@ def test_mimo_config_is_a_qwen2_target():
     assert (config.num_layers, config.head_dim, config.rope_theta) == (36, 128, 640000.0)
 
 
-@pytest.mark.parametrize("layout, target", CASES)
+def slow_cases(*slow: tuple[str, str]) -> list:
+    """CASES with the (layout, target) pairs named here in the slow tier (each test using it names its default-tier
+    stand-in)."""
+    return [pytest.param(*case, marks=pytest.mark.slow) if case in slow else case for case in CASES]
+
+
+# slow: [mimo-qwen2] (MiMo's MTP modules stored as the module's tree); default tier: [deepseek-llama]
+@pytest.mark.parametrize("layout, target", slow_cases(("mimo", "qwen2")))
 def test_the_stored_tree_is_the_module_s(layout, target):
     """What the converter writes and load_mtp reads has models.mtp.MtpModule's parameter names and shapes."""
     from models.mtp import init_mtp_params
@@ -183,7 +190,9 @@ def test_replica_has_the_hf_names(written, tmp_path, layout, target):
 
 # --- convert -> load ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layout, target", CASES)
+# slow: [deepseek-qwen3-tied] (DeepSeek MTP modules on a tied Qwen3 convert and load back); default tier:
+# [deepseek-llama], [mimo-qwen2]
+@pytest.mark.parametrize("layout, target", slow_cases(("deepseek", "qwen3-tied")))
 def test_convert_then_load_gives_the_modules_back(written, tmp_path, layout, target):
     hf_dir, params, modules = written[layout, target]
     out = convert_hf_checkpoint(hf_dir, str(tmp_path / "out"), progress=False)
@@ -206,7 +215,9 @@ def test_convert_then_load_gives_the_modules_back(written, tmp_path, layout, tar
         np.testing.assert_array_equal(block["self_attn"]["v_proj"]["bias"], tensors[prefix + "self_attn.v_proj.bias"])
 
 
-@pytest.mark.parametrize("layout, target", CASES)
+# slow: [deepseek-qwen3-tied], [mimo-qwen2] (a tied Qwen3 target, a MiMo target with MTP modules convert as without
+# them); default tier: [deepseek-llama]
+@pytest.mark.parametrize("layout, target", slow_cases(("deepseek", "qwen3-tied"), ("mimo", "qwen2")))
 def test_the_target_converts_as_without_modules(written, tmp_path, layout, target):
     hf_dir, params, _ = written[layout, target]
     hf_config, _, _ = make_target(target)
@@ -373,6 +384,9 @@ needs_mtp_drafter = pytest.mark.skipif(not _mtp_registered(), reason="no 'mtp' d
 PROMPTS = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
 
 
+# slow: converted MiMo and DeepSeek MTP modules drive the engine losslessly; default tier: test_mtp's greedy = plain,
+# the converters' round trips
+@pytest.mark.slow
 @needs_mtp_drafter
 @pytest.mark.parametrize("layout, target, drafter, num_steps", [("mimo", "qwen2", "mtp", 3),
                                                                  ("deepseek", "llama", "mtp_vanilla", 2)])

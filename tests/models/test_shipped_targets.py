@@ -165,7 +165,9 @@ def test_config_read_as_shipped(shipped):
         assert config.max_position_embeddings == 131072
 
 
-@pytest.mark.parametrize("far", [None, 9000, 120000])
+# slow: [9000] (logits at 9000 positions = transformers, Llama-3.1's rope scaling included); default tier: [None],
+# and [120000] (Llama-3.1's rope scaling far out)
+@pytest.mark.parametrize("far", [None, pytest.param(9000, marks=pytest.mark.slow), 120000])
 def test_logits_match_transformers(shipped, far):
     """Prefill logits on random tokens at positions 0..10, or 0..4 then far..far+5: 9000 is past Llama 3.1's
     original 8192 context and 120000 near its 131072, so query-key distances are where the llama3 rope scaling
@@ -193,6 +195,9 @@ def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+# slow: the engine on a converted Llama-3.1 and Qwen2.5 as shipped; default tier: [qwen3]
+@pytest.mark.parametrize("shipped", [pytest.param(name, marks=pytest.mark.slow) if name != "qwen3" else name
+                                     for name in sorted(SHAPES)], indirect=True)
 def test_engine_from_converted_dir(shipped):
     """(b) greedy generation on ids and on text equals transformers'; (c) engine.tokenizer is transformers';
     (d) the generation_config.json EOS ids are the engine's stop ids."""

@@ -27,6 +27,8 @@ def probe_peak_rss(*args: str) -> int:
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
 
 
+# slow: conversion streams: peak memory about the largest array; default tier: the converters' equality tests
+@pytest.mark.slow
 def test_sharded_conversion_peak_memory_is_about_the_largest_array(tmp_path):
     src, dst = str(tmp_path / "hf"), str(tmp_path / "out")
     total = write_synthetic_checkpoint(src, SYNTHETIC_CONFIG, num_shards=4)

@@ -9,6 +9,7 @@ import pytest
 
 from pallas_kernels.paged_tree_attention import gather_pages, paged_tree_attention, paged_tree_attention_reference
 from pallas_kernels.tree_attention import tree_attention_reference
+from tests.pallas_kernels.stacked import stacked
 from tests.pallas_kernels.test_tree_attention import TOLERANCES, tree_masks
 
 IMPLS = ["interpret", "tpu_interpret", pytest.param("pallas", marks=pytest.mark.gpu),
@@ -62,9 +63,12 @@ CASES = [  # (cache_len per row, T, Hq, Hkv, head_dim, pages per row, mask kind)
 ]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-@pytest.mark.parametrize("impl", IMPLS)
+# slow: the kernel in either interpreter (the Triton form, the TPU form) on cases 1 and 2 and in bf16; default tier:
+# both interpreters on case0 in f32 (ragged rows, an empty prefix, whole pages, GQA 4, a tree)
+@pytest.mark.parametrize(*stacked(("impl", IMPLS), ("case", CASES, [f"case{i}" for i in range(len(CASES))]),
+                                  ("dtype", [jnp.float32, jnp.bfloat16], ["f32", "bf16"]),
+                                  slow=lambda impl, case, dtype: impl in ("interpret", "tpu_interpret")
+                                  and (case, dtype) != ("case0", "f32")))
 def test_kernel_equals_reference(case, dtype, impl):
     cache_len, num_tokens, q_heads, kv_heads, head_dim, pages_per_row, kind = case
     paged, _ = paged_inputs(0, cache_len=cache_len, num_tokens=num_tokens, q_heads=q_heads, kv_heads=kv_heads,

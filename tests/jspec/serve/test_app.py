@@ -360,6 +360,9 @@ def test_models_health_metrics(server):
 
 # --- equal to generate alone; nothing compiled ----------------------------------------------------------------
 
+# slow: 32 concurrent greedy requests each equal offline generate, the scheduler compiles nothing; default tier:
+# test_completion_stream_equals_whole_with_usage (a served request equals offline), test_slots
+@pytest.mark.slow
 def test_32_concurrent_greedy_requests_equal_generate_alone_and_the_scheduler_compiles_nothing(server, tokenizer):
     rng = random.Random(0)
     cases = [(prompt_ids(tokenizer, rng.choice([1, 3, 7, 12, 16, 20, 27, 31]), offset=rng.randrange(40)),
@@ -405,6 +408,9 @@ def crowd_server(server):
     served.stop()
 
 
+# slow: a seeded sampled request's tokens do not depend on its neighbours; default tier: test_per_request_seeds,
+# test_slots
+@pytest.mark.slow
 def test_sampled_request_alone_equals_it_among_15_others(crowd_server):
     tokenizer = crowd_server.engine.tokenizer
     body = {"prompt": prompt_ids(tokenizer, 9), "max_tokens": 40, "temperature": 0.8, "seed": 7,
@@ -428,6 +434,9 @@ def test_sampled_request_alone_equals_it_among_15_others(crowd_server):
     assert len({tuple(t) for t in results.values()}) > 1  # they did sample different things
 
 
+# slow: n sampled choices each equal a request with its derived seed (on the 16-slot server without load adaptation);
+# default tier: test_best_of_keeps_the_most_likely_choices (n and best_of through the client)
+@pytest.mark.slow
 def test_n_choices_with_a_seed_each_equal_a_single_request_with_its_seed(crowd_server):
     """n=4 sampled with seed 7: four different completions, choice i equal to a request alone with seed
     choice_seed(7, i) (choice 0: seed 7 itself) and to offline generate with that seed; streamed, the same four."""
@@ -646,6 +655,8 @@ def tiny_server(server):
     served.stop()
 
 
+# slow: a full queue answers 503 with Retry-After; default tier: the other 503 tests (warm-up, shutdown)
+@pytest.mark.slow
 def test_a_full_queue_answers_503_with_retry_after(tiny_server):
     statuses = []
 
@@ -664,6 +675,8 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_server):
     assert sum(s[0] == 200 for s in statuses) >= 2 and {s[0] for s in statuses} == {200, 503}
 
 
+# slow: a draining server answers 503; default tier: test_before_warm_up_health_and_requests_answer_503
+@pytest.mark.slow
 def test_shutting_down_answers_503(tiny_server):
     tiny_server.slots.stop_accepting()
     response = tiny_server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
@@ -715,6 +728,10 @@ def structured_server():
     served.stop()
 
 
+# slow: response_format / structured_outputs through the official client equal offline generate, mixed with an
+# unconstrained request, chunked prefill under a grammar; default tier: the offline mixed case, test_tree_masks and
+# test_protocol (request parsing)
+@pytest.mark.slow
 def test_structured_outputs_through_the_client_equal_offline(structured_server, tokenizer):
     """response_format json_schema (chat), vLLM's structured_outputs JSON (compact) and regex (completions, a
     prompt long enough to be prefilled in pieces) and an unconstrained request at once: each equal to offline

@@ -19,6 +19,9 @@ def test_room_for_counts_this_process_against_the_limit(monkeypatch):
     assert memory_maps.room_for(10 ** 6, None)  # nothing measured: no verdict
 
 
+# slow: a server whose programs would pass vm.max_map_count is refused after one compile; default tier:
+# test_room_for_counts_this_process_against_the_limit
+@pytest.mark.slow
 def test_a_server_past_the_limit_is_refused_before_compiling_the_rest(monkeypatch):
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter="ngram", max_batch_size=2,
                                               max_seq_len=64)

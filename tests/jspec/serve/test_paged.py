@@ -82,6 +82,11 @@ def stale(pool: jax.Array, seed: int) -> jax.Array:
     return jax.random.normal(key, pool.shape, pool.dtype)
 
 
+# slow: rows in scattered pages equal generate alone, stepped by the paged functions without the scheduler (no drafter,
+# EAGLE-3 trees, n-gram lookup's token buffer, a draft model's whole KV cache); default tier: test_slots'
+# test_every_request_equals_generate_alone_greedy[eagle3-dynamic] (the scheduler over the same paged step, a drafter
+# cache paged), test_paged_scheduler, test_app (the n-gram server)
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram", "dflash"])
 def test_paged_rows_equal_generate_alone(params_t, name):
     engine = make_engine(params_t, name)
@@ -91,6 +96,9 @@ def test_paged_rows_equal_generate_alone(params_t, name):
         assert tokens == engine.generate([prompt], max_new_tokens=budget).token_ids[0], (name, prompt)
 
 
+# slow: the server's step programs through the paged kernel (interpreter) equal offline generate; default tier: the
+# kernel against its reference (test_paged_tree_attention) and test_paged_rows_equal_generate_alone
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["interpret", "tpu_interpret"])
 def test_the_paged_tree_attention_kernel_keeps_every_row_equal_to_generate_alone(params_t, impl):
     """The server's attention through pallas_kernels.paged_tree_attention (its Triton or TPU form in a Pallas
@@ -111,7 +119,10 @@ def engine_with(params_t, name: str):
     return make_engine(params_t, name)
 
 
-@pytest.mark.parametrize("name", ["eagle3-dynamic", "hybrid", "plain", "dflash"])
+# slow: [hybrid] (its head and lookup continue from a cached prefix), [plain] (the target alone); default tier:
+# [eagle3-dynamic] (the target's K/V checked there too), [dflash]
+@pytest.mark.parametrize("name", ["eagle3-dynamic", pytest.param("hybrid", marks=pytest.mark.slow),
+                                  pytest.param("plain", marks=pytest.mark.slow), "dflash"])
 def test_a_cached_prefix_continues_as_a_whole_prefill(params_t, name):
     """A prompt prefilled whole into row 1, then the same prompt into row 2 from row 1's first three pages (its
     fourth recomputed, as the server does for a head pairing slot p with token p + 1): row 2's state (the target's

@@ -44,9 +44,12 @@ def serve_watching(slots: SlotEngine, requests: list[dict]) -> tuple[list[Collec
     return sinks, max(seen)
 
 
+# slow: [eagle3-dynamic] (preemption by recompute with a drafter cache paged); default tier: [plain], test_slots'
+# [eagle3-dynamic] rows
 @pytest.mark.parametrize("name,async_scheduling", [pytest.param("plain", True, id="plain"),
                                                      pytest.param("plain", False, id="plain-sync"),
-                                                     pytest.param("eagle3-dynamic", True, id="eagle3-dynamic")])
+                                                     pytest.param("eagle3-dynamic", True, id="eagle3-dynamic",
+                                                                  marks=pytest.mark.slow)])
 def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(params_t, name, async_scheduling):
     """Seven requests through four rows and a pool that holds one request and two pages: requests are preempted
     and recomputed, and each returns what it returns alone. With async scheduling (the default) chunks are
@@ -93,6 +96,9 @@ def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(param
     assert len(preempted_in_flight) == preempted and not any(preempted_in_flight)
 
 
+# slow: admission by pages lets more requests run than static slots would; default tier:
+# test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[plain] (admission and preemption by pages)
+@pytest.mark.slow
 def test_pages_hold_more_requests_than_static_slots_would(params_t):
     """A pool of two max_seq_len requests' worth of slots runs six short requests at once."""
     engine = make_engine(params_t, "plain")
@@ -111,6 +117,10 @@ def test_pages_hold_more_requests_than_static_slots_would(params_t):
         assert sink.tokens == engine.generate([request["prompt_ids"]], max_new_tokens=12).token_ids[0]
 
 
+# slow: the scheduler's prefix hits leave outputs unchanged (no drafter, n-gram lookup, EAGLE-3 with its last page
+# recomputed); default tier: test_app's shared-prefix test (n-gram over HTTP), test_paged's
+# test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic], test_block_manager's drop_last_hit test
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "ngram", "eagle3-dynamic"])
 def test_a_shared_prefix_is_computed_once_and_outputs_are_unchanged(params_t, name):
     """Requests sharing a 40-token prefix (five pages of 8): after the first, every later one finds its whole
@@ -151,7 +161,10 @@ class Logged(Collector):
         self.log.append((self.name, len(self.tokens)))
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic"])
+# slow: [eagle3-dynamic] (chunked prefill with EAGLE-3, each piece's last page recomputed); default tier: [plain]
+# (prefill in pieces between chunks), test_paged's test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic]
+# (the head continuing from pages already written)
+@pytest.mark.parametrize("name", ["plain", pytest.param("eagle3-dynamic", marks=pytest.mark.slow)])
 def test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows(params_t, name):
     """Chunked prefill: with --max-num-batched-tokens 16 (two pages of 8), a 45-token prompt is prefilled in
     pieces; a short request submitted with it gains tokens between them (it is not stalled for the whole prompt), and

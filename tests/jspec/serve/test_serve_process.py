@@ -58,6 +58,8 @@ class Serve:
             self.process.wait(timeout=30)
 
 
+# slow: a real `jspec serve` process answers and drains on SIGTERM; default tier: test_app's in-process server
+@pytest.mark.slow
 @needs_bundle
 def test_serve_answers_then_drains_on_sigterm(tmp_path):
     port = free_port()

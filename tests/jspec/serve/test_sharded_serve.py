@@ -8,6 +8,10 @@ import pytest
 from jspec.bundle import bundled_dir
 from tests.virtual_devices import run_on_virtual_devices
 
+# slow: the slot engine on a tp 4 mesh equals one device offline; default tier: test_multihost's tp 4 engine,
+# test_app's served request
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.skipif(bundled_dir("target") is None, reason="bundled code model not built")
 def test_served_on_tp4_equals_one_device_alone():

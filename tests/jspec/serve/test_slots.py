@@ -115,7 +115,11 @@ def adaptive(params_t):
     slots.shutdown(10)
 
 
-@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic", "draft-model", "ngram", "dflash"])
+# slow: the slot engine with no drafter, a draft model, n-gram lookup, DFlash: each row equals generate alone;
+# default tier: [eagle3-dynamic], test_app's served request (the CPU default drafter), test_paged's cached-prefix
+# [dflash]
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name != "eagle3-dynamic" else name
+                                  for name in ["plain", "eagle3-dynamic", "draft-model", "ngram", "dflash"]])
 def test_every_request_equals_generate_alone_greedy(servers, name):
     engine, slots = servers(name)
     sinks = serve_all(slots, [dict(prompt_ids=p, max_tokens=n, seed=i)
@@ -130,7 +134,8 @@ def test_every_request_equals_generate_alone_greedy(servers, name):
 @pytest.mark.xfail(jax.default_backend() == "gpu", strict=False,
                    reason="a GPU's summation order depends on the batch, so a draw near a boundary can flip "
                           "(docs/serving.md, Per-request determinism)")
-@pytest.mark.parametrize("name", ["eagle3-dynamic", "draft-model"])
+# slow: [draft-model] (a seeded request with a draft model: alone = in a crowd); default tier: [eagle3-dynamic]
+@pytest.mark.parametrize("name", ["eagle3-dynamic", pytest.param("draft-model", marks=pytest.mark.slow)])
 def test_a_sampled_request_draws_the_same_tokens_alone_or_in_a_crowd(servers, name):
     """With one step program (adapt=False): the request's key is its seed's, and each step draws at its own
     positions, so neither its slot nor its neighbours change its tokens (the draft model samples its drafts)."""
@@ -152,6 +157,10 @@ class AlwaysPlain(LoadAdapter):
                          probe_every=3, probe_headroom=1000.0)
 
 
+# slow: adaptive switching between step programs and length buckets keeps greedy output; default tier: test_app's
+# test_every_step_program_in_turn_keeps_greedy_output (the default server's three step programs in turn), test_adapt's
+# unit tests
+@pytest.mark.slow
 def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptive):
     engine, slots = adaptive
     assert set(slots.costs.spec_step_seconds) == {1, 4}
@@ -168,6 +177,10 @@ def test_switching_between_step_programs_and_buckets_keeps_greedy_output(adaptiv
     assert 'jspec:chunks_total{program="plain"}' in body and 'jspec:chunks_total{program="speculative"}' in body
 
 
+# slow: the short chain program with n-gram lookup and with a draft model (a paged drafter cache) keeps greedy output,
+# the pool never copied; default tier: test_app's test_every_step_program_in_turn_keeps_greedy_output (the same programs
+# on the default server over HTTP, the same pool check), test_draft_model's cut-chain distribution test
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["draft-model", "ngram"])
 def test_the_short_chain_program_keeps_greedy_output(params_t, name):
     """A chain drafter's server has a third step program, its chain cut after short_draft_len drafts (one of the
@@ -212,6 +225,9 @@ def test_the_short_draft_len_is_checked(params_t):
         SlotEngine(dynamic, max_seq_len=MAX_SEQ_LEN, short_draft_len=1)
 
 
+# slow: every occupancy and length bucket of an adaptive slot engine compiles nothing; default tier: test_app's
+# test_the_scheduler_compiles_nothing_while_serving
+@pytest.mark.slow
 def test_nothing_compiles_after_warm_up(adaptive):
     engine, slots = adaptive
     compiled = slots.num_compiled
@@ -263,6 +279,9 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
     assert threads and set(threads) == {"jspec-compile"}, threads
 
 
+# slow: a cancelled request frees its slot within one chunk; the queue is bounded; default tier: test_app's
+# test_a_closed_stream_frees_its_slot and test_a_dropped_connection_frees_its_slot, its 503 tests
+@pytest.mark.slow
 def test_a_cancelled_request_frees_its_slot_and_the_queue_is_bounded(params_t):
     engine = make_engine(params_t, "plain")
     slots = SlotEngine(engine, max_queue=1, **ONE_PROGRAM)

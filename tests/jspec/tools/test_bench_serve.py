@@ -232,6 +232,8 @@ def test_failed_requests_are_recorded_not_raised():
 
 # --- end to end -------------------------------------------------------------------------------------------------
 
+# slow: bench-serve end to end against real servers; default tier: its arithmetic and report tests
+@pytest.mark.slow
 def test_small_run_against_real_in_process_servers(tmp_path):
     """The bundled model behind both in-process servers (spec: jspec serve's default drafter; plain), over HTTP
     and straight to their slot engines (--direct), 4 HumanEval prompts cut to fit max_seq_len 128, 8 tokens,

@@ -125,6 +125,9 @@ def test_speculative_stream_equals_plain_decoding_and_counts_steps_as_generate(s
             f"steps)") in stats[0]
 
 
+# slow: the CLI with the bundled head = plain with fewer steps; default tier:
+# test_speculative_stream_equals_plain_decoding_and_counts_steps_as_generate, test_auto's bundled engine
+@pytest.mark.slow
 @pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 def test_bundled_eagle3_generates_plain_decodings_tokens_with_fewer_target_steps():
     flags = ["generate", "--json", "--max-new-tokens", "24", "def fibonacci(n):"]
@@ -301,6 +304,8 @@ def test_training_flags_are_validated_in_one_line():
     assert code == 2 and err == "jspec: error: warmup_steps=9 must be below steps=5\n"
 
 
+# slow: jspec train-drafter through the CLI; default tier: tests/jspec/train/test_train_drafter.py
+@pytest.mark.slow
 def test_train_drafter_runs_end_to_end(small_model, tmp_path):
     from tests.train_fixtures import tiny_corpus
 

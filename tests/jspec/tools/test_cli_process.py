@@ -132,6 +132,9 @@ def cache_files(jspec_home) -> list[str]:
                   for root, _, files in os.walk(os.path.join(jspec_home, "compile-cache")) for name in files)
 
 
+# slow: a second identical `jspec generate` process loads every program from $JSPEC_HOME's cache; default tier:
+# test_cli's compiled programs kept under $JSPEC_HOME
+@pytest.mark.slow
 @needs_bundle
 def test_a_second_identical_call_compiles_nothing(tmp_path, no_session_compile_cache):
     argv = ["generate", *FIXED_METHOD, "--no-baseline", "--max-new-tokens", "16", "def f(x):"]

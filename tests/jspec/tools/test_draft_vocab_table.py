@@ -13,6 +13,9 @@ import jspec
 from jspec.tools.draft_vocab_table import HEADER, draft_vocab_rows, format_row
 from models.checkpoint import load_eagle3, write_hf_eagle3
 
+# slow: scripts/draft_vocab_table.py's rows on the bundled head; default tier: test_draft_vocab (shrink_draft_vocab)
+pytestmark = pytest.mark.slow
+
 
 def test_rows_for_two_sizes_of_the_bundled_head(tmp_path):
     bundle = os.path.dirname(jspec.bundled_model())

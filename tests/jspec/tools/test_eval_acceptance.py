@@ -26,6 +26,8 @@ def test_selection_reaches_the_dynamic_trees_only():
     assert method_specs(24, 8, 2)["eagle3-dynamic"][1].selection == "eagle2"
 
 
+# slow: scripts/eval_acceptance.py on a slice of HumanEval = plain; default tier: test_tree_selection
+@pytest.mark.slow
 def test_a_slice_of_prompts_with_top1_chain_trees_equals_plain(tmp_path, capsys):
     out = tmp_path / "acceptance.json"
     assert main(["--methods", "plain,eagle3-dynamic", "--prompts", "160:164", "--limit", "2", "--max-new-tokens",

@@ -34,6 +34,8 @@ def tiny_run(tmp_path_factory):
         return report, json.load(f)
 
 
+# slow: jspec bench --roofline's JSON report; default tier: the roofline plan, floor and report tests
+@pytest.mark.slow
 def test_json_is_the_report_and_complete(tiny_run):
     report, on_disk = tiny_run
     assert on_disk == json.loads(json.dumps(report))
@@ -42,6 +44,8 @@ def test_json_is_the_report_and_complete(tiny_run):
     assert on_disk["elapsed_seconds"] >= on_disk["rows"][0]["wall_seconds"] > 0
 
 
+# slow: the roofline's safetensors header bytes by hand; default tier: the roofline's command line and floor tests
+@pytest.mark.slow
 def test_header_bytes_by_hand(tiny_run):
     report = tiny_run[1]
     assert report["target_param_bytes"] == BF16 * TINY_TARGET
@@ -50,6 +54,8 @@ def test_header_bytes_by_hand(tiny_run):
     assert (report["prompt_len"], report["sequence_bucket"], report["steps_per_call"]) == (128, 256, 24)
 
 
+# slow: the roofline's bandwidth arithmetic on a tiny run; default tier: test_roofline_floor
+@pytest.mark.slow
 def test_bandwidth_is_read_plus_write_over_the_median_pass(tiny_run):
     report = tiny_run[1]
     assert report["copy_bytes"] == 16 << 20  # the CPU default
@@ -57,6 +63,8 @@ def test_bandwidth_is_read_plus_write_over_the_median_pass(tiny_run):
         2 * report["copy_bytes"] / statistics.median(report["copy_seconds_per_pass"]), rel=1e-12)
 
 
+# slow: the roofline row is timed at the forced acceptance; default tier: test_roofline_plan
+@pytest.mark.slow
 def test_row_is_timed_with_the_forced_acceptance(tiny_run):
     (row,) = tiny_run[1]["rows"]
     assert row["status"] == "ok", row["error"]
@@ -67,6 +75,8 @@ def test_row_is_timed_with_the_forced_acceptance(tiny_run):
     assert row["spec_over_plain_step"] is None and row["tokens_per_second_over_plain"] is None  # no plain row
 
 
+# slow: the roofline's step time arithmetic; default tier: test_roofline_floor
+@pytest.mark.slow
 def test_step_time_is_the_median_difference_per_verify_step(tiny_run):
     (row,) = tiny_run[1]["rows"]
     assert len(row["prefill_runs"]) == len(row["total_runs"]) == REPEATS
@@ -76,6 +86,8 @@ def test_step_time_is_the_median_difference_per_verify_step(tiny_run):
     assert row["tokens_per_second"] == pytest.approx(BATCH * (FORCED + 1) / row["step_seconds"], rel=1e-12)
 
 
+# slow: the roofline row's floor by hand; default tier: test_roofline_floor
+@pytest.mark.slow
 def test_floor_of_the_row_by_hand(tiny_run):
     """Mean context 128 + 4 * 23 / 2 = 174 tokens over the 24 steps; 3 head forwards (2 drafting, 1 extend)."""
     report = tiny_run[1]
@@ -92,6 +104,8 @@ def test_floor_of_the_row_by_hand(tiny_run):
     assert row["step_over_floor"] == pytest.approx(row["step_seconds"] / floor_seconds, rel=1e-12)
 
 
+# slow: the roofline table; default tier: test_roofline_report
+@pytest.mark.slow
 def test_table_shows_the_row(tiny_run):
     report, _ = tiny_run
     (row,) = report["rows"]
@@ -117,6 +131,9 @@ def test_main_needs_a_shape_and_rejects_unknown_ones():
         roofline.main(["--synthetic", "llama3-70b"])
 
 
+# slow: the roofline rows through the mesh code path on a 1x1 mesh; default tier: the roofline plan, floor and report
+# tests, and test_sharded_params (the mesh placement it uses)
+@pytest.mark.slow
 def test_synthetic_through_a_one_device_mesh():
     """--synthetic-mesh 1x1: the same rows through the mesh code path (what a GPU run compares against the
     no-mesh figures)."""
@@ -130,6 +147,9 @@ def test_synthetic_through_a_one_device_mesh():
         run._mesh("8")
 
 
+# slow: the roofline times a DFlash chain at its whole block; default tier: test_roofline_floor's DFlash bytes,
+# test_roofline_plan's bucket arithmetic
+@pytest.mark.slow
 def test_dflash_row_commits_its_whole_block_in_as_many_steps_as_the_bucket_holds(tmp_path):
     """The DFlash chain forced to accept its whole block (7 drafts): 8 tokens a step, 15 steps (127 // 8: the
     prompt's 128 slots of the 256-slot bucket hold no more), one drafter forward a step."""

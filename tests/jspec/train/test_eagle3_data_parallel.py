@@ -7,6 +7,9 @@ import pytest
 from jspec.train.target import data_mesh
 from tests.virtual_devices import run_on_virtual_devices
 
+# slow: EAGLE-3 training data parallel over 2 devices = one device's loss; default tier: the one-device training tests
+pytestmark = pytest.mark.slow
+
 # f32: the 2-device program sums each half of the batch first and then all-reduces the halves, another order
 # of the same additions as 1 device's; a few optimizer steps keep that rounding (~1e-7 relative) far below this.
 RTOL = 1e-4

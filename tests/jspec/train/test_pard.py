@@ -42,6 +42,10 @@ def test_the_mask_lets_a_copy_see_only_its_own_context():
     assert np.flatnonzero(mask[1 * 5 + 0]).tolist() == [5]   # no real token before it: itself only
 
 
+# slow: PARD training -> AMD's layout -> convert -> the engine, greedy = plain; default tier:
+# test_every_copy_position_equals_the_inference_forward (the packed copies are PARD's inference) and
+# test_train_drafter's DFlash round trip (train, export, convert, drive the engine)
+@pytest.mark.slow
 def test_pard_trains_converts_and_drives_the_engine_losslessly(tmp_path_factory, tiny_trained_target):
     import jspec
     from jspec.drafters.pard import PardDrafter

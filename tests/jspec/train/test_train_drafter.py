@@ -62,6 +62,10 @@ def test_eagle3_head_trains_and_converts(setup, eagle3_hf):
     config.check_target(target)
 
 
+# slow: a trained, exported, converted EAGLE-3 head drives the engine = plain; default tier:
+# test_dflash_trains_converts_and_drives_the_engine_losslessly (the same round trip for DFlash),
+# test_eagle3_head_trains_and_converts
+@pytest.mark.slow
 def test_exported_head_drives_the_engine_losslessly(setup, eagle3_hf):
     """train -> HF export (d2t, t2d) -> convert -> engine: the head drafts through d2t, greedy output is the
     target's own."""
@@ -86,6 +90,8 @@ def test_exported_head_drives_the_engine_losslessly(setup, eagle3_hf):
     assert out.stats.acceptance_length > 2.0
 
 
+# slow: --init-head starts a stage from an earlier head; default tier: test_eagle3_head_trains_and_converts
+@pytest.mark.slow
 def test_a_second_stage_starts_from_the_first_stages_head(setup, eagle3_hf):
     """init_head: the weights and draft vocabulary of a trained head, a fresh optimizer: the second stage's first
     loss is the first stage's trained level, far below a fresh head's."""
@@ -107,6 +113,8 @@ def test_a_second_stage_starts_from_the_first_stages_head(setup, eagle3_hf):
     assert not os.path.exists(os.path.join(tmp, "never")) and not os.path.exists(os.path.join(tmp, "never_work"))
 
 
+# slow: a draft model trains and converts; default tier: test_eagle3_head_trains_and_converts
+@pytest.mark.slow
 def test_draft_model_trains_and_converts(setup):
     tmp, target_hf, corpus = setup
     out = os.path.join(tmp, "draft_hf")
@@ -151,6 +159,10 @@ def test_dflash_trains_converts_and_drives_the_engine_losslessly(setup):
     assert out.stats.acceptance_length > 1.5, out.stats
 
 
+# slow: DSpark trained with DeepSpec's loss, exported in its layout, converted, lossless in the engine; default tier:
+# test_dflash_trains_converts_and_drives_the_engine_losslessly (the same loop and round trip), test_dflash's DSpark
+# reference and engine tests
+@pytest.mark.slow
 def test_dspark_trains_in_deepspecs_layout_and_drives_the_engine_losslessly(setup):
     """DeepSpec's recipe (Markov head teacher-forced, CE + L1 + confidence BCE) -> DeepSpec's layout (with the
     frozen embedding / lm_head copies) -> convert -> the engine with the confidence cut: output = plain decoding."""
