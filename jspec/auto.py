@@ -93,7 +93,7 @@ def _top1(steps: int, topk: int, tokens: int) -> SpecConfig:
 # The EAGLE-3 head's longer chain is left to "ngram+eagle3", which drafts the same chain with lookup in front (at
 # least its acceptance, at most its cost plus a lookup). Its chain of 11 (the head drafts 7 of them) and not 7: a
 # step where lookup misses verifies the head's 8 nodes either way, and only lookup's steps pay for the longer
-# chain, which the timing here charges to every step (docs/benchmarks.md has the comparison).
+# chain, which the timing here charges to every step (docs/results/history.md has the comparison).
 CANDIDATE_SPECS: dict[str, tuple[SpecConfig, ...]] = {
     "ngram": (_chain(4), _chain(9)),
     "eagle3": (_chain(3), _top1(6, 3, 12), _top1(8, 4, 24)),

@@ -140,7 +140,7 @@ class LookupThenModelDrafter(DrafterBase):
 
 
 # The head reads its last 128 committed slots only, so a head forward costs the same at any sequence length; its
-# acceptance did not drop (docs/benchmarks.md, "Notes moved from code comments").
+# acceptance did not drop (docs/results/history.md, "Notes moved from code comments").
 HEAD_ATTENTION_SPAN = 128
 HEAD_MAX_DEPTH = 7
 
@@ -148,7 +148,7 @@ HEAD_MAX_DEPTH = 7
 def load_ngram_eagle3(source: DrafterSource) -> tuple[LookupThenModelDrafter, Any]:
     """``"ngram+eagle3"``: lookup of the last 3 tokens first, the EAGLE-3 head at ``source.path`` (the bundled
     one, by the registry) elsewhere. 3 tokens, not 2: trusting 2-token matches too cost acceptance on the
-    calibration prompts for about the same on HumanEval (docs/benchmarks.md)."""
+    calibration prompts for about the same on HumanEval (docs/results/history.md)."""
     depth = min(source.spec.num_steps, HEAD_MAX_DEPTH)
     model_spec = dataclasses.replace(source.spec, num_steps=depth)
     model, params = eagle3.load(source._replace(spec=model_spec,
