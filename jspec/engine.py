@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec import compiled_programs
 from jspec.batching import PaddedBatch, pad_batch, unpad_outputs, validate_prompts
 from jspec.chat import ChatTemplate, as_conversations, load_chat_template
 from jspec.config import SamplingParams, SpecConfig
@@ -345,8 +346,8 @@ class SpecEngine:
         args = self._arguments(batch, SamplingParams())[:4]
         if key not in self._compiled:
             setup = self.setup.with_max_seq_len(batch.seq_len)
-            self._compiled[key] = score_prompts.lower(args[0], args[2], args[3], setup=setup,
-                                                      num_top=num_top).compile()
+            self._compiled[key] = compiled_programs.compiled(score_prompts, (args[0], args[2], args[3]), setup=setup,
+                                                             num_top=num_top)
         values = [to_host(x) for x in self._compiled[key](args[0], args[2], args[3])]
         return [SequenceLogprobs(*(x[b, 1:batch.prompt_lens[b]] for x in values)) for b in range(batch.batch_size)]
 
@@ -492,7 +493,7 @@ class SpecEngine:
             setup = dataclasses.replace(self.setup.with_max_seq_len(batch.seq_len), capture_layers=capture_layers,
                                         logprobs=logprobs, logprobs_mode=logprobs_mode,
                                         logits_processors=params.processes_logits)
-            self._compiled[bucket] = generate.lower(*args, setup=setup).compile()
+            self._compiled[bucket] = compiled_programs.compiled(generate, args, setup=setup)
             compile_seconds = time.perf_counter() - start
         start = time.perf_counter()
         result = jax.block_until_ready(self._compiled[bucket](*args))

@@ -44,3 +44,11 @@ def find_eqns(jaxpr, name: str) -> list:
         for sub in _sub_jaxprs(eqn):
             found += find_eqns(sub, name)
     return found
+
+
+def memory_as_users_compile(lowered):
+    """``lowered`` compiled with XLA:CPU's fusion emitters, as users' programs are (the test session turns them off
+    to compile faster, tests/conftest.py; the legacy emitters give a dynamic update of a loop's buffers a
+    temporary copy, which the fusion emitters update in place) -> its memory analysis. Buffer assignment does not
+    depend on LLVM's optimisation level, which stays the session's."""
+    return lowered.compile({"xla_cpu_use_fusion_emitters": True}).memory_analysis()

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.conftest import TEST_XLA_FLAGS
 from tests.jspec.serve.default_server_worker import STOCK_MAX_MAP_COUNT
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -19,8 +20,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 @pytest.mark.parametrize("flags", [[], ["--max-batch-size", "8"]], ids=["no-flags", "max-batch-size-8"])
 def test_the_default_server_starts_and_answers_under_the_stock_mapping_limit(flags, tmp_path):
     env = {**os.environ, "JSPEC_HOME": str(tmp_path)}
-    # what users run: XLA's default optimisations (the suite's level 0 compiles programs of other sizes)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("--xla_backend_optimization_level=0", "").strip()
+    # what users run: XLA's defaults (the suite's flags compile programs of other sizes)
+    flags = env.get("XLA_FLAGS", "")
+    for flag in TEST_XLA_FLAGS.split():
+        flags = flags.replace(flag, "")
+    env["XLA_FLAGS"] = flags.strip()
     run = subprocess.run([sys.executable, "-m", "tests.jspec.serve.default_server_worker", *flags],
                          capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
