@@ -13,7 +13,6 @@ from jspec import auto
 from jspec.tools import bundled
 from jspec.tools.cli import main
 
-needs_bundle = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 POOL = auto.candidates(["eagle3", "ngram"])
 
 
@@ -242,9 +241,6 @@ def test_retime_ignores_the_cache_and_the_prior(tmp_path):
     choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                               cache_dir=None, max_seq_len=64, prior=prior, retime=True)
     assert not choice.from_prior and any(entry[1] == 2 for entry in log)
-
-
-@needs_bundle
 @pytest.mark.parametrize("streamed", [True, False])
 def test_the_bundle_ships_step_costs_for_every_candidate_at_the_cli_defaults(streamed):
     """jspec generate's first run on a CPU (one prompt streamed, or --json / --no-stream) finds every candidate it
@@ -263,7 +259,6 @@ def test_the_bundle_ships_step_costs_for_every_candidate_at_the_cli_defaults(str
 # slow: auto's real step timing in the loop and streamed; default tier: test_tune_cmd (real streamed timing), the
 # fake-clock arithmetic tests
 @pytest.mark.slow
-@needs_bundle
 def test_real_step_cost_measurement_runs_in_the_loop_and_streamed():
     """The real measurement on the bundled model gives a finite positive cost per step, through ``generate`` and
     streamed. Their order is not asserted: the arithmetic is tested with a fake clock above, and real timings on
@@ -284,7 +279,6 @@ def test_real_step_cost_measurement_runs_in_the_loop_and_streamed():
 # slow: the engine auto returns on the bundled model = plain; default tier: test_cli_default_runs_auto_and_says_why
 # (auto's engine end to end) and each drafter's greedy = plain
 @pytest.mark.slow
-@needs_bundle
 def test_auto_engine_on_the_bundled_model_equals_plain_decoding(tmp_path):
     prompts = ["def fibonacci(n):", "class Stack:"]
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), spec="auto", max_batch_size=2,
@@ -307,9 +301,6 @@ def _seeded_home(tmp_path, batch_size, max_seq_len) -> str:
     with open(os.path.join(home, "auto", key + ".json"), "w") as f:
         json.dump({"step_seconds": steps}, f)
     return home
-
-
-@needs_bundle
 def test_cli_default_runs_auto_and_says_why(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("JSPEC_HOME", _seeded_home(tmp_path, 1, 1024))
     assert main(["generate", "--verbose", "--no-baseline", "--no-stream", "--max-new-tokens", "8",

@@ -14,7 +14,6 @@ from jspec.drafters.eagle3 import Eagle3Drafter
 from jspec.drafters.ngram import NgramDrafter
 from models.checkpoint import load_llama
 
-needs_bundle = pytest.mark.skipif(bundled_dir("target") is None, reason="bundled code model not built")
 SPEC = jspec.SpecConfig(tree="chain", num_steps=3)
 
 
@@ -25,9 +24,6 @@ def test_every_entry_is_complete():
         assert entry.bundled_part is None or entry.checkpoint_kind is not None, name
         assert (entry.checkpoint_kind is None) == (entry.bundled_part is None) or name == "dflash", name
         assert entry.weights_from_target == name.startswith("mtp"), name  # weights inside the target directory
-
-
-@needs_bundle
 @pytest.mark.parametrize("name,cls", [("eagle3", Eagle3Drafter), ("draft", DraftModelDrafter),
                                       ("ngram", NgramDrafter)])
 def test_names_load_drafters_that_satisfy_the_protocol(name, cls):
@@ -41,18 +37,12 @@ def test_names_load_drafters_that_satisfy_the_protocol(name, cls):
     assert dataclasses.replace(resized, max_seq_len=64) == drafter  # hashable, static: equal when resized back
     assert hash(drafter) == hash(resized.with_max_seq_len(64))
     assert (params == {}) == (name == "ngram")
-
-
-@needs_bundle
 def test_a_directory_resolves_by_its_kind():
     target_dir = jspec.bundled_model()
     assert resolve(bundled_dir("eagle3"), target_dir) == ("eagle3", bundled_dir("eagle3"))
     assert resolve(bundled_dir("draft"), target_dir) == ("draft", bundled_dir("draft"))
     assert resolve("eagle3", target_dir) == ("eagle3", bundled_dir("eagle3"))
     assert resolve("ngram", None) == ("ngram", None)
-
-
-@needs_bundle
 def test_a_weighted_name_needs_the_bundled_target():
     with pytest.raises(ValueError, match=r"drafter='eagle3'.*bundled target.*pass the converted drafter's directory"):
         resolve("eagle3", bundled_dir("draft"))

@@ -7,10 +7,8 @@ import re
 import pytest
 
 import jspec
-from jspec.bundle import bundled_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-needs_bundle = pytest.mark.skipif(bundled_dir("target") is None, reason="bundled code model not built")
 
 
 def readme_python_example() -> str:
@@ -19,9 +17,6 @@ def readme_python_example() -> str:
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 1, blocks
     return blocks[0]
-
-
-@needs_bundle
 def test_readme_python_example_runs(capsys):
     namespace = {}
     exec(compile(readme_python_example(), "README.md", "exec"), namespace)
@@ -30,9 +25,6 @@ def test_readme_python_example_runs(capsys):
     assert spec.token_ids == plain.token_ids and spec.texts == plain.texts  # lossless under greedy
     printed = capsys.readouterr().out
     assert plain.texts[0] in printed  # the streamed text deltas, printed as they came
-
-
-@needs_bundle
 def test_default_dtype_is_float32_on_cpu_for_the_bf16_bundle():
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=1, max_seq_len=64)
     assert engine.setup.dtype == "float32"

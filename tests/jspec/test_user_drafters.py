@@ -17,11 +17,9 @@ import sys
 import pytest
 
 import jspec
-from jspec.bundle import bundled_dir
 from jspec.drafters import DRAFTERS, ENTRY_POINT_GROUP, DrafterBase, DrafterEntry, load, register, resolve
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-needs_bundle = pytest.mark.skipif(bundled_dir("target") is None, reason="bundled code model not built")
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):"]
 CHAIN = jspec.SpecConfig(tree="chain", num_steps=3)
 BRANCHES = jspec.SpecConfig(tree="static", tree_choices=((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))
@@ -93,7 +91,6 @@ def engines(user_module):
 # slow: a user-registered drafter's greedy output = plain with drafts accepted (chain, branching tree); default tier:
 # test_docs_python_usage_runs (the docs' usage of the same chain drafter asserts both)
 @pytest.mark.slow
-@needs_bundle
 @pytest.mark.parametrize("tree", ["chain", "branches"])
 def test_greedy_output_is_the_targets_and_drafts_are_accepted(engines, user_module, tree):
     engine = engines[0] if tree == "chain" else engines[1]
@@ -107,7 +104,6 @@ def test_greedy_output_is_the_targets_and_drafts_are_accepted(engines, user_modu
 # slow: a user drafter's sampled tokens repeat per prompt seed, greedy and sampled share a program; default tier:
 # test_per_request_seeds (the same property for the built-in drafters)
 @pytest.mark.slow
-@needs_bundle
 def test_sampled_output_is_reproducible_per_prompt(engines):
     engine = engines[0]
     out = engine.generate(PROMPTS, max_new_tokens=NEW, temperature=1.0, seed=[1, 2, 3])
@@ -117,9 +113,6 @@ def test_sampled_output_is_reproducible_per_prompt(engines):
     other = engine.generate(PROMPTS, max_new_tokens=NEW, temperature=1.0, seed=[4, 5, 6])
     assert other.token_ids != out.token_ids
     assert engine.num_compiled == 1  # greedy and sampled share the program
-
-
-@needs_bundle
 def test_docs_python_usage_runs(user_module):
     usage = doc_blocks("python")[1]
     assert "from lookup_table import register_lookup_table" in usage
@@ -240,7 +233,6 @@ def test_broken_plugins_name_their_entry_point(user_module, monkeypatch):
 
 # slow: jspec generate runs a drafter registered by entry point; default tier: the registry and Python-usage tests
 @pytest.mark.slow
-@needs_bundle
 def test_cli_generate_with_an_entry_point_drafter(user_module, monkeypatch, tmp_path, capsys):
     from jspec.tools.cli import main
 

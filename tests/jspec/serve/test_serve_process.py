@@ -12,10 +12,8 @@ import time
 import openai
 import pytest
 
-from jspec.tools import bundled
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-needs_bundle = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 READY_SECONDS = 300.0  # load + warm-up (every program compiled) on a loaded 2-core machine: well under a minute alone
 EXIT_SECONDS = 60.0    # from SIGTERM to exit: the stream's rest (--shutdown-timeout 20 at most) and uvicorn's close
 
@@ -60,7 +58,6 @@ class Serve:
 
 # slow: a real `jspec serve` process answers and drains on SIGTERM; default tier: test_app's in-process server
 @pytest.mark.slow
-@needs_bundle
 def test_serve_answers_then_drains_on_sigterm(tmp_path):
     port = free_port()
     serve = Serve(["--port", str(port), "--max-seq-len", "128", "--max-batch-size", "2", "--shutdown-timeout", "20"],

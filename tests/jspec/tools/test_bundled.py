@@ -10,11 +10,6 @@ from jspec.tools import bundled
 from jspec.tools.generate_cmd import resolve_models
 from models.checkpoint import load_eagle3, load_llama
 from models.eagle3 import Eagle3Config
-
-needs_bundle = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
-
-
-@needs_bundle
 def test_the_three_parts_load_and_fit_together():
     target, _, target_dtype = load_llama(bundled.bundled_dir("target"))
     head_config, _, d2t, _ = load_eagle3(bundled.bundled_dir("eagle3"))
@@ -25,16 +20,10 @@ def test_the_three_parts_load_and_fit_together():
     assert target_dtype == "bfloat16"
     for part in bundled.PARTS:
         assert os.path.isfile(os.path.join(bundled.bundled_dir(part), "tokenizer.json")) or part == "eagle3"
-
-
-@needs_bundle
 def test_bundle_is_small_enough_to_ship():
     size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(bundled.BUNDLE_DIR)
                for f in files)
     assert size < 40 * 2 ** 20, f"{size / 2 ** 20:.1f} MiB"
-
-
-@needs_bundle
 def test_generate_defaults_to_the_bundled_model_with_the_backends_fastest_drafter():
     args = argparse.Namespace(model=None, drafter=None)
     model_dir, drafter, _ = resolve_models(args)

