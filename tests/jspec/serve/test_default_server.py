@@ -21,10 +21,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 def test_the_default_server_starts_and_answers_under_the_stock_mapping_limit(flags, tmp_path):
     env = {**os.environ, "JSPEC_HOME": str(tmp_path)}
     # what users run: XLA's defaults (the suite's flags compile programs of other sizes)
-    flags = env.get("XLA_FLAGS", "")
+    xla_flags = env.get("XLA_FLAGS", "")
     for flag in TEST_XLA_FLAGS.split():
-        flags = flags.replace(flag, "")
-    env["XLA_FLAGS"] = flags.strip()
+        xla_flags = xla_flags.replace(flag, "")
+    env["XLA_FLAGS"] = xla_flags.strip()
     run = subprocess.run([sys.executable, "-m", "tests.jspec.serve.default_server_worker", *flags],
                          capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
