@@ -55,15 +55,20 @@ def pytest_xdist_auto_num_workers(config):
     return min(2, os.cpu_count() or 1)
 
 
-# The longest modules of either tier (seconds on the 2-core CI machine, from --durations): run first, so that with
-# --dist loadscope the other worker takes the many short modules meanwhile instead of idling at the end while one
-# worker finishes a long module it was handed last.
-LONG_MODULES = ("tests/jspec/test_sharded_engine.py", "tests/jspec/serve/test_slots.py",
-                "tests/jspec/serve/test_app.py", "tests/jspec/test_spec_engine.py",
-                "tests/jspec/test_capture_hidden_states.py", "tests/jspec/test_ngram.py",
-                "tests/jspec/test_multihost.py", "tests/jspec/test_draft_model.py", "tests/jspec/test_hybrid.py",
-                "tests/jspec/test_user_drafters.py", "tests/jspec/test_mtp.py", "tests/jspec/test_bf16_numerics.py",
-                "tests/models/test_mtp_checkpoint.py", "tests/jspec/tools/test_draft_vocab_table.py")
+# The longest modules of the default tier (worker seconds, summed --durations=0 of a fresh clone's default tier on the
+# 2-core CI machine, 2026-11-27), then the slow tier's: run first, so that with --dist loadscope the other worker takes
+# the many short modules meanwhile instead of idling at the end while one worker finishes a long module it was handed
+# last.
+LONG_MODULES = ("tests/jspec/serve/test_app.py", "tests/models/test_mtp_checkpoint.py",
+                "tests/jspec/serve/test_slots.py", "tests/jspec/test_logprobs.py", "tests/jspec/test_spec_engine.py",
+                "tests/pallas_kernels/test_tree_verify.py", "tests/models/test_eagle3_layouts.py",
+                "tests/jspec/test_dflash.py", "tests/jspec/tools/test_cli.py", "tests/jspec/train/test_train_target.py",
+                "tests/jspec/test_ngram.py", "tests/models/test_quantization.py", "tests/models/test_llama_vs_hf.py",
+                "tests/jspec/serve/test_paged_scheduler.py", "tests/jspec/test_multihost.py",
+                "tests/jspec/test_bf16_numerics.py", "tests/jspec/test_sharded_engine.py",
+                "tests/jspec/test_capture_hidden_states.py", "tests/jspec/test_draft_model.py",
+                "tests/jspec/test_hybrid.py", "tests/jspec/test_user_drafters.py", "tests/jspec/test_mtp.py",
+                "tests/jspec/tools/test_draft_vocab_table.py")
 
 
 def _long_rank(item) -> int:
