@@ -333,6 +333,32 @@ def calibration_prompts(tokenize: Callable[[str], list[int]], max_seq_len: int) 
     return [tokenize(p)[-(max_seq_len - new_tokens):] for p in CALIBRATION_PROMPTS], new_tokens
 
 
+def timing_prompt(tokenize: Callable[[str], list[int]], max_seq_len: int) -> list[int]:
+    """The prompt every candidate's step is timed on: CALIBRATION_PROMPTS joined (222 tokens of the bundled
+    model's, a code prompt's size: HumanEval's are 47 to 520, 153 at the median), its last ``max_seq_len // 4``
+    tokens where the cache is smaller."""
+    return tokenize("\n\n".join(CALIBRATION_PROMPTS))[-max(1, max_seq_len // 4):]
+
+
+def timing_run_lengths(prompt_len: int, per_step: int, max_seq_len: int,
+                       new_tokens: int = CALIBRATION_NEW_TOKENS) -> tuple[int, int]:
+    """(short, long) verify steps of a step's two timing runs (:func:`measure_step_seconds`), each committing
+    ``per_step`` tokens a step after the prefill's one. Every candidate's runs use the token slots (the cache
+    size, ``jspec.batching.pad_batch``'s bucket) of this prompt and ``new_tokens``: attention reads the whole
+    cache, so a step's cost depends on it, and the candidates are compared as the same call would run them. The
+    long run fills those slots, the short one needs them just as well: one compiled program, differing in steps
+    only (a long run on a larger cache than the short one's made the fused loop's step look dearer than the same
+    step streamed)."""
+    from jspec.batching import next_power_of_two, prompt_bucket
+
+    width = prompt_bucket(prompt_len, max_seq_len)
+    slots = lambda steps: min(next_power_of_two(width + steps * per_step + 1), max_seq_len)  # noqa: E731
+    target = slots(-(-new_tokens // per_step))
+    long = max(2, (target - width - 1) // per_step)
+    short = next(n for n in range(1, long + 1) if slots(n) == slots(long))
+    return min(short, long - 1), long
+
+
 def time_candidates(make_engine: Callable[[Candidate, int | None], object], pool: Sequence[Candidate],
                     accepted: dict[str, float], prompt: list[int], *, max_seq_len: int, streamed: bool,
                     log: Callable[[str], None] = lambda s: None) -> dict[str, float]:
@@ -341,10 +367,9 @@ def time_candidates(make_engine: Callable[[Candidate, int | None], object], pool
     timings = {}
     for candidate in pool:
         accept = timed_acceptance(candidate, accepted.get(candidate.label, 0.0))
-        # Fits max_seq_len: the long run generates at most half of it.
-        long = max(2, min(24, (max_seq_len // 2 - 1) // (accept + 1)))
+        short, long = timing_run_lengths(len(prompt), 1 if candidate.drafter is None else accept + 1, max_seq_len)
         key = timing_key(candidate, accept, streamed)
-        timings[key] = measure_step_seconds(make_engine, candidate, prompt, short=max(1, long // 4), long=long,
+        timings[key] = measure_step_seconds(make_engine, candidate, prompt, short=short, long=long,
                                             accept=accept, streamed=streamed)
         log(f"auto:   {candidate.label}: {timings[key] * 1e3:.2f} ms per step")
     return timings
@@ -446,8 +471,8 @@ def auto_choice(target_dir: str, drafters: Sequence[str], make_engine: Callable[
             why = " (the shipped step costs did not hold here)" if "prior_rejected" in cached else ""
             log(f"auto: timing {len(todo)} methods once on this device{why} (cached in "
                 f"{os.path.dirname(path) if path else 'nowhere'})")
-        timings.update(time_candidates(make_engine, todo, accepted, prompts[0], max_seq_len=max_seq_len,
-                                       streamed=streamed, log=log))
+        timings.update(time_candidates(make_engine, todo, accepted, timing_prompt(tokenize, max_seq_len),
+                                       max_seq_len=max_seq_len, streamed=streamed, log=log))
         timings, accepted = same_on_every_process(timings), same_on_every_process(accepted)
         if path is not None and jax.process_index() == 0 and (
                 cached.get("step_seconds") != timings or (profile is None and cached.get("accepted") != accepted)):

@@ -138,6 +138,23 @@ def test_a_disturbed_run_does_not_move_the_step_cost():
     assert auto.measure_step_seconds(make, chain, [1], short=4, long=16, accept=2) == pytest.approx(2.5e-3)
 
 
+@pytest.mark.parametrize("max_seq_len", [64, 128, 1024])
+def test_every_candidate_is_timed_over_one_cache_size(max_seq_len):
+    """Both timing runs of a step, and every candidate's, run over the token slots of the timing prompt and
+    CALIBRATION_NEW_TOKENS: one program per candidate, differing in steps only."""
+    from jspec.batching import pad_batch
+
+    prompt = auto.timing_prompt(lambda text: list(range(len(text))), max_seq_len)
+    slots = set()
+    for per_step in (1, 2, 4, 6, 12):
+        short, long = auto.timing_run_lengths(len(prompt), per_step, max_seq_len)
+        runs = {pad_batch([prompt], max_new_tokens=steps * per_step + 1, stop_ids=(), max_batch_size=1,
+                          max_seq_len=max_seq_len).seq_len for steps in (short, long)}
+        assert 1 <= short < long and len(runs) == 1 and len(prompt) + long * per_step + 1 <= max_seq_len
+        slots |= runs
+    assert len(slots) == 1
+
+
 def test_step_costs_are_measured_once_and_cached(tmp_path):
     log = []
     first = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
