@@ -11,7 +11,7 @@ import sys
 
 import jax
 
-from tests.jspec.test_multihost import DRAFTER, MAX_NEW_TOKENS, PROMPTS
+from tests.jspec.test_multihost import CHAIN, DRAFTER, MAX_NEW_TOKENS, PROMPTS
 
 
 def main(coordinator: str, process_id: int) -> None:
@@ -22,6 +22,7 @@ def main(coordinator: str, process_id: int) -> None:
 
     assert jax.process_count() == 2 and len(jax.devices()) == 4 and len(jax.local_devices()) == 2
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=DRAFTER, tensor_parallel_size=4,
+                                              spec=jspec.SpecConfig(tree="chain", num_steps=CHAIN),
                                               max_batch_size=2, max_seq_len=256)
     out = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
     print(json.dumps({"process": jax.process_index(), "token_ids": out.token_ids}), flush=True)

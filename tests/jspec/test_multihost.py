@@ -15,6 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROMPTS = ["def fibonacci(n):", "import os\n\ndef list_files(path):"]
 MAX_NEW_TOKENS = 24
 DRAFTER = "eagle3"
+CHAIN = 4  # a chain of the head's drafts: the collectives of a verify pass as a tree's, fewer programs to compile
 
 
 def free_port() -> int:
@@ -46,7 +47,7 @@ def single_device_tokens():
     import jspec
 
     engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=DRAFTER, max_batch_size=2,
-                                              max_seq_len=256)
+                                              spec=jspec.SpecConfig(tree="chain", num_steps=CHAIN), max_seq_len=256)
     return engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS).token_ids
 
 
@@ -117,7 +118,18 @@ def test_cli_multihost_only_process_0_prints(single_device_tokens, tmp_path):
     (["--coordinator-address", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"], "--process-id 2"),
     (["-tp", "0"], "--tensor-parallel-size 0"),
 ])
-def test_cli_parallel_flags_refused(flags, message):
-    done = subprocess.run([sys.executable, "-m", "jspec.tools.cli", "generate", "x", "--no-baseline"] + flags,
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+def test_cli_parallel_flags_refused(flags, message, capsys, monkeypatch):
+    """Refused with exit status 2 before anything starts: no process group joined, no model loaded."""
+    import jax
+
+    import jspec
+    from jspec.tools.cli import main
+
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: pytest.fail("joined a process group"))
+    monkeypatch.setattr(jspec.SpecEngine, "from_pretrained", lambda *a, **k: pytest.fail("loaded a model"))
+    try:
+        status = main(["generate", "x", "--no-baseline"] + flags)
+    except SystemExit as exit:
+        status = exit.code
+    err = capsys.readouterr().err
+    assert status == 2 and message in err, err[-2000:]
