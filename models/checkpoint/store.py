@@ -5,16 +5,25 @@ A converted directory holds::
 
     config.json        the Hugging Face config (verbatim for targets; for EAGLE-3 heads the flat Llama-style config
                        plus "jspec_eagle3": layout, resolved tap layers, suggested num_steps)
-    jspec.json         {"format": 2, "kind": "llama" | "eagle3" | "mtp" | "dflash", "dtype": "bfloat16"}
-    params/            the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]}), one orbax
-                       checkpoint per leaf: params/leaves.json lists the leaf paths, params/<a.b.c>/ holds the
-                       leaf at path (a, b, c) (as the one-leaf tree {a: {b: {c: array}}}). Written leaf by leaf, so
-                       converting needs host memory for one leaf, not the model. Format 1 (params/ one orbax
-                       checkpoint of the whole tree) still loads.
+    jspec.json         {"format": 3, "kind": "llama" | "eagle3" | "mtp" | "dflash", "dtype": "bfloat16"}
+    params/            the parameter pytree (eagle3: {"head": head params, "d2t": i32[V_draft]}) as orbax
+                       checkpoints of consecutive groups of leaves, see below
     tokenizer.json ... tokenizer files copied from the source when present
     mtp/               a target's MTP modules, when its checkpoint ships them: a jspec directory of kind "mtp"
                        (config.json: the target's plus "jspec_mtp": {num_modules, layout, own_lm_head}; params:
                        {"modules": {"0": module tree, ...}}, see models/mtp.py)
+
+params/ (format 3)::
+
+    leaves.json        {"leaves": [[key, ...], ...], "groups": [[leaf index, ...], ...]}: every leaf's path, in the
+                       order written, and the leaves of each group (consecutive indices)
+    group-<g>/         one orbax checkpoint of group g's leaves, as the tree {a: {b: {c: array}}, ...} of their paths
+
+A group closes once its arrays reach ``GROUP_BYTES``; a leaf that would take the open group past it starts a new
+one, so a leaf bigger than the budget is a group of its own. Converting needs host memory for the open group (under
+the budget) plus the leaf being built, not the model; a small model is one checkpoint. Older layouts still load:
+format 2 (leaves.json without "groups", params/<a.b.c>/ one orbax checkpoint of the leaf at path (a, b, c)) and
+format 1 (no leaves.json, params/ one orbax checkpoint of the whole tree).
 
 Directories are written into a temporary sibling and renamed into place at the end (``atomic_directory``), so a
 failed write leaves nothing at the destination.
@@ -45,35 +54,56 @@ from models.quantization import QuantizationConfig, as_stored, from_stored, is_q
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-FORMAT_VERSION = 2
-LEAVES_FILE = "leaves.json"  # in params/ of format 2: {"leaves": [[key, ...], ...]}
+FORMAT_VERSION = 3
+LEAVES_FILE = "leaves.json"  # in params/ of formats 2 and 3 (see the module doc)
+# A group of leaves closes at this many bytes. Past some tens of MB an orbax save's fixed cost (12-20 ms: directories,
+# OCDBT merge, metadata) is small beside the write itself, and a larger budget only adds to converting's host memory.
+GROUP_BYTES = 64 << 20
 
 
 def save_params(directory: str, params: Any) -> None:
-    """Writes params at ``directory`` (which must not exist), one orbax checkpoint per leaf (see the module doc).
+    """Writes params at ``directory`` (which must not exist) as orbax checkpoints of consecutive groups of leaves,
+    each closed at ``GROUP_BYTES`` (see the module doc).
 
     params: a nested dict of arrays, or an iterable of (path, array) pairs, path a tuple of keys. An iterator's
-    arrays are written one at a time and dropped before the next is drawn, so a generator that builds each leaf
-    on demand bounds the host memory by about one leaf.
+    arrays are held until their group is written and dropped then, so a generator that builds each leaf on demand
+    bounds the host memory by about ``GROUP_BYTES`` plus one leaf.
     """
     import orbax.checkpoint as ocp
 
     leaves = traverse_util.flatten_dict(params).items() if isinstance(params, Mapping) else params
     directory = os.path.abspath(directory)
     os.makedirs(directory)
-    paths = []
+    paths: list[tuple[str, ...]] = []  # every leaf's, in the order drawn
+    groups: list[list[int]] = []  # each written group's leaves, as indices into paths
+    group: dict[tuple[str, ...], Any] = {}  # the open group (the last len(group) paths) -> their arrays
     with _numpy_saved_in_place(), ocp.StandardCheckpointer() as checkpointer:
+        def write_group() -> None:
+            checkpointer.save(os.path.join(directory, _group_dir(len(groups))), traverse_util.unflatten_dict(group))
+            checkpointer.wait_until_finished()
+            groups.append(list(range(len(paths) - len(group), len(paths))))
+            group.clear()  # before the iterator builds the next leaf
+            _return_freed_memory()
+
         for path, array in leaves:
-            path = tuple(path)
+            path = _checked_path(path)
             if path in paths:
                 raise ValueError(f"param {'/'.join(path)} given twice")
-            checkpointer.save(os.path.join(directory, _leaf_dir(path)), traverse_util.unflatten_dict({path: array}))
-            checkpointer.wait_until_finished()
+            if group and _nbytes(group) + array.nbytes > GROUP_BYTES:
+                write_group()
             paths.append(path)
-            del array  # before the iterator builds the next leaf
-            _return_freed_memory()
+            group[path] = array
+            del array  # the open group holds it now, and drops it once written
+            if _nbytes(group) >= GROUP_BYTES:
+                write_group()
+        if group:
+            write_group()
     with open(os.path.join(directory, LEAVES_FILE), "w") as f:
-        json.dump({"leaves": [list(path) for path in paths]}, f, indent=1)
+        json.dump({"leaves": [list(path) for path in paths], "groups": groups}, f, indent=1)
+
+
+def _nbytes(group: dict[tuple[str, ...], Any]) -> int:
+    return sum(array.nbytes for array in group.values())
 
 
 @contextlib.contextmanager
@@ -110,10 +140,21 @@ def _return_freed_memory() -> None:
         pass
 
 
-def _leaf_dir(path: tuple[str, ...]) -> str:
+def _checked_path(path: Iterable[str]) -> tuple[str, ...]:
+    path = tuple(path)
     if any("." in key or "/" in key for key in path):
         raise ValueError(f"param path {path}: keys must not contain '.' or '/'")
-    return ".".join(path)
+    return path
+
+
+def _group_dir(index: int) -> str:
+    """params/'s subdirectory holding group ``index`` (format 3)."""
+    return f"group-{index}"
+
+
+def _leaf_dir(path: tuple[str, ...]) -> str:
+    """params/'s subdirectory holding the leaf at ``path`` (format 2)."""
+    return ".".join(_checked_path(path))
 
 
 def load_params(directory: str, abstract_params: Any, shardings: Callable[[Any], Any] | None = None) -> Any:
@@ -139,18 +180,25 @@ def load_params(directory: str, abstract_params: Any, shardings: Callable[[Any],
         if not os.path.isfile(leaves_file):  # format 1: one checkpoint of the whole tree
             return checkpointer.restore(directory, placed)
         with open(leaves_file) as f:
-            stored = {tuple(path) for path in json.load(f)["leaves"]}
+            listing = json.load(f)
+        stored = [tuple(path) for path in listing["leaves"]]
         wanted = traverse_util.flatten_dict(placed)
-        if stored != set(wanted):
-            missing = sorted("/".join(p) for p in set(wanted) - stored)
-            unexpected = sorted("/".join(p) for p in stored - set(wanted))
+        if set(stored) != set(wanted):
+            missing = sorted("/".join(p) for p in set(wanted) - set(stored))
+            unexpected = sorted("/".join(p) for p in set(stored) - set(wanted))
             raise ValueError(f"{leaves_file}: the stored params do not match the model; missing: {missing}, "
                              f"unexpected: {unexpected}")
-        restored = {path: checkpointer.restore(os.path.join(directory, _leaf_dir(path)),
-                                               traverse_util.unflatten_dict({path: leaf}))
-                    for path, leaf in wanted.items()}
-    return traverse_util.unflatten_dict({path: traverse_util.flatten_dict(tree)[path]
-                                         for path, tree in restored.items()})
+        if "groups" in listing:  # format 3: a checkpoint per group of leaves
+            parts = [(_group_dir(index), [stored[leaf] for leaf in leaves])
+                     for index, leaves in enumerate(listing["groups"])]
+        else:  # format 2: a checkpoint per leaf
+            parts = [(_leaf_dir(path), [path]) for path in stored]
+        restored = {}
+        for name, paths in parts:
+            tree = checkpointer.restore(os.path.join(directory, name),
+                                        traverse_util.unflatten_dict({path: wanted[path] for path in paths}))
+            restored.update(traverse_util.flatten_dict(tree))
+    return traverse_util.unflatten_dict({path: restored[path] for path in wanted})
 
 
 def check_destination(dst: str, overwrite: bool) -> None:

@@ -37,7 +37,7 @@ def split_and_replicated(tree) -> tuple[int, int]:
 
 
 def rewritten(directory: str, out: str) -> str:
-    """The bundled target written again as jspec writes checkpoints now (one orbax checkpoint per leaf)."""
+    """The bundled target written again as jspec writes checkpoints now (orbax checkpoints of groups of leaves)."""
     _, params, dtype = load_llama(directory)
     os.makedirs(out)
     write_jspec_dir(out, read_hf_config(directory), jax.device_get(params), "llama", dtype, directory)

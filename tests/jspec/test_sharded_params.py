@@ -1,5 +1,5 @@
 """Per-device parameter bytes at tp=4, read from each array's addressable shards (4 virtual CPU devices, bundled
-target, as shipped and rewritten one leaf per checkpoint as the converter writes now): orbax restores every
+target, as shipped and rewritten as the converter writes now (groups of leaves, format 3)): orbax restores every
 parameter straight into its sharding, and each device holds 1/4 of every split
 weight plus the replicated ones (norms). The bundled target has 2 KV heads: at tp=4 each is stored twice, so each
 device holds one KV head's k/v projection."""
@@ -28,7 +28,7 @@ def test_each_device_holds_a_quarter_of_the_split_weights(report, which):
 
 
 def test_both_checkpoint_formats_restore_into_the_sharding(report):
-    assert report["formats"] == [1, 2]  # the bundled checkpoint (one tree), and as the converter writes now
+    assert report["formats"] == [1, 3]  # the bundled checkpoint (one tree), and as the converter writes now
 
 
 def test_kv_heads_repeated_to_one_per_device(report):

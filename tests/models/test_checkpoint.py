@@ -1,16 +1,22 @@
-"""Checkpoint conversion: sharded input, dtype, tokenizer files, clear errors, nothing left behind on failure."""
+"""Checkpoint conversion: sharded input, dtype, tokenizer files, clear errors, nothing left behind on failure; the
+params/ store: groups of leaves closed at a byte budget, drawn lazily, older per-leaf directories still loading."""
 
 import json
 import os
 import shutil
+import weakref
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
+from jax.sharding import NamedSharding, PartitionSpec
 from safetensors.numpy import load_file, save_file
 
 from jspec.tools.demo_model import write_random_hf_checkpoint
-from models.checkpoint import convert_hf_llama, load_llama
+from models.checkpoint import convert_hf_llama, load_llama, load_params, save_params
+from models.checkpoint import store
 from models.config import from_hf_config
 
 SMALL = {
@@ -101,3 +107,100 @@ def test_missing_shard_named(hf_checkpoint, tmp_path):
     os.remove(sharded / victim)
     with pytest.raises(FileNotFoundError, match=victim):
         convert_hf_llama(str(sharded), str(tmp_path / "out"), progress=False)
+
+
+# Leaves of 20, 40, 12, 204, 28, 60 and 4 bytes; at a 64-byte budget the open group closes before a leaf that would
+# take it past 64 bytes, and the 204-byte leaf, bigger than the budget, is a group of its own.
+BUDGET = 64
+TREE = {"embed": np.arange(5, dtype=np.float32), "layers": {"kernel": np.linspace(-1, 1, 10, dtype=np.float32),
+                                                            "bias": np.arange(3, dtype=np.int32) - 1,
+                                                            "big": np.arange(51, dtype=np.float32).reshape(3, 17)},
+        "norm": np.full(7, 0.5, np.float32), "head": np.arange(15, dtype=np.float32).reshape(3, 5),
+        "d2t": np.array([9], np.int32)}
+TREE_GROUPS = [[0, 1], [2], [3], [4], [5, 6]]  # in flatten order: embed, kernel, bias, big, norm, head, d2t
+
+
+def abstract_of(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+
+
+def one_device_shardings(abstract):
+    """A NamedSharding per leaf on a one-device mesh, its spec naming the mesh axis where the leaf has a dim."""
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), ("model",))
+    return jax.tree.map(lambda a: NamedSharding(mesh, PartitionSpec(*[None] * (a.ndim - 1), "model")
+                                                if a.ndim else PartitionSpec()), abstract)
+
+
+def assert_loads_back(directory, tree):
+    """``tree`` restored from ``directory``, leaf for leaf, each on the sharding asked for, and with none given."""
+    abstract = abstract_of(tree)
+    restored = load_params(directory, abstract, one_device_shardings)
+    jax.tree.map(np.testing.assert_array_equal, restored, tree)
+    for leaf, sharding in zip(jax.tree.leaves(restored), jax.tree.leaves(one_device_shardings(abstract))):
+        assert leaf.sharding == sharding, (leaf.sharding, sharding)
+    unplaced = load_params(directory, abstract)
+    jax.tree.map(np.testing.assert_array_equal, unplaced, tree)
+    assert {leaf.sharding for leaf in jax.tree.leaves(unplaced)} == {
+        jax.sharding.SingleDeviceSharding(jax.local_devices()[0])}
+
+
+def test_leaves_are_written_in_groups_closed_at_the_byte_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "GROUP_BYTES", BUDGET)
+    directory = str(tmp_path / "params")
+    save_params(directory, TREE)
+    listing = json.loads((tmp_path / "params" / "leaves.json").read_text())
+    assert listing["leaves"] == [list(path) for path in traverse_util.flatten_dict(TREE)]
+    assert listing["groups"] == TREE_GROUPS
+    assert sorted(os.listdir(directory)) == ["group-0", "group-1", "group-2", "group-3", "group-4", "leaves.json"]
+    assert_loads_back(directory, TREE)
+
+
+def test_a_small_tree_is_one_checkpoint(tmp_path):
+    save_params(str(tmp_path / "params"), TREE)
+    assert sorted(os.listdir(tmp_path / "params")) == ["group-0", "leaves.json"]
+    assert json.loads((tmp_path / "params" / "leaves.json").read_text())["groups"] == [list(range(7))]
+    assert_loads_back(str(tmp_path / "params"), TREE)
+
+
+def test_an_iterator_is_drawn_one_leaf_at_a_time_and_only_the_open_group_is_held(tmp_path, monkeypatch):
+    """Before each leaf is drawn, the arrays still alive are exactly those of the open group: drawing ahead, or
+    holding a written group's arrays, changes the counts."""
+    monkeypatch.setattr(store, "GROUP_BYTES", 3 * 28)
+    alive_at_draw, refs = [], []
+
+    def leaves():
+        for index in range(8):
+            alive_at_draw.append(sum(ref() is not None for ref in refs))
+            array = np.full(7, index, np.float32)  # 28 bytes: a group closes at its third leaf
+            refs.append(weakref.ref(array))
+            yield (f"w{index}",), array
+            del array
+
+    save_params(str(tmp_path / "params"), leaves())
+    assert alive_at_draw == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert all(ref() is None for ref in refs)
+    assert json.loads((tmp_path / "params" / "leaves.json").read_text())["groups"] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert_loads_back(str(tmp_path / "params"), {f"w{index}": np.full(7, index, np.float32) for index in range(8)})
+
+
+@pytest.mark.parametrize("leaves, message", [
+    ([(("a", "b"), np.zeros(2)), (("c",), np.zeros(1)), (("a", "b"), np.zeros(2))], "param a/b given twice"),
+    ([(("a.b",), np.zeros(2))], r"keys must not contain '\.' or '/'"),
+    ([(("a", "b/c"), np.zeros(2))], r"keys must not contain '\.' or '/'"),
+])
+def test_bad_paths_are_named(tmp_path, leaves, message):
+    with pytest.raises(ValueError, match=message):
+        save_params(str(tmp_path / "params"), iter(leaves))
+
+
+def test_format_2_per_leaf_directories_still_load(tmp_path):
+    import orbax.checkpoint as ocp
+
+    directory = tmp_path / "params"
+    directory.mkdir()
+    flat = traverse_util.flatten_dict(TREE)
+    with ocp.StandardCheckpointer() as checkpointer:  # how format 2 wrote params/: one orbax checkpoint per leaf
+        for path, array in flat.items():
+            checkpointer.save(str(directory / ".".join(path)), traverse_util.unflatten_dict({path: array}))
+    (directory / "leaves.json").write_text(json.dumps({"leaves": [list(path) for path in flat]}))
+    assert_loads_back(str(directory), TREE)

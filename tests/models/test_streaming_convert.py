@@ -58,10 +58,10 @@ def test_sharded_conversion_peak_memory_is_about_the_largest_array(tmp_path):
                                   synthetic_tensor(name, shapes[name]))
 
 
-def test_params_are_stored_one_checkpoint_per_leaf(tmp_path):
+def test_params_of_a_small_model_are_stored_as_one_group(tmp_path):
     params = {"a": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}, "b": np.ones(4, np.int32)}
     save_params(str(tmp_path / "params"), params)
-    assert sorted(os.listdir(tmp_path / "params")) == ["a.kernel", "b", "leaves.json"]
+    assert sorted(os.listdir(tmp_path / "params")) == ["group-0", "leaves.json"]
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
     restored = load_params(str(tmp_path / "params"), abstract)
     jax.tree.map(np.testing.assert_array_equal, restored, params)
