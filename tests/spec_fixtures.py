@@ -6,6 +6,7 @@ the current one, so a head distilled for a few seconds on the target's own sampl
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import pickle
@@ -60,13 +61,16 @@ def distilled_head(params_t: dict, steps: int = 80) -> dict:
     for given (target weights, steps): the modules that use it share the result through a file."""
     digest = hashlib.sha1(b"".join(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(params_t)))
     path = _session_file(f"distilled-head-{steps}-{digest.hexdigest()}.pkl")
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            return jax.tree.map(jnp.asarray, pickle.load(f))
-    head = _distill_head(params_t, steps)
-    with open(path + f".{os.getpid()}.tmp", "wb") as f:
-        pickle.dump(jax.tree.map(np.asarray, head), f)
-    os.replace(path + f".{os.getpid()}.tmp", path)
+    # One process distils, the others wait for its file (xdist workers reach their modules that need it at once).
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                return jax.tree.map(jnp.asarray, pickle.load(f))
+        head = _distill_head(params_t, steps)
+        with open(path + f".{os.getpid()}.tmp", "wb") as f:
+            pickle.dump(jax.tree.map(np.asarray, head), f)
+        os.replace(path + f".{os.getpid()}.tmp", path)
     return head
 
 
