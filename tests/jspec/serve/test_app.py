@@ -230,22 +230,24 @@ def test_penalties_and_logit_bias_equal_offline_plain_decoding(server):
                                                          "return_token_ids": True})
     offline = server.engine.plain().generate([prompt], max_new_tokens=32, **processors)
     assert served.choices[0].token_ids == offline.token_ids[0]
-    assert offline.token_ids[0] != server.engine.plain().generate([prompt], max_new_tokens=32).token_ids[0]
+    # without them: greedy speculative = plain, on the program test_completion_stream_equals_whole_with_usage compiled
+    assert offline.token_ids[0] != server.engine.generate([prompt], max_new_tokens=32).token_ids[0]
 
 
 def test_chat_logprobs_and_top_logprobs(server, tokenizer):
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
-    whole = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=12,
+    whole = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=24,
                                                   logprobs=True, top_logprobs=3)
     prompt = tokenizer.encode("user: Write a function that adds two numbers.\nassistant:").ids
-    plain = server.engine.plain().generate([prompt], max_new_tokens=12, logprobs=3)
+    # the program test_completion_logprobs_equal_offline_plain_decoding compiled: its top 5, of which the first 3
+    plain = server.engine.plain().generate([prompt], max_new_tokens=24, logprobs=MAX_LOGPROBS)
     content = whole.choices[0].logprobs.content
     assert [c.token for c in content] == [tokenizer.decode([i], skip_special_tokens=False)
                                           for i in plain.token_ids[0]]
     np.testing.assert_allclose([c.logprob for c in content], plain.logprobs[0].token, atol=1e-5, rtol=1e-5)
     assert all(len(c.top_logprobs) == 3 and c.bytes == list(c.token.encode()) for c in content)
-    np.testing.assert_allclose([[t.logprob for t in c.top_logprobs] for c in content], plain.logprobs[0].top,
-                               atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose([[t.logprob for t in c.top_logprobs] for c in content],
+                               np.asarray(plain.logprobs[0].top)[:, :3], atol=1e-5, rtol=1e-5)
     bare = server.client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=4,
                                                  logprobs=True)
     assert all(c.top_logprobs == [] for c in bare.choices[0].logprobs.content)
