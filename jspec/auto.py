@@ -334,9 +334,9 @@ def calibration_prompts(tokenize: Callable[[str], list[int]], max_seq_len: int) 
 
 
 def timing_prompt(tokenize: Callable[[str], list[int]], max_seq_len: int) -> list[int]:
-    """The prompt every candidate's step is timed on: CALIBRATION_PROMPTS joined (222 tokens of the bundled
-    model's, a code prompt's size: HumanEval's are 47 to 520, 153 at the median), its last ``max_seq_len // 4``
-    tokens where the cache is smaller."""
+    """The prompt every candidate's step is timed on: CALIBRATION_PROMPTS joined, a code prompt's length (a
+    couple of hundred tokens: with CALIBRATION_NEW_TOKENS more, the cache size a `jspec generate` of a typical
+    code prompt runs at), cut to its last ``max_seq_len // 4`` tokens where the cache is smaller."""
     return tokenize("\n\n".join(CALIBRATION_PROMPTS))[-max(1, max_seq_len // 4):]
 
 
