@@ -32,6 +32,7 @@ from tests.program_structure import memory_as_users_compile
 
 MAX_SEQ_LEN = 128
 MAX_LOGPROBS = 5
+POOL_TOKENS = 4096  # the test servers' KV pools, at least (Server)
 NAME = "jspec-code"
 CODE = '''import os
 
@@ -58,6 +59,10 @@ class Server:
         drafter, spec = bundled.default_method("cpu")
         self.engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec,
                                                        max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+        # A KV pool of what the tests need, not the CPU default's 65,536 slots: the test session's legacy XLA
+        # emitters copy the pool in a speculative step (tests/conftest.py; users' programs update it in place), and
+        # at the default size that copy made each served chunk cost about 20 plain ones.
+        slot_kwargs.setdefault("max_total_tokens", max(POOL_TOKENS, 2 * max_batch_size * max_seq_len))
         self.slots = SlotEngine(self.engine, max_seq_len=max_seq_len, **slot_kwargs)
         self.slots.warm_up(self.engine.tokenizer.encode(CALIBRATION_PROMPT).ids)
         self.served_compiles: list[str] = []  # programs the scheduler thread compiled after warm-up: none, ever
