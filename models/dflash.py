@@ -49,6 +49,7 @@ from models.attention import AttentionFn, KVCache, dense_attention, write_new_to
 from models.config import ModelConfig, from_hf_config
 from models.dense import Dense
 from models.llama import MLP, RMSNorm, apply_rope, rope_cos_sin
+from models.random_params import random_params
 
 DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 DSPARK_ARCHITECTURES = ("Qwen3DSparkModel",)
@@ -344,15 +345,15 @@ class DFlashDraft(nn.Module):
         return self.norm(x), KVCache(tuple(ks), tuple(vs))
 
 
-def init_dflash_params(config: DFlashConfig, key: jax.Array, dtype=jnp.float32) -> dict:
-    """Random parameters of the right shapes."""
+def dflash_param_shapes(config: DFlashConfig, dtype=jnp.float32) -> dict:
+    """The draft's param tree as ``jax.ShapeDtypeStruct`` leaves: traced, nothing allocated."""
     cfg = config.layer
     model = DFlashDraft(config, dtype)
-    cache = KVCache.zeros(cfg.num_layers, 1, 4, cfg.num_kv_heads, cfg.head_dim, dtype, per_layer=True)
-    features = jnp.zeros((1, 1, len(config.target_layer_ids) * config.target_hidden_size), dtype)
-    zeros = jnp.zeros((1,), jnp.int32)
 
     def both(module, embeds, positions):
+        cache = KVCache.zeros(cfg.num_layers, 1, 4, cfg.num_kv_heads, cfg.head_dim, dtype, per_layer=True)
+        features = jnp.zeros((1, 1, len(config.target_layer_ids) * config.target_hidden_size), dtype)
+        zeros = jnp.zeros((1,), jnp.int32)
         normed, cache_out = module(embeds, positions, module.context(features, positions, cache, zeros), zeros)
         if config.markov_rank:
             module.markov_bias(positions)
@@ -360,5 +361,10 @@ def init_dflash_params(config: DFlashConfig, key: jax.Array, dtype=jnp.float32) 
             module.confidence(normed, positions)
         return normed, cache_out
 
-    return nn.init(both, model)(key, jnp.zeros((1, 1, cfg.hidden_size), dtype), jnp.zeros((1, 1), jnp.int32))[
-        "params"]
+    return jax.eval_shape(lambda: nn.init(both, model)(jax.random.key(0), jnp.zeros((1, 1, cfg.hidden_size), dtype),
+                                                       jnp.zeros((1, 1), jnp.int32))["params"])
+
+
+def init_dflash_params(config: DFlashConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random parameters of the right shapes (see ``models/random_params.py``)."""
+    return random_params(dflash_param_shapes(config, dtype), key)

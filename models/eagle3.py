@@ -36,6 +36,7 @@ from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig, rope_scaling_from_hf, rope_theta_from_hf
 from models.dense import Dense
 from models.llama import MLP, Attention, RMSNorm, rope_cos_sin
+from models.random_params import random_params
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle",
                         "Eagle3Speculator")
@@ -187,12 +188,21 @@ class Eagle3Head(nn.Module):
         return Eagle3Output(logits.astype(jnp.float32), pre, KVCache(k[None], v[None]))
 
 
-def init_eagle3_params(config: Eagle3Config, key: jax.Array, dtype=jnp.float32) -> dict:
-    """Random head parameters of the right shapes (fc included)."""
+def eagle3_param_shapes(config: Eagle3Config, dtype=jnp.float32) -> dict:
+    """The head's param tree (fc included) as ``jax.ShapeDtypeStruct`` leaves: traced, nothing allocated."""
     cfg = config.layer
     head = Eagle3Head(config, dtype)
-    embeds = jnp.zeros((1, 1, cfg.hidden_size), dtype)
-    features = jnp.zeros((1, 1, 3 * config.target_hidden_size), dtype)
-    cache = KVCache.zeros(1, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype)
-    zeros = jnp.zeros((1, 1), jnp.int32)
-    return head.init(key, embeds, features, zeros, cache, jnp.zeros((1,), jnp.int32))["params"]
+
+    def init():
+        embeds = jnp.zeros((1, 1, cfg.hidden_size), dtype)
+        features = jnp.zeros((1, 1, 3 * config.target_hidden_size), dtype)
+        cache = KVCache.zeros(1, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype)
+        zeros = jnp.zeros((1, 1), jnp.int32)
+        return head.init(jax.random.key(0), embeds, features, zeros, cache, jnp.zeros((1,), jnp.int32))["params"]
+
+    return jax.eval_shape(init)
+
+
+def init_eagle3_params(config: Eagle3Config, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random head parameters of the right shapes (fc included; see ``models/random_params.py``)."""
+    return random_params(eagle3_param_shapes(config, dtype), key)

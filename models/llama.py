@@ -31,6 +31,7 @@ import numpy as np
 from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
 from models.config import ModelConfig
 from models.dense import Dense, Embed
+from models.random_params import random_params
 
 
 class DecoderOutput(NamedTuple):
@@ -245,12 +246,21 @@ def _tap_slots(tap_layers: Sequence[int], num_layers: int) -> np.ndarray:
     return slots
 
 
-def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
-    """Random parameters of the right shapes (tests, synthetic benchmarks)."""
+def param_shapes(config: ModelConfig, dtype=jnp.float32) -> dict:
+    """The stored param tree (``layers`` stacked) as ``jax.ShapeDtypeStruct`` leaves: traced, nothing allocated."""
     model = LlamaModel(config, dtype)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    cache = KVCache.zeros(config.num_layers, 1, 1, config.num_kv_heads, config.head_dim, dtype)
-    return model.init(key, tokens, tokens, cache, jnp.zeros((1,), jnp.int32))["params"]
+
+    def init():
+        tokens = jnp.zeros((1, 1), jnp.int32)
+        cache = KVCache.zeros(config.num_layers, 1, 1, config.num_kv_heads, config.head_dim, dtype)
+        return model.init(jax.random.key(0), tokens, tokens, cache, jnp.zeros((1,), jnp.int32))["params"]
+
+    return jax.eval_shape(init)
+
+
+def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random parameters of the right shapes (tests, synthetic benchmarks; see ``models/random_params.py``)."""
+    return random_params(param_shapes(config, dtype), key)
 
 
 def unstack_layers(params: dict, config: ModelConfig) -> dict:

@@ -36,6 +36,7 @@ from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig
 from models.dense import Dense
 from models.llama import DecoderLayer, RMSNorm, rope_cos_sin
+from models.random_params import random_params
 
 MTP_LAYOUTS = ("mimo", "deepseek")
 
@@ -105,13 +106,22 @@ class MtpModule(nn.Module):
         return MtpOutput(x, normed, KVCache(k[None], v[None]))
 
 
-def init_mtp_params(config: MtpConfig, key: jax.Array, dtype=jnp.float32) -> dict:
-    """Random parameters of ``config.num_modules`` modules -> {"modules": (module tree, ...)} (tests)."""
+def mtp_param_shapes(config: MtpConfig, dtype=jnp.float32) -> dict:
+    """{"modules": (module tree, ...)} of ``config.num_modules`` modules as ``jax.ShapeDtypeStruct`` leaves."""
     cfg = config.layer
     module = MtpModule(config, dtype)
-    x = jnp.zeros((1, 1, cfg.hidden_size), dtype)
-    cache = KVCache.zeros(1, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype)
-    zeros = jnp.zeros((1, 1), jnp.int32)
-    keys = jax.random.split(key, config.num_modules)
-    return {"modules": tuple(module.init(k, x, x, zeros, cache, jnp.zeros((1,), jnp.int32))["params"]
-                             for k in keys)}
+
+    def init():
+        x = jnp.zeros((1, 1, cfg.hidden_size), dtype)
+        cache = KVCache.zeros(1, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype)
+        zeros = jnp.zeros((1, 1), jnp.int32)
+        return module.init(jax.random.key(0), x, x, zeros, cache, jnp.zeros((1,), jnp.int32))["params"]
+
+    one = jax.eval_shape(init)
+    return {"modules": (one,) * config.num_modules}
+
+
+def init_mtp_params(config: MtpConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random parameters of ``config.num_modules`` modules -> {"modules": (module tree, ...)} (tests; see
+    ``models/random_params.py``): every module its own draws."""
+    return random_params(mtp_param_shapes(config, dtype), key)

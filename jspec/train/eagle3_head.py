@@ -147,13 +147,12 @@ def _read_head(head_dir: str, target_hf: dict, draft_vocab_size: int | None) -> 
     import tempfile
 
     from models.checkpoint import convert_hf_checkpoint, load_eagle3
-    from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
+    from models.eagle3 import eagle3_config_from_hf, eagle3_param_shapes
 
     with tempfile.TemporaryDirectory() as tmp:
         config, params, d2t, _ = load_eagle3(convert_hf_checkpoint(head_dir, os.path.join(tmp, "head"),
                                                                    dtype="float32", progress=False))
-    expected = jax.eval_shape(lambda: init_eagle3_params(
-        eagle3_config_from_hf(eagle3_hf_config(target_hf, config.draft_vocab_size)), jax.random.key(0)))
+    expected = eagle3_param_shapes(eagle3_config_from_hf(eagle3_hf_config(target_hf, config.draft_vocab_size)))
     shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)  # noqa: E731
     if shapes(params) != shapes(expected):
         raise ValueError(f"init_head={head_dir!r}: its weights {shapes(params)} are not the shapes of the head "

@@ -26,7 +26,7 @@ import optax
 
 from models.attention import KVCache
 from models.config import ModelConfig, from_hf_config
-from models.llama import LlamaModel, init_params
+from models.llama import LlamaModel, init_params, param_shapes
 
 
 def llama_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
@@ -334,7 +334,7 @@ def load_hf_llama(src: str, dtype: str = "float32") -> tuple[ModelConfig, Any, d
 
     hf_config = read_hf_config(src)
     config = from_hf_config(hf_config)
-    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
+    abstract = param_shapes(config, DTYPES[dtype])
     params = hf_to_params(iter_safetensors(safetensors_files(src)), abstract, DTYPES[dtype], llama_param_path,
                           ignore_tied_lm_head(config))
     return config, params, hf_config

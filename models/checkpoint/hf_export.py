@@ -13,7 +13,6 @@ import json
 import os
 from typing import Any, Callable
 
-import jax
 import numpy as np
 from flax import traverse_util
 
@@ -117,13 +116,13 @@ def write_hf_llama(directory: str, hf_config: dict, params: Any, overwrite: bool
     """
     from safetensors.numpy import save_file
 
-    from models.llama import init_params
+    from models.llama import param_shapes
 
     if mtp_params is not None:
         hf_config = _with_mtp_fields(hf_config, len(mtp_params["modules"]), mtp_layout)
     config = from_hf_config(hf_config)
     flat, dtype = _checked_params(
-        params, lambda dtype: jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype])),
+        params, lambda dtype: param_shapes(config, DTYPES[dtype]),
         "params")
     tensors = {}
     for path, leaf in flat.items():

@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import jax
 import numpy as np
 
 from models.checkpoint.hf_mtp import plan_mtp, stream_mtp_leaves
@@ -100,7 +99,7 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
 
     MTP modules in the checkpoint (config.json ``num_nextn_predict_layers``; models/checkpoint/mtp_layouts.py) are
     written into ``dst/mtp/``, a jspec directory of kind "mtp", in the same atomic write as the target."""
-    from models.llama import init_params
+    from models.llama import param_shapes
 
     check_destination(dst, overwrite)
     hf_config = read_hf_config(src)
@@ -108,7 +107,7 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
         config = from_hf_config(hf_config)
     dtype = resolve_dtype(dtype, hf_config)
     files = safetensors_files(src)
-    abstract = jax.eval_shape(lambda: init_params(config, jax.random.key(0), DTYPES[dtype]))
+    abstract = param_shapes(config, DTYPES[dtype])
     headers = tensor_headers(files)
     quantized = read_quantization(src, hf_config)
     reader = DequantizingReader(headers) if quantized is not None else None

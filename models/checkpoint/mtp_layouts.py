@@ -77,9 +77,9 @@ def abstract_module(layer: ModelConfig, dtype: Any = jnp.float32, own_lm_head: b
     """ShapeDtypeStructs of one module's parameter tree (models/mtp.py): token_norm, hidden_norm, input_proj
     [2H, H], block (a models.llama.DecoderLayer of ``layer``'s shapes), final_norm, and lm_head [H, V] when the
     module has its own."""
-    from models.llama import init_params
+    from models.llama import param_shapes
 
-    stacked = jax.eval_shape(lambda: init_params(layer, jax.random.key(0), dtype))["layers"]
+    stacked = param_shapes(layer, dtype)["layers"]
     hidden = layer.hidden_size
 
     def vector(*shape):

@@ -277,14 +277,14 @@ def load_llama(model_dir: str, dtype: str | None = None,
                shardings: Callable[[ModelConfig, Any], Any] | None = None) -> tuple[ModelConfig, Any, str]:
     """Loads a converted Llama-family directory -> (config, params, dtype name). ``dtype`` casts if given;
     shardings: (config, abstract params) -> a Sharding per leaf, to restore each parameter into its sharding."""
-    from models.llama import init_params
+    from models.llama import param_shapes
 
     meta = _read_kind(model_dir, "llama")
     config = from_hf_config(read_hf_config(model_dir))
     stored = meta["dtype"]
     quantization = stored_quantization(meta)
-    abstract = jax.eval_shape(lambda: quantize_params(init_params(config, jax.random.key(0), DTYPES[stored]),
-                                                      quantization))
+    abstract = jax.eval_shape(lambda params: quantize_params(params, quantization),
+                              param_shapes(config, DTYPES[stored]))
     placement = None if shardings is None else lambda tree: as_stored(shardings(config, abstract))
     params = load_params(os.path.join(model_dir, "params"), as_stored(abstract), placement)
     return (config,) + _cast_params(from_stored(params, abstract), stored, dtype)
@@ -327,9 +327,9 @@ def _read_kind(model_dir: str, kind: str) -> dict:
 
 def abstract_eagle3_head(config, dtype: str) -> Any:
     """The Eagle3Head param tree of ``config`` as jax.ShapeDtypeStruct leaves in dtype ``dtype`` (no memory)."""
-    from models.eagle3 import init_eagle3_params
+    from models.eagle3 import eagle3_param_shapes
 
-    return jax.eval_shape(lambda: init_eagle3_params(config, jax.random.key(0), DTYPES[dtype]))
+    return eagle3_param_shapes(config, DTYPES[dtype])
 
 
 def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax.Array, str]:
@@ -352,9 +352,9 @@ def load_eagle3(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, jax
 
 def abstract_dflash(config: Any, dtype: str) -> Any:
     """The DFlashDraft param tree of ``config`` as jax.ShapeDtypeStruct leaves in ``dtype`` (no memory)."""
-    from models.dflash import init_dflash_params
+    from models.dflash import dflash_param_shapes
 
-    return jax.eval_shape(lambda: init_dflash_params(config, jax.random.key(0), DTYPES[dtype]))
+    return dflash_param_shapes(config, DTYPES[dtype])
 
 
 def load_dflash(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, str]:

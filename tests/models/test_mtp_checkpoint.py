@@ -21,7 +21,7 @@ from models.checkpoint import hf_mtp
 from models.checkpoint.hf_llama import llama_param_path
 from models.checkpoint.mtp_layouts import abstract_module
 from models.config import from_hf_config
-from models.llama import init_params
+from models.llama import param_shapes
 from models.mtp import MtpConfig
 
 SIZES = {"vocab_size": 40, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
@@ -63,7 +63,7 @@ def random_tree(abstract, seed):
 def make_target(target):
     hf_config = TARGETS[target]
     config = from_hf_config(hf_config)
-    return hf_config, config, random_tree(jax.eval_shape(lambda: init_params(config, jax.random.key(0))), 1)
+    return hf_config, config, random_tree(param_shapes(config), 1)
 
 
 def make_modules(config, num_modules, own_lm_head=()):

@@ -16,7 +16,6 @@ shape is static. ``forced_acceptance_reached`` in each row checks it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -25,9 +24,9 @@ import jax.numpy as jnp
 from jspec.config import SpecConfig
 from models.checkpoint import DTYPES
 from models.config import ModelConfig, from_hf_config
-from models.dflash import DFlashConfig, dflash_config_from_hf, init_dflash_params
-from models.eagle3 import Eagle3Config, eagle3_config_from_hf, init_eagle3_params
-from models.llama import init_params
+from models.dflash import DFlashConfig, dflash_config_from_hf, dflash_param_shapes
+from models.eagle3 import Eagle3Config, eagle3_config_from_hf, eagle3_param_shapes
+from models.llama import param_shapes
 
 PLAIN, CHAIN, DYNAMIC, DFLASH = "plain", "eagle3-chain", "eagle3-dynamic", "dflash-chain"
 METHODS = (PLAIN, CHAIN, DYNAMIC, DFLASH)
@@ -183,10 +182,8 @@ def random_params(abstract: Any, seed: int) -> Any:
 def abstract_params(target: ModelConfig, head: Eagle3Config, dflash: DFlashConfig, dtype: str) -> dict:
     """{"target", "head", "dflash"}: the shapes ``init_params``, ``init_eagle3_params`` and ``init_dflash_params``
     make."""
-    key = jax.random.key(0)
-    return {"target": jax.eval_shape(functools.partial(init_params, target, dtype=DTYPES[dtype]), key),
-            "head": jax.eval_shape(functools.partial(init_eagle3_params, head, dtype=DTYPES[dtype]), key),
-            "dflash": jax.eval_shape(functools.partial(init_dflash_params, dflash, dtype=DTYPES[dtype]), key)}
+    return {"target": param_shapes(target, DTYPES[dtype]), "head": eagle3_param_shapes(head, DTYPES[dtype]),
+            "dflash": dflash_param_shapes(dflash, DTYPES[dtype])}
 
 
 def sharpened(head: dict, sharpen: float) -> dict:
