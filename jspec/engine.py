@@ -27,7 +27,7 @@ from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup, check_capture_layers
 from jspec.logits_processors import host_arrays
-from jspec.logprobs import SequenceLogprobs, check_logprobs_mode, check_num_logprobs
+from jspec.logprobs import SequenceLogprobs, check_logprobs_mode, check_num_logprobs, recorded_top
 from jspec.prompt_logprobs import score_prompts
 from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
@@ -287,13 +287,14 @@ class SpecEngine:
                                       repetition_penalty=repetition_penalty,
                                       logit_bias=dict(logit_bias or {}), banned_token_ids=tuple(banned_token_ids),
                                       min_tokens=min_tokens, ignore_eos=ignore_eos)
+        recorded = None if num_top is None else recorded_top(num_top, self.config.vocab_size)
         if structured_outputs is None:
-            result, run_seconds, compile_seconds = self._run(batch, params, layers, num_top, mode)
+            result, run_seconds, compile_seconds = self._run(batch, params, layers, recorded, mode)
         else:
             if layers:
                 raise ValueError("capture_hidden_states and structured_outputs: not supported together")
             matchers = self._matchers(structured_outputs, batch.batch_size)
-            result, run_seconds, compile_seconds = self._run_structured(batch, params, matchers, num_top, mode)
+            result, run_seconds, compile_seconds = self._run_structured(batch, params, matchers, recorded, mode)
         num_generated = to_host(result.num_generated)
         token_ids = unpad_outputs(to_host(result.tokens), batch.prompt_lens, num_generated, batch.batch_size)
         texts = None
@@ -308,6 +309,7 @@ class SpecEngine:
         per_token = None
         if num_top is not None:
             values = [to_host(x) for x in result.logprobs]
+            values[1:] = [x[..., :num_top] for x in values[1:]]  # top_ids, top: the first num_top recorded
             per_token = [SequenceLogprobs(*(x[b, batch.prompt_lens[b]:batch.prompt_lens[b] + num_generated[b]]
                                             for x in values)) for b in range(batch.batch_size)]
         scored = None if prompt_top is None else self._prompt_logprobs(batch, prompt_top)
@@ -342,13 +344,15 @@ class SpecEngine:
 
     def _prompt_logprobs(self, batch: PaddedBatch, num_top: int) -> list[SequenceLogprobs]:
         """Each prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``; a program per bucket)."""
-        key = ("prompt_logprobs", batch.prompt_ids.shape, num_top)
+        recorded = recorded_top(num_top, self.config.vocab_size)
+        key = ("prompt_logprobs", batch.prompt_ids.shape, recorded)
         args = self._arguments(batch, SamplingParams())[:4]
         if key not in self._compiled:
             setup = self.setup.with_max_seq_len(batch.seq_len)
             self._compiled[key] = compiled_programs.compiled(score_prompts, (args[0], args[2], args[3]), setup=setup,
-                                                             num_top=num_top)
+                                                             num_top=recorded)
         values = [to_host(x) for x in self._compiled[key](args[0], args[2], args[3])]
+        values[1:] = [x[..., :num_top] for x in values[1:]]
         return [SequenceLogprobs(*(x[b, 1:batch.prompt_lens[b]] for x in values)) for b in range(batch.batch_size)]
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]], max_new_tokens: int = 128,

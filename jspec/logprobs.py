@@ -28,6 +28,14 @@ import numpy as np
 
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # vLLM's --logprobs-mode values jspec has
+SHARED_TOP = 20  # vLLM's default --max-logprobs: every request for up to this many top tokens runs one program
+
+
+def recorded_top(num_top: int, vocab_size: int) -> int:
+    """How many top tokens a program records for a call asking for ``num_top``: at least :data:`SHARED_TOP` (within
+    the vocabulary), so calls asking for 0 to 20 share one compiled program and the host keeps the first
+    ``num_top`` (``jax.lax.top_k`` orders them, most likely first: the first K of more are the top K)."""
+    return max(num_top, min(SHARED_TOP, vocab_size))
 
 
 def recorded_logits(raw: jax.Array, processed: jax.Array, sampling, mode: str) -> jax.Array:

@@ -19,6 +19,11 @@ load), for instance log-probabilities and penalties on the default server agains
 
     python scripts/serve_load.py --no-offline --server "plain-api=--max-logprobs -1 --no-logits-processors" \
         --server "default=" --server "asking=" --request 'asking={"logprobs": 5, "presence_penalty": 0.5}'
+
+``--rounds N --settle`` compares servers in their steady state: all of them up at once, each settled (the load run
+once unmeasured, then no program left compiling on first use: ``jspec:programs_compiling``), then N measured rounds
+in alternating order (A B, B A, ...), tokens/s the mean of a server's rounds. Without it a fresh server's first
+requests share the CPU with the compiles they set off, which a server with bigger programs pays more for.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import shlex
 import signal
 import socket
@@ -56,13 +60,16 @@ def load(num: int, seed: int, max_tokens: tuple[int, ...] = MAX_TOKENS) -> list[
                  temperature=0.8 if i % 2 else 0.0, seed=seed + i) for i in range(num)]
 
 
-def counters(base: str) -> dict[str, float]:
+COUNTERS = ("chunks_total", "preemptions", "kv_cache_usage", "generation_tokens_total", "prompt_tokens_total",
+            "busy_seconds_total", "prefix_cache", "programs_compiled")
+
+
+def counters(base: str, keys: tuple[str, ...] = COUNTERS) -> dict[str, float]:
     out = {}
     for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
         if line.startswith("jspec:") and " " in line:
             name, value = line.rsplit(" ", 1)
-            if any(key in name for key in ("chunks_total", "preemptions", "kv_cache_usage", "generation_tokens_total",
-                                           "prompt_tokens_total", "busy_seconds_total", "prefix_cache")):
+            if any(key in name for key in keys):
                 out[name] = float(value)
     return out
 
@@ -81,33 +88,62 @@ def fire(base: str, model: str, requests: list[dict]) -> tuple[float, list[float
     return time.perf_counter() - start, [r[0] for r in results], sum(r[1] for r in results)
 
 
-def serve(name: str, flags: list[str], requests: list[dict], warmup: list[dict]) -> dict:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-m", "jspec.tools.cli", "serve", "--port", str(port), *flags],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    started = time.perf_counter()
-    try:
-        for line in process.stdout:
+class Served:
+    """One `jspec serve` process on a free local port, started (ready) on creation."""
+
+    def __init__(self, name: str, flags: list[str]):
+        self.name, self.flags = name, flags
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "jspec.tools.cli", "serve", "--port", str(port), *flags],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started = time.perf_counter()
+        for line in self.process.stdout:
             sys.stdout.write(f"[{name}] {line}")
             if "ready" in line:
                 break
-        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
-        ready_seconds = time.perf_counter() - started
-        fire(base, model, warmup)
-        before = counters(base)
-        seconds, latencies, tokens = fire(base, model, requests)
-        after = counters(base)
-    finally:
-        process.send_signal(signal.SIGTERM)
+        self.model = httpx.get(f"{self.base}/v1/models", timeout=30).json()["data"][0]["id"]
+        self.start_up_seconds = time.perf_counter() - started
+
+    def settle(self, requests: list[dict], timeout: float = 900.0) -> None:
+        """Runs ``requests`` unmeasured, then waits until no program is compiling on first use: measured rounds
+        then time serving, not the compiles its first requests set off."""
+        fire(self.base, self.model, requests)
+        end = time.monotonic() + timeout
+        while counters(self.base, ("programs_compiling",)).get("jspec:programs_compiling", 0) and \
+                time.monotonic() < end:
+            time.sleep(1.0)
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
         try:
-            process.wait(60)
+            self.process.wait(60)
         except subprocess.TimeoutExpired:
-            process.kill()
-    return dict(name=name, flags=flags, start_up_seconds=ready_seconds, seconds=seconds, tokens=tokens,
-                tokens_per_second=tokens / seconds, p50=float(np.percentile(latencies, 50)),
-                p90=float(np.percentile(latencies, 90)),
-                counters={k: after[k] - before.get(k, 0.0) for k in after})
+            self.process.kill()
+
+
+def measure(servers: list[Served], requests: dict[str, list[dict]], rounds: int) -> list[dict]:
+    """``rounds`` measured rounds of each server's requests, the order alternating (A B, B A, ...: drift in the
+    machine's speed falls on both) -> per server its mean tokens/s, each round's, latencies and counters."""
+    per = {s.name: dict(seconds=[], tokens=[], latencies=[], before=counters(s.base)) for s in servers}
+    for round_ in range(rounds):
+        for server in (servers if round_ % 2 == 0 else servers[::-1]):
+            seconds, latencies, tokens = fire(server.base, server.model, requests[server.name])
+            record = per[server.name]
+            record["seconds"].append(seconds)
+            record["tokens"].append(tokens)
+            record["latencies"] += latencies
+    results = []
+    for server in servers:
+        record, after = per[server.name], counters(server.base)
+        rates = [t / s for t, s in zip(record["tokens"], record["seconds"])]
+        results.append(dict(name=server.name, flags=server.flags, start_up_seconds=server.start_up_seconds,
+                            rounds=rounds, seconds=float(np.mean(record["seconds"])),
+                            tokens=int(np.mean(record["tokens"])), tokens_per_second=float(np.mean(rates)),
+                            round_tokens_per_second=rates, p50=float(np.percentile(record["latencies"], 50)),
+                            p90=float(np.percentile(record["latencies"], 90)),
+                            counters={k: after[k] - record["before"].get(k, 0.0) for k in after}))
+    return results
 
 
 def offline(requests: list[dict], max_seq_len: int) -> dict:
@@ -141,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--no-offline", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measured rounds per server, every server up at once and the order alternating (A B, "
+                             "B A, ...); tokens/s is the mean of the rounds")
+    parser.add_argument("--settle", action="store_true",
+                        help="before measuring, run the load once unmeasured and wait until no program compiles "
+                             "on first use (time serving, not first-use compiles)")
     parser.add_argument("--max-tokens", default=",".join(map(str, MAX_TOKENS)),
                         help="the max_tokens each request draws from, comma-separated")
     parser.add_argument("--server", action="append", default=None, metavar="NAME=FLAGS",
@@ -166,8 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     requests = load(args.num_requests, args.seed, max_tokens)
     warmup = load(args.warmup, args.seed + 10_000, max_tokens)
     common = ["--max-seq-len", str(args.max_seq_len), *args.serve_flags]
-    results = [serve(name, [*shlex.split(flags), *common], [{**r, **extras.get(name, {})} for r in requests],
-                     [{**r, **extras.get(name, {})} for r in warmup]) for name, _, flags in servers]
+    bodies = {name: [{**r, **extras.get(name, {})} for r in requests] for name, _, _ in servers}
+    running: list[Served] = []
+    try:
+        for name, _, flags in servers:  # one at a time: a server warming up would slow the other's
+            running.append(Served(name, [*shlex.split(flags), *common]))
+            fire(running[-1].base, running[-1].model, [{**r, **extras.get(name, {})} for r in warmup])
+            if args.settle:
+                running[-1].settle(bodies[name])
+        results = measure(running, bodies, args.rounds)
+    finally:
+        for server in running:
+            server.stop()
     if not args.no_offline:
         results.append(dict(name="offline", **offline(requests, args.max_seq_len)))
     spec, plain = results[0], results[1]
@@ -180,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_offline:
         print(f"{spec['name']} server / offline batch tokens/s: "
               f"{spec['tokens_per_second'] / results[-1]['tokens_per_second']:.2f}x")
+    if args.rounds > 1:
+        for r in results[:len(servers)]:
+            print(f"{r['name']} tokens/s by round: {', '.join(f'{x:.1f}' for x in r['round_tokens_per_second'])}")
     for r in results[:len(servers)]:
         print(r["name"], json.dumps(r["counters"]))
     if args.json:

@@ -44,6 +44,17 @@ class ServeMetrics:
                                     "readouts, by phase (prefill, step); the rest of its time is host work",
                                     ["phase"], registry=r)
         self.chunks = Counter("jspec:chunks", "Chunks run, by step program", ["program"], registry=r)
+        self.programs_compiled = Gauge("jspec:programs_compiled", "Compiled programs the server holds (at start-up "
+                                       "and on first use)", registry=r)
+        self.programs_compiling = Gauge("jspec:programs_compiling", "Programs queued or compiling on first use, "
+                                        "off the scheduler's thread (their requests run on a larger compiled "
+                                        "bucket meanwhile)", registry=r)
+
+    def watch_programs(self, programs) -> None:
+        """Reads the two program gauges off ``programs`` (a ``jspec.serve.program_cache.ProgramCache``) when
+        scraped."""
+        self.programs_compiled.set_function(lambda: len(programs))
+        self.programs_compiling.set_function(programs.pending)
 
     def observe_tokens(self, count: int, *, waited: float | None, chunk_seconds: float) -> None:
         """A request gained ``count`` tokens: its first ones (``waited``: seconds since it arrived), or later ones

@@ -109,6 +109,10 @@ class ProgramCache:
             self._wanted.put(None)
             thread.join()
 
+    def pending(self) -> int:
+        """Programs asked for and not yet compiled or refused (queued or compiling)."""
+        return self._wanted.unfinished_tasks
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Waits until every requested program is compiled or refused (tests) -> whether it got there in time."""
         end = None if timeout is None else time.monotonic() + timeout

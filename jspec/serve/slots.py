@@ -369,6 +369,7 @@ class SlotEngine:
         self.blocks: BlockManager | None = None
         self._programs = ProgramCache(self._lower, ways_out="a smaller --max-num-seqs or --max-seq-len (fewer "
                                       "buckets), without --warm-up-structured-outputs")
+        self.metrics.watch_programs(self._programs)
         self._store_shape = None  # the store's shapes and shardings (warm_up): what programs are lowered for
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._rows: list[_Running | None] = [None] * max_num_seqs

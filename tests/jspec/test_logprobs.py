@@ -66,6 +66,13 @@ def test_plain_decoding_logprobs_equal_transformers(hf_target, plain_engine):
     assert_logprobs_are_the_targets(hf_target, out, plain_engine.encode(PROMPTS), "plain")
     for got, ids in zip(out.logprobs, out.token_ids):
         assert got.top_ids[:, 0].tolist() == ids  # greedy: the chosen token is the most likely
+    programs = len(plain_engine._compiled)
+    fewer = plain_engine.generate(PROMPTS, max_new_tokens=24, logprobs=2)  # any K up to 20: the program above
+    assert len(plain_engine._compiled) == programs
+    for few, many in zip(fewer.logprobs, out.logprobs):
+        assert few.top_ids.shape == (len(many.token), 2)
+        np.testing.assert_array_equal(few.top_ids, many.top_ids[:, :2])
+        np.testing.assert_array_equal(few.top, many.top[:, :2])
 
 
 # slow: the draft model's, n-gram's and the hybrid's logprobs equal plain decoding's and transformers'; default tier:

@@ -198,21 +198,21 @@ def test_echo_returns_the_prompt_and_its_logprobs(server, tokenizer):
     """echo + logprobs (lm-eval's loglikelihood requests): the prompt's text before the completion, the first prompt
     token with null values, the others' log-probabilities equal offline ``prompt_logprobs`` (themselves equal to
     transformers', tests/jspec/test_logprobs.py), then the completion's; streamed, the prompt comes first."""
-    prompt = "def add(a, b):\n    return"
-    whole = server.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=2)
-    offline = server.engine.plain().generate([prompt], max_new_tokens=4, logprobs=2, prompt_logprobs=2)
+    prompt, new = "def add(a, b):\n    return", 24  # 24: the program test_completion_logprobs_equal_... compiled
+    whole = server.client.completions.create(model=NAME, prompt=prompt, max_tokens=new, echo=True, logprobs=2)
+    offline = server.engine.plain().generate([prompt], max_new_tokens=new, logprobs=2, prompt_logprobs=2)
     ids = tokenizer.encode(prompt).ids
     choice = whole.choices[0]
     assert choice.text == prompt + offline.texts[0]
     got = choice.logprobs
-    assert len(got.tokens) == len(ids) + 4 and got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    assert len(got.tokens) == len(ids) + new and got.token_logprobs[0] is None and got.top_logprobs[0] is None
     np.testing.assert_allclose(got.token_logprobs[1:len(ids)], offline.prompt_logprobs[0].token, atol=1e-5,
                                rtol=1e-5)
     np.testing.assert_allclose(got.token_logprobs[len(ids):], offline.logprobs[0].token, atol=1e-5, rtol=1e-5)
     every = ids + offline.token_ids[0]  # offsets into the echoed text, whose BOS shows no characters
     assert got.tokens[0] == "<s>" and got.text_offset[:2] == [0, 0]
     assert got.text_offset == [len(tokenizer.decode(every[:i], skip_special_tokens=True)) for i in range(len(every))]
-    chunks = list(server.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=2,
+    chunks = list(server.client.completions.create(model=NAME, prompt=prompt, max_tokens=new, echo=True, logprobs=2,
                                                    stream=True))
     assert chunks[0].choices[0].text == prompt
     assert "".join(c.choices[0].text for c in chunks) == choice.text

@@ -6,6 +6,7 @@ ones only, a request whose bucket is missing runs on a larger one while its own 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -259,6 +260,9 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
     widest = slots.widths[-1]
     assert set(slots._compiled.keys()) == {("prefill", 1, widest), ("step", "full", 1, MAX_SEQ_LEN),
                                            ("step", "full", 4, MAX_SEQ_LEN)}
+    gauge = lambda name: float(re.search(rf"^jspec:{name} (\S+)$", slots.metrics.render().decode(),  # noqa: E731
+                                         re.MULTILINE).group(1))
+    assert gauge("programs_compiled") == 3
     threads = []
     listen = lambda event, duration, **kw: threads.append(threading.current_thread().name) \
         if "backend_compile" in event else None
@@ -272,6 +276,8 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
         assert slots._programs.wait_idle(120)
         width = prompt_bucket(len(prompt), slots.max_prompt_width, half_steps=False)
         assert {("step", "full", 1, 32), ("prefill", 1, width)} <= set(slots._programs.compiled_on_demand)
+        assert (gauge("programs_compiled"), gauge("programs_compiling")) == (
+            3 + len(slots._programs.compiled_on_demand), 0)
         second, = serve_all(slots, [dict(prompt_ids=prompt, max_tokens=budget)])
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
