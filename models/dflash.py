@@ -49,7 +49,7 @@ from models.attention import AttentionFn, KVCache, dense_attention, write_new_to
 from models.config import ModelConfig, from_hf_config
 from models.dense import Dense
 from models.llama import MLP, RMSNorm, apply_rope, rope_cos_sin
-from models.random_params import random_params
+from models.random_params import cached_shapes, random_params
 
 DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 DSPARK_ARCHITECTURES = ("Qwen3DSparkModel",)
@@ -345,6 +345,7 @@ class DFlashDraft(nn.Module):
         return self.norm(x), KVCache(tuple(ks), tuple(vs))
 
 
+@cached_shapes
 def dflash_param_shapes(config: DFlashConfig, dtype=jnp.float32) -> dict:
     """The draft's param tree as ``jax.ShapeDtypeStruct`` leaves: traced, nothing allocated."""
     cfg = config.layer

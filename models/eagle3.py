@@ -36,7 +36,7 @@ from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig, rope_scaling_from_hf, rope_theta_from_hf
 from models.dense import Dense
 from models.llama import MLP, Attention, RMSNorm, rope_cos_sin
-from models.random_params import random_params
+from models.random_params import cached_shapes, random_params
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle",
                         "Eagle3Speculator")
@@ -188,6 +188,7 @@ class Eagle3Head(nn.Module):
         return Eagle3Output(logits.astype(jnp.float32), pre, KVCache(k[None], v[None]))
 
 
+@cached_shapes
 def eagle3_param_shapes(config: Eagle3Config, dtype=jnp.float32) -> dict:
     """The head's param tree (fc included) as ``jax.ShapeDtypeStruct`` leaves: traced, nothing allocated."""
     cfg = config.layer

@@ -31,7 +31,7 @@ import numpy as np
 from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
 from models.config import ModelConfig
 from models.dense import Dense, Embed
-from models.random_params import random_params
+from models.random_params import cached_shapes, random_params
 
 
 class DecoderOutput(NamedTuple):
@@ -246,6 +246,7 @@ def _tap_slots(tap_layers: Sequence[int], num_layers: int) -> np.ndarray:
     return slots
 
 
+@cached_shapes
 def param_shapes(config: ModelConfig, dtype=jnp.float32) -> dict:
     """The stored param tree (``layers`` stacked) as ``jax.ShapeDtypeStruct`` leaves: traced, nothing allocated."""
     model = LlamaModel(config, dtype)

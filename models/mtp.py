@@ -36,7 +36,7 @@ from models.attention import AttentionFn, KVCache, dense_attention
 from models.config import ModelConfig
 from models.dense import Dense
 from models.llama import DecoderLayer, RMSNorm, rope_cos_sin
-from models.random_params import random_params
+from models.random_params import cached_shapes, random_params
 
 MTP_LAYOUTS = ("mimo", "deepseek")
 
@@ -106,6 +106,7 @@ class MtpModule(nn.Module):
         return MtpOutput(x, normed, KVCache(k[None], v[None]))
 
 
+@cached_shapes
 def mtp_param_shapes(config: MtpConfig, dtype=jnp.float32) -> dict:
     """{"modules": (module tree, ...)} of ``config.num_modules`` modules as ``jax.ShapeDtypeStruct`` leaves."""
     cfg = config.layer

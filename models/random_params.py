@@ -13,10 +13,23 @@ Flax's default scales:
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 import numpy as np
+
+
+def cached_shapes(param_shapes: Callable[..., Any]) -> Callable[..., Any]:
+    """``param_shapes(config, dtype)`` traced once per (config, dtype) in a process (configs are frozen dataclasses);
+    each call gets its own containers over the shared, immutable ``jax.ShapeDtypeStruct`` leaves."""
+    traced = functools.lru_cache(maxsize=256)(param_shapes)
+
+    @functools.wraps(param_shapes)
+    def shapes(config, dtype=jax.numpy.float32):
+        return jax.tree.map(lambda leaf: leaf, traced(config, dtype))
+
+    return shapes
 
 
 def host_rng(key: jax.Array) -> np.random.Generator:

@@ -110,7 +110,8 @@ def test_processed_logprobs_are_those_of_the_distribution_drawn_from(plain_engin
     """vLLM's processed_logprobs at temperature 0.7 and top-k 8: the same tokens as raw_logprobs' run (one seed),
     each one's log-probability that of the tempered top-8 distribution, computed here from the raw top 10; the
     tokens outside the top 8 at -inf."""
-    kwargs = dict(max_new_tokens=12, temperature=0.7, top_k=8, seed=5, logprobs=10)
+    # 24 tokens: raw_logprobs runs the program test_plain_decoding_logprobs_equal_transformers compiled
+    kwargs = dict(max_new_tokens=24, temperature=0.7, top_k=8, seed=5, logprobs=10)
     raw = plain_engine.generate(PROMPTS, **kwargs)
     processed = plain_engine.generate(PROMPTS, logprobs_mode="processed_logprobs", **kwargs)
     assert processed.token_ids == raw.token_ids
