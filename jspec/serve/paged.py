@@ -184,14 +184,19 @@ def gather_view(layout: PagedLayout, store: list, row_ids: jax.Array, page_table
 
 
 def scatter_view(layout: PagedLayout, store: list, view: Any, row_ids: jax.Array, page_table: jax.Array,
-                 seq_len: int, *, since: jax.Array | None = None, write_pages: int | None = None) -> list:
+                 seq_len: int, *, since: jax.Array | None = None, write_pages: int | None = None,
+                 unchanged: frozenset[int] = frozenset()) -> list:
     """Writes a view (as :func:`gather_view` returns) back into the store -> the new store. since: i32[R], with
     ``write_pages``: only the ``write_pages`` pages from the one holding position since[r] are written back (the
     rest of each row is unchanged since the gather, so a chunk writes what its steps touched, not the whole
-    context). A target K/V kept in pages (:func:`gather_view`'s ``paged_kv``) is stored as the step left it."""
+    context). A target K/V kept in pages (:func:`gather_view`'s ``paged_kv``) is stored as the step left it.
+    unchanged: indices of leaves the program left as gathered: stored as they were (their gather, unused, is
+    compiled away)."""
     out = []
-    for spec, stored, leaf in zip(layout.leaves, store, jax.tree.leaves(view, is_leaf=_is_paged)):
-        if isinstance(leaf, PagedKV):
+    for index, (spec, stored, leaf) in enumerate(zip(layout.leaves, store, jax.tree.leaves(view, is_leaf=_is_paged))):
+        if index in unchanged:
+            out.append(stored)
+        elif isinstance(leaf, PagedKV):
             out.append(constrain(leaf.pages, KV_POOL))
         elif spec.kind == SHARED:
             out.append(leaf.astype(stored.dtype))
@@ -222,6 +227,18 @@ def scatter_view(layout: PagedLayout, store: list, view: Any, row_ids: jax.Array
 
 def _is_paged(x: Any) -> bool:
     return isinstance(x, PagedKV)
+
+
+def api_feature_leaves(layout: PagedLayout) -> frozenset[int]:
+    """Indices of the leaves only the API features use: the log-probability buffers, the output token counts and
+    the logits processors' parameters (empty for a setup without them)."""
+    state, inputs = jax.tree.unflatten(layout.treedef, list(range(len(layout.leaves))))
+    return frozenset(jax.tree.leaves((state.logprobs, state.output_counts, inputs.processors)))
+
+
+def without_api_features(setup: GenerateSetup) -> GenerateSetup:
+    """``setup`` recording no log-probabilities and with no logits processors."""
+    return dataclasses.replace(setup, logprobs=None, logits_processors=False)
 
 
 class Readout(NamedTuple):
@@ -380,12 +397,13 @@ def write_pages(layout: PagedLayout, setup: GenerateSetup, steps: int) -> int:
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate", "write_pages",
-                                               "short_nodes", "chunk_steps"), donate_argnames=("store",))
+                                               "short_nodes", "chunk_steps", "api_features"),
+                   donate_argnames=("store",))
 def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
               max_steps: jax.Array, token_bitmask: jax.Array | None = None, *, layout: PagedLayout,
               setup: GenerateSetup, seq_len: int,
               speculate: bool = True, write_pages: int | None = None, short_nodes: int | None = None,
-              chunk_steps: int = 1) -> tuple[list, Readout]:
+              chunk_steps: int = 1, api_features: bool = True) -> tuple[list, Readout]:
     """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
     ``row_ids`` (i32[R], padding: the null row) at context ``seq_len`` (>= prompt + max_tokens of every row) ->
     (store, readout). speculate=False: plain steps that keep the drafter current (``jspec.step.root_step``; a
@@ -396,18 +414,30 @@ def step_rows(params_t, params_d, store: list, row_ids: jax.Array, page_table: j
     steps may have touched. short_nodes (a chain's, ``jspec.step.short_draft_nodes``): the speculative steps verify
     only the chain's first short_nodes nodes (``jspec.step.spec_step``). chunk_steps: the most steps ``max_steps``
     asks for; the readout's log-probabilities cover the chunk_steps * tokens_per_step positions those may commit.
-    token_bitmask: i32[R, 1, W] the rows' grammar masks (structured outputs on a plain server; one step) or None."""
+    token_bitmask: i32[R, 1, W] the rows' grammar masks (structured outputs on a plain server; one step) or None.
+    api_features=False (rows none of whose requests asks for log-probabilities or logits processors): the steps
+    of ``without_api_features(setup)``, which neither read nor write those leaves (:func:`api_feature_leaves`:
+    stored as they were; the readout has no log-probabilities), so a server that offers the features steps as
+    fast as one without them while no running request uses them."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         entry_len = state.seq_len
         since = None if write_pages is None else jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
-        state = run_loop(params_t, params_d, state, inputs._replace(token_bitmask=token_bitmask),
-                         setup=setup.with_max_seq_len(seq_len), max_steps=max_steps, speculate=speculate,
+        unchanged, loop_setup, loop_inputs = frozenset(), setup, inputs
+        if not api_features:
+            unchanged, loop_setup = api_feature_leaves(layout), without_api_features(setup)
+            gathered = state
+            state = state._replace(logprobs=None, output_counts=None)
+            loop_inputs = inputs._replace(processors=None)
+        state = run_loop(params_t, params_d, state, loop_inputs._replace(token_bitmask=token_bitmask),
+                         setup=loop_setup.with_max_seq_len(seq_len), max_steps=max_steps, speculate=speculate,
                          short_nodes=short_nodes)
+        readout = _readout(state, entry_len, chunk_steps * setup.tokens_per_step)
+        if not api_features:  # the tree as stored; these leaves are not written back
+            state = state._replace(logprobs=gathered.logprobs, output_counts=gathered.output_counts)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
-                             write_pages=write_pages),
-                _readout(state, entry_len, chunk_steps * setup.tokens_per_step))
+                             write_pages=write_pages, unchanged=unchanged), readout)
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"))

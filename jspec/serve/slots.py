@@ -370,6 +370,8 @@ class SlotEngine:
         self._programs = ProgramCache(self._lower, ways_out="a smaller --max-num-seqs or --max-seq-len (fewer "
                                       "buckets), without --warm-up-structured-outputs")
         self.metrics.watch_programs(self._programs)
+        # Chunks whose requests use none of them run step programs without the features (compiled on first use).
+        self._offers_api_features = self.setup.logprobs is not None or self.setup.logits_processors
         self._store_shape = None  # the store's shapes and shardings (warm_up): what programs are lowered for
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._rows: list[_Running | None] = [None] * max_num_seqs
@@ -893,9 +895,15 @@ class SlotEngine:
                 [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
             program = self.adapter.choose_program(rows, expected, sampled, seq_len)
         rows, seq_len = self._step_bucket(program, rows, seq_len)
+        kind = "step"
+        if self._offers_api_features and not any(uses_api_features(self._rows[i].request) for i in running):
+            if ("step_lean", program, rows, seq_len) in self._programs:
+                kind = "step_lean"
+            else:  # until it is compiled (off this thread), the program with the features runs these rows too
+                self._programs.request(("step_lean", program, rows, seq_len))
         dispatched = time.perf_counter()
         arrays = self._step_arrays(running, rows)
-        self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk)
+        self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk, kind)
         return _Flight(running, [self._rows[i] for i in running], out, program, rows, seq_len, sampled, dispatched)
 
     def _land(self) -> None:
@@ -928,10 +936,12 @@ class SlotEngine:
             programs += [(PLAIN, rows) for rows in self.row_buckets]
         return programs + [(SHORT, rows) for rows in self.short_row_buckets]
 
-    def _run_step(self, program: str, rows: int, seq_len: int, arrays: tuple, steps: int) -> tuple:
+    def _run_step(self, program: str, rows: int, seq_len: int, arrays: tuple, steps: int,
+                  kind: str = "step") -> tuple:
         """Calls the step program of ``program`` (:data:`FULL`, :data:`SHORT` or :data:`PLAIN`; a plain server's
-        one program is its FULL) over the bucket of ``rows`` at context ``seq_len`` -> (store, readout)."""
-        compiled = self._programs["step", program, rows, seq_len]
+        one program is its FULL) over the bucket of ``rows`` at context ``seq_len`` -> (store, readout); kind
+        "step_lean": its form without the API features (``paged.step_rows``'s ``api_features=False``)."""
+        compiled = self._programs[kind, program, rows, seq_len]
         return compiled(self.engine.params, self.engine.drafter_params, self._store, *arrays,
                         self._place(np.asarray(steps, np.int32)))
 
@@ -1185,7 +1195,7 @@ class SlotEngine:
     def _example(self, key: tuple) -> tuple:
         """Arguments after the store of the program of ``key`` (idle rows)."""
         kind = key[0]
-        if kind == "step":
+        if kind in ("step", "step_lean"):
             _, _, rows, _ = key
             return (*self._step_arrays([], rows), self._place(np.asarray(self.steps_per_chunk, np.int32)))
         if kind == "score":
@@ -1211,7 +1221,8 @@ class SlotEngine:
         return paged.step_rows.lower(
             *args, self._store_shape, *example, layout=self.layout, setup=self.setup, seq_len=seq_len,
             speculate=program != PLAIN, write_pages=paged.write_pages(self.layout, self.setup, self.steps_per_chunk),
-            short_nodes=self._short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk)
+            short_nodes=self._short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk,
+            api_features=kind != "step_lean")
 
     def _step_bucket(self, program: str, rows: int, seq_len: int) -> tuple[int, int]:
         """(rows, seq_len) of the compiled step program a chunk of ``program`` over ``rows`` rows at context
@@ -1335,6 +1346,12 @@ class SlotEngine:
 
         timed_chunk.release = release
         return timed_chunk
+
+
+def uses_api_features(request: Request) -> bool:
+    """Whether a request asks for log-probabilities or sets a logits processor's field (its rows then run the
+    step programs that record and apply them)."""
+    return request.logprobs is not None or bool(request.processors)
 
 
 def _safe_sink(request: Request, tokens: list[int], reason: str | None, *logprobs: SequenceLogprobs) -> None:

@@ -11,6 +11,7 @@ import threading
 import time
 
 import jax
+import numpy as np
 import pytest
 
 import jspec
@@ -57,11 +58,13 @@ class Collector:
 
     def __init__(self):
         self.tokens: list[int] = []
+        self.logprobs = []  # per call, the new tokens' jspec.logprobs.SequenceLogprobs (a request asking for them)
         self.reason: str | None = None
         self.finished = threading.Event()
 
-    def __call__(self, tokens, reason):
+    def __call__(self, tokens, reason, *logprobs):
         self.tokens += tokens
+        self.logprobs += logprobs
         if reason is not None:
             self.reason = reason
             self.finished.set()
@@ -284,6 +287,38 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
         slots.shutdown()
     assert first.tokens == second.tokens == expected
     assert threads and set(threads) == {"jspec-compile"}, threads
+
+
+def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(params_t):
+    """A server offering log-probabilities and logits processors: chunks of requests using neither run the step
+    program compiled without them (on first use, off the scheduler; the one with them serves meanwhile), with
+    generate's tokens; a request asking for log-probabilities, beside one that does not, runs the program with
+    them and gets generate's values."""
+    engine = make_engine(params_t, "plain")
+    slots = SlotEngine(engine, **ONE_PROGRAM, max_logprobs=5, logits_processors=True)
+    slots.warm_up()
+    slots.start()
+    try:
+        budget, prompts = 12, PROMPTS[:3]
+        expected = [engine.generate([p], max_new_tokens=budget).token_ids[0] for p in prompts]
+        requests = [dict(prompt_ids=p, max_tokens=budget) for p in prompts]
+        assert [sink.tokens for sink in serve_all(slots, requests)] == expected
+        assert slots._programs.wait_idle(120)
+        lean, = [key for key in slots._programs.compiled_on_demand if key[0] == "step_lean"]
+        calls, program = [], slots._programs[lean]
+        slots._programs._compiled[lean] = lambda *args: calls.append(1) or program(*args)
+        assert [sink.tokens for sink in serve_all(slots, requests)] == expected
+        ran_lean = len(calls)
+        asking, beside = serve_all(slots, [dict(prompt_ids=prompts[0], max_tokens=budget, logprobs=3),
+                                           dict(prompt_ids=prompts[1], max_tokens=budget)])
+    finally:
+        slots.shutdown()
+    assert ran_lean > 0 and len(calls) == ran_lean  # the request asking for log-probabilities: the full program
+    assert [asking.tokens, beside.tokens] == expected[:2]
+    offline = engine.generate([prompts[0]], max_new_tokens=budget, logprobs=3).logprobs[0]
+    served = [np.concatenate(x) for x in zip(*asking.logprobs)]
+    for got, want in zip(served, offline):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 # slow: a cancelled request frees its slot within one chunk; the queue is bounded; default tier: test_app's
