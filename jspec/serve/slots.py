@@ -1160,7 +1160,8 @@ class SlotEngine:
 
     def _every_key(self) -> list[tuple]:
         """Every program's key: ("prefill" | "prefill_cached", batch, width), ("score", width) and ("step",
-        program, rows, seq_len)."""
+        program, rows, seq_len). ("step_lean", program, rows, seq_len), a step program without the API features,
+        is never listed: :meth:`_dispatch` asks for it on first use."""
         keys = []
         for width in self.widths:
             for rows in self._prefill_batches(width):
