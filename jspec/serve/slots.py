@@ -79,6 +79,10 @@ DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online 
 SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
 CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
 PRECOMPILE = ("needed", "all")  # SlotEngine(precompile=...), jspec serve --precompile
+# A bucket's step program without the API features is compiled once that many chunks of requests using none of them
+# ran there: it saves a few percent of a chunk, its compile costs as much as the program's own (and on a CPU some 900
+# memory mappings), so only buckets the load keeps using earn one.
+LEAN_AFTER_CHUNKS = 64
 
 
 class QueueFull(Exception):
@@ -372,6 +376,7 @@ class SlotEngine:
         self.metrics.watch_programs(self._programs)
         # Chunks whose requests use none of them run step programs without the features (compiled on first use).
         self._offers_api_features = self.setup.logprobs is not None or self.setup.logits_processors
+        self._lean_chunks: collections.Counter = collections.Counter()  # per step_lean key: chunks it would have run
         self._store_shape = None  # the store's shapes and shardings (warm_up): what programs are lowered for
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._rows: list[_Running | None] = [None] * max_num_seqs
@@ -897,10 +902,13 @@ class SlotEngine:
         rows, seq_len = self._step_bucket(program, rows, seq_len)
         kind = "step"
         if self._offers_api_features and not any(uses_api_features(self._rows[i].request) for i in running):
-            if ("step_lean", program, rows, seq_len) in self._programs:
+            lean = ("step_lean", program, rows, seq_len)
+            if lean in self._programs:
                 kind = "step_lean"
             else:  # until it is compiled (off this thread), the program with the features runs these rows too
-                self._programs.request(("step_lean", program, rows, seq_len))
+                self._lean_chunks[lean] += 1
+                if self._lean_chunks[lean] >= LEAN_AFTER_CHUNKS:
+                    self._programs.request(lean)
         dispatched = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk, kind)
@@ -1161,7 +1169,7 @@ class SlotEngine:
     def _every_key(self) -> list[tuple]:
         """Every program's key: ("prefill" | "prefill_cached", batch, width), ("score", width) and ("step",
         program, rows, seq_len). ("step_lean", program, rows, seq_len), a step program without the API features,
-        is never listed: :meth:`_dispatch` asks for it on first use."""
+        is never listed: :meth:`_dispatch` asks for it once its bucket ran LEAN_AFTER_CHUNKS chunks without them."""
         keys = []
         for width in self.widths:
             for rows in self._prefill_batches(width):
