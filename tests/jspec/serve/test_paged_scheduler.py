@@ -96,7 +96,8 @@ def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(param
     assert len(preempted_in_flight) == preempted and not any(preempted_in_flight)
 
 
-# slow: admission by pages lets more requests run than static slots would; default tier:
+# slow: admission by pages lets more requests run than static slots would, on the real programs; default tier:
+# test_scheduler's test_pages_hold_more_requests_than_static_slots_would (the same scheduling on host programs),
 # test_a_pool_too_small_preempts_and_every_request_equals_generate_alone[plain] (admission and preemption by pages)
 @pytest.mark.slow
 def test_pages_hold_more_requests_than_static_slots_would(params_t):
@@ -118,7 +119,8 @@ def test_pages_hold_more_requests_than_static_slots_would(params_t):
 
 
 # slow: the scheduler's prefix hits leave outputs unchanged (no drafter, n-gram lookup, EAGLE-3 with its last page
-# recomputed); default tier: test_app's shared-prefix test (n-gram over HTTP), test_paged's
+# recomputed); default tier: test_scheduler's test_a_shared_prefix_is_computed_once (hits counted, on host
+# programs), test_app's shared-prefix test (n-gram over HTTP), test_paged's
 # test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic], test_block_manager's drop_last_hit test
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "ngram", "eagle3-dynamic"])
@@ -161,10 +163,13 @@ class Logged(Collector):
         self.log.append((self.name, len(self.tokens)))
 
 
-# slow: [eagle3-dynamic] (chunked prefill with EAGLE-3, each piece's last page recomputed); default tier: [plain]
-# (prefill in pieces between chunks), test_paged's test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic]
-# (the head continuing from pages already written)
-@pytest.mark.parametrize("name", ["plain", pytest.param("eagle3-dynamic", marks=pytest.mark.slow)])
+# slow: chunked prefill on the real programs, with no drafter and with EAGLE-3 (each piece's last page
+# recomputed); default tier: test_scheduler's test of the same name (the scheduling, on host programs), test_app's
+# test_a_shared_prefix_is_found_in_the_cache_and_changes_nothing (prompts prefilled in pieces, real programs),
+# test_paged's test_a_cached_prefix_continues_as_a_whole_prefill[eagle3-dynamic] (the head continuing from pages
+# already written)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["plain", "eagle3-dynamic"])
 def test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows(params_t, name):
     """Chunked prefill: with --max-num-batched-tokens 16 (two pages of 8), a 45-token prompt is prefilled in
     pieces; a short request submitted with it gains tokens between them (it is not stalled for the whole prompt), and
@@ -197,6 +202,9 @@ def test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows
     assert slots.blocks.num_used_pages == 0 and slots.num_running == 0
 
 
+# slow: readout ownership under async scheduling on the real programs; default tier: test_scheduler's test of the
+# same name (the same steps on host programs)
+@pytest.mark.slow
 def test_a_readout_goes_only_to_the_request_that_held_the_row_at_dispatch(params_t):
     """Async scheduling's edge, driven step by step (no scheduler thread): a request finishes in chunk A while
     chunk B, dispatched before A was read back, still steps its row (another request keeps B in flight); the row

@@ -253,6 +253,11 @@ def test_nothing_compiles_after_warm_up(adaptive):
     assert compiles == [] and slots.num_compiled == compiled
 
 
+# slow: a missing bucket served by a larger one gives generate's tokens on the real programs; default tier:
+# test_scheduler's test of the same name (the scheduling and the compiling thread, on host programs), test_app's
+# test_the_scheduler_compiles_nothing_while_serving (buckets missing at warm-up compile off the scheduler) and
+# test_a_shared_prefix_is_found_in_the_cache_and_changes_nothing (served on such buckets, equal to offline)
+@pytest.mark.slow
 def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_scheduler(params_t):
     """precompile="needed" (the default): warm-up compiles the widest prefill and the longest context's step
     programs; a short request runs on them at once, equal to generate, while its own buckets compile on the
@@ -327,7 +332,8 @@ def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-# slow: a cancelled request frees its slot within one chunk; the queue is bounded; default tier: test_app's
+# slow: a cancelled request frees its slot within one chunk; the queue is bounded; default tier: test_scheduler's
+# test_a_cancelled_request_frees_its_row_and_the_queue_is_bounded, test_app's
 # test_a_closed_stream_frees_its_slot and test_a_dropped_connection_frees_its_slot, its 503 tests
 @pytest.mark.slow
 def test_a_cancelled_request_frees_its_slot_and_the_queue_is_bounded(params_t):
