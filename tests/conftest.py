@@ -55,31 +55,58 @@ def pytest_xdist_auto_num_workers(config):
     return min(2, os.cpu_count() or 1)
 
 
-# The longest modules of the default tier (worker seconds, summed --durations=0 of a fresh clone's default tier on the
-# 2-core CI machine, 2026-11-27), then the slow tier's: run first, so that with --dist loadscope the other worker takes
-# the many short modules meanwhile instead of idling at the end while one worker finishes a long module it was handed
-# last.
-LONG_MODULES = ("tests/jspec/serve/test_app.py", "tests/models/test_mtp_checkpoint.py",
-                "tests/jspec/serve/test_slots.py", "tests/jspec/test_logprobs.py", "tests/jspec/test_spec_engine.py",
-                "tests/pallas_kernels/test_tree_verify.py", "tests/models/test_eagle3_layouts.py",
-                "tests/jspec/test_dflash.py", "tests/jspec/tools/test_cli.py", "tests/jspec/train/test_train_target.py",
-                "tests/jspec/test_ngram.py", "tests/models/test_quantization.py", "tests/models/test_llama_vs_hf.py",
-                "tests/jspec/serve/test_paged_scheduler.py", "tests/jspec/test_multihost.py",
-                "tests/jspec/test_bf16_numerics.py", "tests/jspec/test_sharded_engine.py",
-                "tests/jspec/test_capture_hidden_states.py", "tests/jspec/test_draft_model.py",
-                "tests/jspec/test_hybrid.py", "tests/jspec/test_user_drafters.py", "tests/jspec/test_mtp.py",
-                "tests/jspec/tools/test_draft_vocab_table.py")
+# The modules of each tier by their worker seconds, longest first (summed --durations=0 on the 2-core CI machine:
+# the default tier's of a cold run on 2026-11-27, the slow tier's earlier), run in that order: with --dist loadscope
+# each worker takes the next module when it is free, so the long ones start first and the short ones fill the end
+# instead of one worker idling while the other finishes a long module it was handed last.
+DEFAULT_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/jspec/serve/test_slots.py",
+                      "tests/jspec/test_logprobs.py", "tests/jspec/test_dflash.py", "tests/jspec/test_multihost.py",
+                      "tests/jspec/test_python_api.py", "tests/jspec/test_logits_processors.py",
+                      "tests/pallas_kernels/test_tree_verify.py", "tests/jspec/test_hybrid.py",
+                      "tests/jspec/test_ngram.py", "tests/jspec/test_quantized_engine.py",
+                      "tests/jspec/test_bf16_numerics.py", "tests/jspec/tools/test_cli_process.py",
+                      "tests/jspec/train/test_train_drafter.py", "tests/jspec/tools/test_cli.py",
+                      "tests/jspec/test_spec_engine.py", "tests/jspec/tools/test_tune_cmd.py",
+                      "tests/jspec/test_sampling.py", "tests/jspec/test_spec_sampling.py",
+                      "tests/jspec/test_generate_program.py", "tests/models/test_llama_vs_hf.py",
+                      "tests/jspec/test_pard.py", "tests/jspec/train/test_ttt.py",
+                      "tests/jspec/train/test_train_target.py", "tests/models/test_eagle3_layouts.py",
+                      "tests/models/test_quantization.py", "tests/jspec/serve/test_paged.py",
+                      "tests/jspec/test_tree_selection.py", "tests/jspec/test_draft_model.py",
+                      "tests/pallas_kernels/test_tree_build.py", "tests/pallas_kernels/test_tree_attention.py",
+                      "tests/jspec/structured_outputs/test_structured_generation.py",
+                      "tests/jspec/test_user_drafters.py", "tests/models/test_paged_kv.py",
+                      "tests/jspec/test_engine_vs_hf.py", "tests/models/test_checkpoint.py",
+                      "tests/jspec/test_capture_hidden_states.py", "tests/jspec/serve/test_paged_scheduler.py",
+                      "tests/models/test_mtp.py", "tests/models/test_quantized_checkpoints.py",
+                      "tests/jspec/test_sharded_kernels.py", "tests/models/test_shipped_targets.py",
+                      "tests/models/test_attention.py", "tests/jspec/test_auto.py",
+                      "tests/jspec/test_per_request_seeds.py", "tests/jspec/serve/test_scheduler.py",
+                      "tests/models/test_eagle3.py", "tests/jspec/test_mtp.py")
+SLOW_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/models/test_mtp_checkpoint.py",
+                   "tests/jspec/serve/test_slots.py", "tests/jspec/test_logprobs.py", "tests/jspec/test_spec_engine.py",
+                   "tests/pallas_kernels/test_tree_verify.py", "tests/models/test_eagle3_layouts.py",
+                   "tests/jspec/test_dflash.py", "tests/jspec/tools/test_cli.py", "tests/jspec/train/test_train_target.py",
+                   "tests/jspec/test_ngram.py", "tests/models/test_quantization.py", "tests/models/test_llama_vs_hf.py",
+                   "tests/jspec/serve/test_paged_scheduler.py", "tests/jspec/test_multihost.py",
+                   "tests/jspec/test_bf16_numerics.py", "tests/jspec/test_sharded_engine.py",
+                   "tests/jspec/test_capture_hidden_states.py", "tests/jspec/test_draft_model.py",
+                   "tests/jspec/test_hybrid.py", "tests/jspec/test_user_drafters.py", "tests/jspec/test_mtp.py",
+                   "tests/jspec/tools/test_draft_vocab_table.py")
 
 
-def _long_rank(item) -> int:
-    path = item.nodeid.split("::")[0]
-    return LONG_MODULES.index(path) if path in LONG_MODULES else len(LONG_MODULES)
+def _rank(order: tuple[str, ...]):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return order.index(path) if path in order else len(order)
+    return rank
 
 
 def pytest_collection_modifyitems(config, items):
     """Orders long modules first; skips `gpu` / `tpu` tests off that device. (The slow tier is marked where each
     test is defined, ``@pytest.mark.slow``; pyproject's ``-m "not slow"`` deselects it, ``-m slow`` runs it.)"""
-    items.sort(key=_long_rank)  # stable: the order within each module, and of the other modules, is kept
+    order = SLOW_TIER_ORDER if config.option.markexpr.strip() == "slow" else DEFAULT_TIER_ORDER
+    items.sort(key=_rank(order))  # stable: the order within each module, and of the other modules, is kept
     missing = [(marker, pytest.mark.skip(reason=f"needs a {marker.upper()}"))
                for marker, present in (("gpu", _has_gpu), ("tpu", _has_tpu)) if not present()]
     for item in items:
