@@ -31,11 +31,16 @@ def metric(slots: HostSlotEngine, name: str) -> float:
 
 
 def served(slots: HostSlotEngine, requests: list[dict]) -> list[Collector]:
-    """Starts ``slots`` (warm), serves ``requests`` at once, shuts it down; every request returned what it returns
-    alone and every page is free again."""
+    """Queues ``requests`` on ``slots`` (warm), then starts it (so the scheduler finds them all waiting, however
+    fast the host programs run), waits for them and shuts it down; every request returned what it returns alone
+    and every page is free again."""
+    sinks = [Collector() for _ in requests]
+    for sink, kwargs in zip(sinks, requests):
+        slots.submit(Request(sink=sink, **kwargs))
     slots.start()
     try:
-        sinks = serve_all(slots, requests)
+        for sink in sinks:
+            assert sink.finished.wait(60), "a request did not finish"
     finally:
         slots.shutdown(10)
     for request, sink in zip(requests, sinks):
@@ -179,27 +184,31 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
 
 
 def test_a_cancelled_request_frees_its_row_and_the_queue_is_bounded(engine):
-    """Cancelling ends a request at a chunk boundary with its reason and frees its row and pages for the next;
-    a full queue refuses (QueueFull), and a server not warm or shutting down takes nothing (NotAccepting)."""
+    """Cancelling ends a request at a chunk boundary with its reason and frees its row and pages for the next
+    (driven chunk by chunk, no scheduler thread); a full queue refuses (QueueFull), and a server not warm or shut
+    down takes nothing (NotAccepting)."""
     slots = HostSlotEngine(engine, **PAGED, steps_per_chunk=2, max_num_seqs=1, row_buckets=(1,), max_queue=1)
     with pytest.raises(NotAccepting):
         slots.submit(Request([1, 2], 4, Collector()))
     slots.warm_up()
     running, waiting = Collector(), Collector()
     first = slots.submit(Request([1, 2, 3], 60, running))
-    with pytest.raises(QueueFull):  # the scheduler has not started: the first one still waits
+    with pytest.raises(QueueFull):  # the first one still waits
         slots.submit(Request([1, 2, 3], 60, Collector()))
-    slots.start()
-    try:
-        while not running.tokens:
-            running.finished.wait(0.01)
-        slots.submit(Request([4, 5], 6, waiting))  # waits for the only row
-        first.cancel()
-        assert running.finished.wait(10) and waiting.finished.wait(10)
-    finally:
-        slots.shutdown(10)
-    assert running.reason == "abort" and len(running.tokens) < 60
+    slots._admit(slots._take_waiting())  # the only row
+    slots._chunk()
+    slots.submit(Request([4, 5], 6, waiting))  # waits for the row
+    first.cancel()
+    for _ in range(20):
+        if slots.num_running:
+            slots._chunk()
+        slots._admit(slots._take_waiting())
+        if waiting.finished.is_set():
+            break
+    slots._land()
+    assert running.reason == "abort" and 0 < len(running.tokens) < 60
     assert waiting.tokens == slots.expected([4, 5], 6)
-    assert slots.blocks.num_used_pages == 0
+    assert slots.blocks.num_used_pages == 0 and slots.num_running == 0
+    slots.shutdown(1)
     with pytest.raises(NotAccepting):
         slots.submit(Request([1, 2], 4, Collector()))
