@@ -31,7 +31,7 @@ from jspec.logprobs import SequenceLogprobs, check_logprobs_mode, check_num_logp
 from jspec.prompt_logprobs import score_prompts
 from jspec.sampling import SamplingArrays, seed_keys
 from jspec.sharding import (ROWS, check_tensor_parallel, expand_kv_heads, kv_repeats, make_mesh, mesh_sizes, named,
-                            param_specs, put, replicated_specs, to_host)
+                            param_specs, put, to_host)
 from jspec.structured_outputs import StructuredOutputsParams
 from jspec.structured_outputs.grammar import GrammarCompiler
 from jspec.structured_outputs.loop import generate_structured
@@ -122,8 +122,7 @@ class SpecEngine:
                                                        self.quantization)
             self.params = cpu_int4(self.params)
             if drafter_params is not None:
-                specs = (drafter.param_specs(drafter_params, tensor_parallel_size)
-                         if hasattr(drafter, "param_specs") else replicated_specs(drafter_params))
+                specs = drafter.param_specs(drafter_params, tensor_parallel_size)
                 drafter_params = jax.tree.map(put, drafter_params, named(mesh, specs))
         self.drafter_params = drafter_params
         self.tokenizer = tokenizer

@@ -25,9 +25,13 @@ is shorter than lookup's). A drafter is a frozen dataclass (hashable: it is part
 ``common.DrafterBase`` supplies ``tap_layers`` = (), ``short_chain_nodes`` = None, ``with_max_seq_len`` and the
 tree helpers. ``check_drafter`` says what an object lacks of the protocol.
 
-On a device mesh (``jspec.sharding``) the engine places ``params_d`` by the drafter's optional
-``param_specs(params_d, tensor_parallel_size) -> PartitionSpecs``; without one (``DrafterBase``'s default too) the
-weights are replicated on every device. Either way the output is the same; only bytes and collectives differ.
+What a drafter can do is declared, never probed for:
+- ``caches_prefix``: whether the server may start it from a cached prefix (prefix caching, chunked prefill) with
+  ``prefill_cached(params_t, params_d, state, ctx, cached_lens) -> state`` (``DrafterBase``: a drafter reading no
+  target states reruns its prefill over the whole prompt; one reading them overrides both, as EAGLE-3 does);
+- ``param_specs(params_d, tensor_parallel_size) -> PartitionSpecs``: how the engine places ``params_d`` on a device
+  mesh (``jspec.sharding``; ``DrafterBase``: replicated on every device). Either way the output is the same; only
+  bytes and collectives differ.
 
 A new drafter is one file here implementing the protocol with a ``load(source: DrafterSource) -> (drafter,
 params)``, plus one entry in ``registry.py``; one written outside the package is registered at run time
@@ -102,7 +106,15 @@ class Drafter(Protocol):
     @property
     def short_chain_nodes(self) -> int | None: ...
 
+    @property
+    def caches_prefix(self) -> bool: ...
+
     def with_max_seq_len(self, max_seq_len: int) -> "Drafter": ...
+
+    def prefill_cached(self, params_t: Any, params_d: Any, state: Any, ctx: PrefillContext,
+                       cached_lens: jax.Array) -> Any: ...
+
+    def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any: ...
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Any: ...
 
@@ -112,8 +124,8 @@ class Drafter(Protocol):
     def commit(self, params_t: Any, params_d: Any, state: Any, ctx: CommitContext) -> Any: ...
 
 
-PROTOCOL_ATTRIBUTES = ("spec", "max_seq_len", "tap_layers", "short_chain_nodes")
-PROTOCOL_METHODS = ("with_max_seq_len", "prefill", "propose", "commit")
+PROTOCOL_ATTRIBUTES = ("spec", "max_seq_len", "tap_layers", "short_chain_nodes", "caches_prefix")
+PROTOCOL_METHODS = ("with_max_seq_len", "prefill", "propose", "commit", "prefill_cached", "param_specs")
 
 
 def check_drafter(drafter: Any, what: str = "drafter") -> None:
@@ -124,7 +136,8 @@ def check_drafter(drafter: Any, what: str = "drafter") -> None:
     if missing:
         raise TypeError(f"{what} is a {type(drafter).__name__}, which does not implement the jspec.drafters.Drafter "
                         f"protocol: missing {', '.join(missing)} (subclass jspec.drafters.DrafterBase for "
-                        f"tap_layers, short_chain_nodes and with_max_seq_len)")
+                        f"tap_layers, short_chain_nodes, caches_prefix, with_max_seq_len, prefill_cached and "
+                        f"param_specs)")
     if not isinstance(drafter.spec, SpecConfig):
         raise TypeError(f"{what}: spec={drafter.spec!r}: expected a jspec.SpecConfig")
     try:

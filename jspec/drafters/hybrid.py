@@ -33,7 +33,6 @@ from jspec.drafters import eagle3
 from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.ngram import NgramDrafter
-from jspec.sharding import replicated_specs
 
 
 class HybridState(NamedTuple):
@@ -89,9 +88,8 @@ class LookupThenModelDrafter(DrafterBase):
                                    lookup=self.lookup.with_max_seq_len(max_seq_len), max_seq_len=max_seq_len)
 
     def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
-        """The model's placement of its params (params_d is the model's); replicated if it names none."""
-        own = getattr(self.model, "param_specs", None)
-        return own(params_d, tensor_parallel_size) if own is not None else replicated_specs(params_d)
+        """The model's placement of its params (params_d is the model's)."""
+        return self.model.param_specs(params_d, tensor_parallel_size)
 
     # --- the protocol ------------------------------------------------------------------------------------------
 
@@ -100,7 +98,7 @@ class LookupThenModelDrafter(DrafterBase):
 
     @property
     def caches_prefix(self) -> bool:
-        return getattr(self.model, "caches_prefix", False) and self.lookup.caches_prefix
+        return self.model.caches_prefix and self.lookup.caches_prefix
 
     def prefill_cached(self, params_t: Any, params_d: Any, state: HybridState, ctx: PrefillContext,
                        cached_lens: jax.Array) -> HybridState:

@@ -306,21 +306,13 @@ def continues_from_cache(setup: GenerateSetup) -> bool:
     from the token buffer; EAGLE-3 and the hybrid run their head over the uncached positions only). MTP, whose
     state at a position needs the target's states of the cached prefix (no page keeps them), does not."""
     drafter = setup.drafter
-    return drafter is None or getattr(drafter, "caches_prefix", not drafter.tap_layers)
+    return drafter is None or drafter.caches_prefix
 
 
 def recomputes_last_hit(setup: GenerateSetup) -> bool:
     """Whether a prefix hit's last page is computed again (``BlockManager.allocate(drop_last_hit=True)``): for a
     drafter reading target states, whose slot p pairs the token at p + 1."""
     return setup.drafter is not None and bool(setup.drafter.tap_layers)
-
-
-def _drafter_prefill_cached(drafter, params_t, params_d, state, ctx: PrefillContext, cached_lens):
-    """``DrafterBase.prefill_cached``, or ``prefill`` for a protocol drafter without it (one reading no target
-    states: :func:`continues_from_cache` admits no other)."""
-    if hasattr(drafter, "prefill_cached"):
-        return drafter.prefill_cached(params_t, params_d, state, ctx, cached_lens)
-    return drafter.prefill(params_t, params_d, ctx)
 
 
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
@@ -373,9 +365,8 @@ def prefill_cached_rows(params_t, params_d, store: list, suffix_ids: jax.Array, 
         state = state._replace(logprobs=record(view.logprobs, recorded, first[:, None], prompt_lens, committed))
         if small.drafter is not None:
             taps = constrain(small.drafter_taps(out.taps), TAPS) if small.drafter.tap_layers else None
-            state = state._replace(draft=_drafter_prefill_cached(
-                small.drafter, params_t, params_d, view.draft, PrefillContext(tokens, prompt_lens, first, taps),
-                cached_lens))
+            state = state._replace(draft=small.drafter.prefill_cached(
+                params_t, params_d, view.draft, PrefillContext(tokens, prompt_lens, first, taps), cached_lens))
         inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys, processors)
         state = shard_state(state)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=cached_lens,

@@ -158,8 +158,9 @@ def test_drafters_missing_the_protocol_are_refused_at_load():
     with pytest.raises(TypeError, match=r"drafter 'no-commit' \(load=.*\) is a NoCommit, which does not implement "
                                         r"the jspec.drafters.Drafter protocol: missing commit\(\)"):
         load_as("no-commit", lambda source: (NoCommit(source.spec, source.max_seq_len), {}))
-    with pytest.raises(TypeError, match=r"missing spec, max_seq_len, tap_layers, short_chain_nodes, "
-                                        r"with_max_seq_len\(\), prefill\(\), propose\(\), commit\(\)"):
+    with pytest.raises(TypeError, match=r"missing spec, max_seq_len, tap_layers, short_chain_nodes, caches_prefix, "
+                                        r"with_max_seq_len\(\), prefill\(\), propose\(\), commit\(\), "
+                                        r"prefill_cached\(\), param_specs\(\)"):
         load_as("nothing", lambda source: (object(), {}))
     with pytest.raises(TypeError, match="is a Mutable, which is not hashable.*frozen dataclass"):
         load_as("mutable", lambda source: (Mutable(source.spec, source.max_seq_len), {}))
