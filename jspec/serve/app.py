@@ -30,7 +30,8 @@ from jspec.logprobs import SequenceLogprobs
 from jspec.serve import tool_parsers
 from jspec.serve.logprobs import chat_logprobs, completion_logprobs, with_prompt
 from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, choice_params, parse_chat, parse_completion
-from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
+from jspec.serve.requests import NotAccepting, QueueFull, Request
+from jspec.serve.slots import SlotEngine
 from jspec.serve.stop_strings import StopMatcher
 
 logger = logging.getLogger("jspec.serve")

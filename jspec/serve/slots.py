@@ -48,7 +48,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +63,8 @@ from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedC
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
 from jspec.serve.program_cache import ProgramCache
+from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
+                                  uses_api_features)
 from jspec.serve.programs import admit_row
 from jspec.sharding import put
 from jspec.step import short_draft_nodes
@@ -72,8 +74,6 @@ from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bi
 
 logger = logging.getLogger("jspec.serve")
 
-Sink = Callable[..., None]  # (new token ids, finish_reason or None while running[, their SequenceLogprobs where the
-                           # request asked for logprobs])
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
 SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
@@ -83,123 +83,6 @@ PRECOMPILE = ("needed", "all")  # SlotEngine(precompile=...), jspec serve --prec
 # ran there: it saves a few percent of a chunk, its compile costs as much as the program's own (and on a CPU some 900
 # memory mappings), so only buckets the load keeps using earn one.
 LEAN_AFTER_CHUNKS = 64
-
-
-class QueueFull(Exception):
-    """The waiting queue holds max_queue requests (HTTP 503)."""
-
-
-class NotAccepting(Exception):
-    """The server is shutting down (or not warm yet) and takes no new requests (HTTP 503)."""
-
-
-@dataclasses.dataclass
-class Request:
-    """A request. prompt_ids: its tokens; max_tokens: new tokens at most; temperature, top_k, top_p, seed,
-    stop_token_ids: as ``jspec.SamplingParams`` has them (:meth:`sampling_params`), but seed None draws one when
-    the request is submitted, and stop_token_ids come besides the model's EOS; sink: called from the scheduler
-    thread with the tokens the request gained and, last, its finish reason ("stop", "length" or "abort"); logprobs:
-    None, or K (at most the server's ``max_logprobs``): the sink gets a third argument, the new tokens'
-    ``jspec.logprobs.SequenceLogprobs`` with the K most likely tokens at each position; prompt_logprobs: with
-    logprobs, also score the prompt (OpenAI's ``echo``): ``scored_prompt`` holds its tokens' 1 .. P - 1 before the
-    sink is first called. processors: the logits processors' ``jspec.SamplingParams`` fields (presence_penalty,
-    ..., ignore_eos) that the request sets. structured_outputs: what its output must match (a JSON schema, regex,
-    choice or grammar; ``jspec.structured_outputs``), or None."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    sink: Sink
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    processors: dict[str, Any] = dataclasses.field(default_factory=dict)
-    logprobs: int | None = None
-    prompt_logprobs: bool = False
-    scored_prompt: SequenceLogprobs | None = None
-    structured_outputs: StructuredOutputsParams | None = None
-    arrival: float = dataclasses.field(default_factory=time.perf_counter)
-    cancelled: str | None = None  # the finish reason asked for by cancel()
-
-    def cancel(self, reason: str = "abort") -> None:
-        """Ends the request at a chunk boundary: its row and pages are freed when the next chunk dispatched is read
-        back (within two chunks; one without async scheduling)."""
-        if self.cancelled is None:
-            self.cancelled = reason
-
-    def sampling_params(self) -> SamplingParams:
-        """The request's parameters as the offline engine takes them (and checks them: ValueError); seed None
-        stands as 0."""
-        return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, seed=0 if self.seed is None else self.seed,
-                              stop_token_ids=tuple(self.stop_token_ids), **self.processors)
-
-
-@dataclasses.dataclass
-class _Pending:
-    """A request in the queue: new, or preempted with ``generated`` tokens already handed to its sink (they
-    become part of the context it is prefilled with again)."""
-
-    request: Request
-    generated: list[int] = dataclasses.field(default_factory=list)
-    first_token_at: float | None = None
-    matcher: Any = None  # structured outputs: the request's grammar (an llguidance matcher) after ``generated``
-
-    @property
-    def context(self) -> list[int]:
-        return list(self.request.prompt_ids) + self.generated
-
-    @property
-    def budget(self) -> int:
-        return self.request.max_tokens - len(self.generated)
-
-
-@dataclasses.dataclass
-class _Flight:
-    """A chunk dispatched and not yet read back: its rows (in program order), the requests that held them at
-    dispatch, its readout (device arrays), and what the adapter and metrics need when it lands."""
-
-    rows: list[int]
-    owners: list["_Running"]
-    out: paged.Readout
-    program: str
-    bucket: int          # the occupancy bucket it ran at
-    seq_len: int         # the context bucket
-    sampled: bool
-    dispatched: float    # time.perf_counter() at dispatch
-
-
-@dataclasses.dataclass
-class _Running:
-    pending: _Pending
-    pages: list[int]
-    stops: frozenset[int]
-    order: int              # admission order: the newest is preempted first
-    context_len: int        # tokens prefilled (prompt, and after a preemption the tokens it had)
-    cached: int = 0         # of those, tokens whose K/V a prefix-cache hit brought (whole pages)
-    registered: int = 0     # pages whose tokens the block manager keys (``BlockManager.register``)
-    generated: int = 0      # tokens committed since the prefill (the readout's num_generated)
-    emitted: int = 0        # of those, handed to the sink
-    steps_seen: int = 0     # verify steps already counted
-    hist_seen: np.ndarray | int = 0  # accepted_hist already counted
-    acceptance: float | None = None  # its own running tokens per verify step (None: none measured yet)
-    measured_steps: int = 0          # the verify steps that average is over
-    prefilled: int | None = None     # a prompt prefilled in pieces: tokens whose K/V are in its pages so far
-                                     # (None: prefilled whole, or its last piece done; it steps in chunks)
-
-    @property
-    def request(self) -> Request:
-        return self.pending.request
-
-    @property
-    def need(self) -> int:
-        """Token slots the request needs in all: prompt + max_tokens."""
-        return len(self.request.prompt_ids) + self.request.max_tokens
-
-    @property
-    def seq_len(self) -> int:
-        return self.context_len + self.generated
 
 
 def default_async_scheduling() -> bool:
@@ -378,8 +261,8 @@ class SlotEngine:
         self._offers_api_features = self.setup.logprobs is not None or self.setup.logits_processors
         self._lean_chunks: collections.Counter = collections.Counter()  # per step_lean key: chunks it would have run
         self._store_shape = None  # the store's shapes and shardings (warm_up): what programs are lowered for
-        self._waiting: collections.deque[_Pending] = collections.deque()
-        self._rows: list[_Running | None] = [None] * max_num_seqs
+        self._waiting: collections.deque[Pending] = collections.deque()
+        self._rows: list[Running | None] = [None] * max_num_seqs
         self._tables = np.zeros((max_num_seqs + 1, 1), np.int32)  # sized in warm_up
         self._admitted = itertools.count()
         self._lock = threading.Condition()
@@ -388,7 +271,7 @@ class SlotEngine:
         self._thread: threading.Thread | None = None
         self._store = None
         self._host_step = 0  # the store's loop step counter, as last read back
-        self._flight: _Flight | None = None  # the chunk dispatched and not read back (async scheduling)
+        self._flight: Flight | None = None  # the chunk dispatched and not read back (async scheduling)
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
         self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
         self.warm_up_structured_outputs = bool(warm_up_structured_outputs)
@@ -443,7 +326,7 @@ class SlotEngine:
                 raise NotAccepting("the server is not accepting requests (starting up or shutting down)")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
-            self._waiting.append(_Pending(request, matcher=None if request.structured_outputs is None else
+            self._waiting.append(Pending(request, matcher=None if request.structured_outputs is None else
                                           self._grammar_matcher(request.structured_outputs)))
             self.metrics.waiting.set(len(self._waiting))
             self._lock.notify()
@@ -616,10 +499,10 @@ class SlotEngine:
             logger.exception("the scheduler failed")
             for running in self._rows:
                 if running is not None:
-                    _safe_sink(running.request, [], "abort")
+                    deliver(running.request, [], "abort")
             with self._lock:
                 for pending in self._waiting:
-                    _safe_sink(pending.request, [], "abort")
+                    deliver(pending.request, [], "abort")
                 self._waiting.clear()
                 self._accepting = False
             raise
@@ -630,20 +513,20 @@ class SlotEngine:
         extra = max((leaf.extra_slots for leaf in self.layout.leaves if leaf.kind == paged.SLOT), default=0)
         return min(need, seq_len + chunks * self.steps_per_chunk * self.setup.tokens_per_step) + extra
 
-    def _take_waiting(self) -> list[tuple[int, _Running]]:
+    def _take_waiting(self) -> list[tuple[int, Running]]:
         """Pairs waiting requests (first come, first served) with free rows while their pages fit; drops cancelled
         ones. With prefix caching, a request whose context equals one taken now or still being prefilled in pieces
         (a request's n / best_of choices) waits until that prefill has put the prompt's pages in the cache: the
         choices share the prompt's prefill. Under the lock."""
         free = [i for i, row in enumerate(self._rows) if row is None]
-        taken: list[tuple[int, _Running]] = []
+        taken: list[tuple[int, Running]] = []
         contexts = {tuple(row.pending.context) for row in self._rows if row is not None and row.prefilled is not None}
         while self._waiting and len(taken) < len(free):
             pending = self._waiting[0]
             request = pending.request
             if request.cancelled is not None:
                 self._waiting.popleft()
-                _safe_sink(request, [], request.cancelled)
+                deliver(request, [], request.cancelled)
                 continue
             context = pending.context
             if self.prefix_caching and tuple(context) in contexts:
@@ -655,7 +538,7 @@ class SlotEngine:
                 break  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
             params = request.sampling_params()
-            running = _Running(pending, allocation.pages, frozenset(self._stop_ids(params)),
+            running = Running(pending, allocation.pages, frozenset(self._stop_ids(params)),
                                next(self._admitted), len(context), cached=allocation.cached_tokens,
                                registered=allocation.cached_tokens // self.block_size)
             taken.append((free[len(taken)], running))
@@ -692,10 +575,10 @@ class SlotEngine:
         self._programs.request(("prefill_cached", 1, width))
         return False
 
-    def _admit(self, admitted: list[tuple[int, _Running]]) -> int:
+    def _admit(self, admitted: list[tuple[int, Running]]) -> int:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes ->
         the prompt tokens computed (cached ones not counted)."""
-        groups: dict[tuple[int, bool], list[tuple[int, _Running]]] = collections.defaultdict(list)
+        groups: dict[tuple[int, bool], list[tuple[int, Running]]] = collections.defaultdict(list)
         computed = 0
         for row, running in admitted:
             self._rows[row] = running
@@ -757,7 +640,7 @@ class SlotEngine:
             if running.request.cancelled is not None:
                 self._release(row)
                 self.metrics.requests.labels(running.request.cancelled).inc()
-                _safe_sink(running.request, [], running.request.cancelled)
+                deliver(running.request, [], running.request.cancelled)
                 continue
             if spent and spent + self.piece_width > budget:
                 break
@@ -888,7 +771,7 @@ class SlotEngine:
         return all(running.need - running.seq_len > reach for running in self._flight.owners
                    if running.request.cancelled is None)
 
-    def _dispatch(self, running: list[int]) -> _Flight:
+    def _dispatch(self, running: list[int]) -> Flight:
         """Calls the step program the adapter picks over ``running`` rows (not waiting for it) -> its flight."""
         rows = next(r for r in self.row_buckets if r >= len(running))
         need = max(self._rows[i].need for i in running)
@@ -912,7 +795,7 @@ class SlotEngine:
         dispatched = time.perf_counter()
         arrays = self._step_arrays(running, rows)
         self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk, kind)
-        return _Flight(running, [self._rows[i] for i in running], out, program, rows, seq_len, sampled, dispatched)
+        return Flight(running, [self._rows[i] for i in running], out, program, rows, seq_len, sampled, dispatched)
 
     def _land(self) -> None:
         """Reads back the chunk in flight, if any (waiting for it), hands its rows' requests their tokens and
@@ -1006,7 +889,7 @@ class SlotEngine:
         self._tables[row] = 0
 
     def _emit(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float,
-              owners: list[_Running] | None = None) -> tuple:
+              owners: list[Running] | None = None) -> tuple:
         """Reads a program's readout (waiting for it), hands each request its new tokens, frees finished rows.
         rows: the program's rows in order; program: the chunk's step program (None: a prefill); owners: the
         requests that held the rows when the program was dispatched (default: those holding them now; a row
@@ -1065,7 +948,7 @@ class SlotEngine:
                 if request.logprobs is not None:
                     token, top_ids, top = (x[k, :len(new)] for x in logprobs)
                     extra = (SequenceLogprobs(token, top_ids[:, :request.logprobs], top[:, :request.logprobs]),)
-                _safe_sink(request, new, reason, *extra)
+                deliver(request, new, reason, *extra)
         self.metrics.running.set(self.num_running)
         self.metrics.kv_cache_usage.set(self.blocks.usage)
         ran, self._host_step = int(step) - self._host_step, int(step)
@@ -1355,18 +1238,3 @@ class SlotEngine:
 
         timed_chunk.release = release
         return timed_chunk
-
-
-def uses_api_features(request: Request) -> bool:
-    """Whether a request asks for log-probabilities or sets a logits processor's field (its rows then run the
-    step programs that record and apply them)."""
-    return request.logprobs is not None or bool(request.processors)
-
-
-def _safe_sink(request: Request, tokens: list[int], reason: str | None, *logprobs: SequenceLogprobs) -> None:
-    """A sink that raises (a client gone mid-write) must not stop the scheduler: the request is cancelled."""
-    try:
-        request.sink(tokens, reason, *logprobs)
-    except Exception:  # the client's problem, never the loop's
-        logger.warning("a request's sink failed; cancelling it", exc_info=True)
-        request.cancel()

@@ -137,7 +137,7 @@ def run_direct_pass(slots, prompts: Sequence[list[int]], max_tokens: int, rate: 
                     seed: int) -> tuple[list[RequestResult], float]:
     """As :func:`run_pass`, but submitted straight to the slot engine (no HTTP, no detokenizing): what the
     scheduler alone costs. A chunk is a sink call; its tokens are exact."""
-    from jspec.serve.slots import Request
+    from jspec.serve.requests import Request
 
     results = [RequestResult(i, chunk_token_counts=[]) for i in range(len(prompts))]
     finished = [threading.Event() for _ in prompts]

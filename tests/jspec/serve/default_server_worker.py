@@ -11,7 +11,7 @@ import time
 import jax
 
 from jspec.serve import memory_maps
-from jspec.serve.slots import Request
+from jspec.serve.requests import Request
 from jspec.tools import cli
 from jspec.tools.serve_cmd import resolve_serve_args, warm_slot_engine
 

@@ -8,7 +8,8 @@ import json
 import threading
 
 import jspec
-from jspec.serve.slots import Request, SlotEngine
+from jspec.serve.requests import Request
+from jspec.serve.slots import SlotEngine
 
 PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self, x):", "def add(a, b):", "x = 1",
            "# sort a list\ndef sort(xs):"]

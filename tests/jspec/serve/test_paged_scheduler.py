@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from jspec.serve.slots import Request, SlotEngine
+from jspec.serve.requests import Request
+from jspec.serve.slots import SlotEngine
 from tests import spec_fixtures as fx
 from tests.jspec.serve.test_slots import BUDGETS, MAX_SEQ_LEN, PROMPTS, Collector, make_engine, serve_all
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from jspec.serve.slots import NotAccepting, QueueFull, Request
+from jspec.serve.requests import NotAccepting, QueueFull, Request
 from tests import spec_fixtures as fx
 from tests.jspec.serve.host_programs import HostSlotEngine
 from tests.jspec.serve.test_slots import BUDGETS, MAX_SEQ_LEN, PROMPTS, Collector, serve_all

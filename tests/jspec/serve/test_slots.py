@@ -20,7 +20,8 @@ from jspec.drafters.draft_model import DraftModelDrafter
 from jspec.serve import slots as slots_module
 from jspec.drafters.ngram import NgramDrafter
 from jspec.serve.adapt import CostTable, LoadAdapter
-from jspec.serve.slots import NotAccepting, QueueFull, Request, SlotEngine
+from jspec.serve.requests import NotAccepting, QueueFull, Request
+from jspec.serve.slots import SlotEngine
 from tests import spec_fixtures as fx
 from tests.program_structure import memory_as_users_compile
 from tests.jspec.serve.scripted_adapters import Cycling
