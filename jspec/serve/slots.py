@@ -48,33 +48,28 @@ import logging
 import secrets
 import threading
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
 from jspec.config import SEED_RANGE, SamplingParams, SpecConfig, check_seed, check_token_ids
 from jspec.logprobs import SequenceLogprobs, check_num_logprobs
-from jspec.prompt_logprobs import score_prompts
-from jspec.serve import memory_maps, paged
-from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, TimedChunk, measure_costs
+from jspec.serve import paged
+from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
-from jspec.serve.program_cache import ProgramCache
+from jspec.serve.model_runner import ModelRunner, RunnerShapes
 from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
                                   uses_api_features)
-from jspec.serve.programs import admit_row
-from jspec.sharding import put
 from jspec.step import short_draft_nodes
 from jspec.structured_outputs import StructuredOutputsParams
 from jspec.structured_outputs.grammar import GrammarCompiler
-from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bitmask, with_forced_drafts
+from jspec.structured_outputs.tree_masks import advance
 
 logger = logging.getLogger("jspec.serve")
 
-CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
 SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
 CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
@@ -127,7 +122,7 @@ class SlotEngine:
     chooses, for high occupancy; ``default_short_draft_len``), 0: never; max_stop_ids: stop token ids per request (EOS
     included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU,
     ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
-    ``CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
+    ``model_runner.CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
     starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
     cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning);
     max_num_seqs: requests running at once (default: the engine's max_batch_size); max_num_batched_tokens: prompt
@@ -152,6 +147,8 @@ class SlotEngine:
     first use, off the scheduler's thread, while a larger compiled bucket serves their requests; module
     docstring) or "all" (every bucket at warm-up).
     """
+
+    runner_class = ModelRunner  # what runs the programs (tests run the scheduler over host programs)
 
     def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
                  adapt: bool = True, short_draft_len: int | None = None, max_stop_ids: int = 8, block_size: int = 16,
@@ -254,28 +251,30 @@ class SlotEngine:
         self.adapter: LoadAdapter | None = None
         self.layout: paged.PagedLayout | None = None
         self.blocks: BlockManager | None = None
-        self._programs = ProgramCache(self._lower, ways_out="a smaller --max-num-seqs or --max-seq-len (fewer "
-                                      "buckets), without --warm-up-structured-outputs")
-        self.metrics.watch_programs(self._programs)
+        self.runner = self.runner_class(engine, self.setup, RunnerShapes(
+            max_seq_len=max_seq_len, max_num_seqs=max_num_seqs, block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens, steps_per_chunk=steps_per_chunk,
+            num_stop_ids=self.num_stop_ids, widths=tuple(self.widths), piece_width=self.piece_width,
+            row_buckets=self.row_buckets, short_row_buckets=self.short_row_buckets, seq_buckets=self.seq_buckets,
+            short_nodes=self._short_nodes, adapt=self.adapt, prefix_caching=self.prefix_caching,
+            precompile=precompile, kv_cache_memory_fraction=kv_cache_memory_fraction),
+            ways_out="a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs")
+        self.metrics.watch_programs(self.runner.programs)
         # Chunks whose requests use none of them run step programs without the features (compiled on first use).
         self._offers_api_features = self.setup.logprobs is not None or self.setup.logits_processors
         self._lean_chunks: collections.Counter = collections.Counter()  # per step_lean key: chunks it would have run
-        self._store_shape = None  # the store's shapes and shardings (warm_up): what programs are lowered for
         self._waiting: collections.deque[Pending] = collections.deque()
         self._rows: list[Running | None] = [None] * max_num_seqs
-        self._tables = np.zeros((max_num_seqs + 1, 1), np.int32)  # sized in warm_up
         self._admitted = itertools.count()
         self._lock = threading.Condition()
         self._accepting = False
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._store = None
-        self._host_step = 0  # the store's loop step counter, as last read back
         self._flight: Flight | None = None  # the chunk dispatched and not read back (async scheduling)
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
         self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
         self.warm_up_structured_outputs = bool(warm_up_structured_outputs)
-        self._structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
+        self.runner.structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -351,11 +350,7 @@ class SlotEngine:
     @property
     def num_compiled(self) -> int:
         """Programs compiled: at :meth:`warm_up`, and since on the compiling thread (``precompile="needed"``)."""
-        return len(self._programs)
-
-    @property
-    def _compiled(self) -> ProgramCache:
-        return self._programs
+        return len(self.runner.programs)
 
     @property
     def max_total_tokens(self) -> int:
@@ -367,46 +362,33 @@ class SlotEngine:
     def warm_up(self, calibration_prompt: Sequence[int] | None = None) -> CostTable | None:
         """Sizes the KV pool, compiles every program, measures the cost table (with load adaptation:
         ``adapt.measure_costs``, on ``calibration_prompt``), then starts accepting."""
-        args = (self.engine.params, self.engine.drafter_params)
-        layout = paged.paged_layout(*args, setup=self.setup, num_stop_ids=self.num_stop_ids,
-                                    page_size=self.block_size, num_pages=2, max_rows=self.max_num_seqs)
-        if self._max_total_tokens is None:
-            self._max_total_tokens = self._pool_tokens(layout)
-        num_pages = 1 + pages_for(self._max_total_tokens, self.block_size)
-        if num_pages - 1 < layout.pages_per_row:
-            raise ValueError(f"max_total_tokens={self._max_total_tokens}: expected at least "
-                             f"{layout.pages_per_row * self.block_size} token slots, one request of max_seq_len="
-                             f"{self.max_seq_len} with its lookahead")
-        self.layout = layout = dataclasses.replace(layout, num_pages=num_pages)
+        self.layout, self._max_total_tokens = self.runner.plan(self._max_total_tokens)
+        num_pages = self.layout.num_pages
         self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=self.prefix_caching)
-        self._tables = np.zeros((self.max_num_seqs + 1, layout.pages_per_row), np.int32)
-        self._store = paged.empty_store(*args, layout, setup=self.setup, num_stop_ids=self.num_stop_ids)
+        self.runner.allocate(self.blocks)
         logger.info("KV pool: %d pages of %d token slots (%d tokens), %d rows", num_pages - 1, self.block_size,
                     (num_pages - 1) * self.block_size, self.max_num_seqs)
-        self._store_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                         self._store)
         real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
-        keys = self._every_key() if self.precompile == "all" else self._needed_keys(real)
         structured = (2 if self.speculative else 1) * len(self.row_buckets) * len(self.seq_buckets)
         began = time.perf_counter()
-        self._programs.compile_up_front(keys, later=structured if self.warm_up_structured_outputs else 0)
-        logger.info("compiled %d programs in %.1f s", len(self._programs), time.perf_counter() - began)
+        self.runner.compile_up_front(real, structured if self.warm_up_structured_outputs else 0)
+        logger.info("compiled %d programs in %.1f s", len(self.runner.programs), time.perf_counter() - began)
         began = time.perf_counter()
-        self._first_runs(real)
+        self.runner.first_runs(real)
         logger.info("ran every program once in %.1f s", time.perf_counter() - began)
         if self.warm_up_structured_outputs:
             began = time.perf_counter()
-            self._warm_structured()
+            self.runner.warm_structured()
             logger.info("compiled and ran the structured-output programs in %.1f s", time.perf_counter() - began)
         if self.adapt:
             began = time.perf_counter()
             # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
             # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
-            chunks = self._calibration_chunks(real, rotate=True)
+            chunks = self.runner.calibration_chunks(real, rotate=True)
             self.costs = measure_costs(chunks, self.row_buckets, self.steps_per_chunk, repeats=1,
                                        short_rows=self.short_row_buckets)
             chunks.release()
-            chunks = self._calibration_chunks(real)
+            chunks = self.runner.calibration_chunks(real)
             sample = chunks(FULL, self.row_buckets[0], 3 * self.steps_per_chunk, False)
             chunks.release()
             acceptance = sample.tokens / max(sample.verify_steps, 1)
@@ -417,19 +399,6 @@ class SlotEngine:
         self.metrics.kv_cache_usage.set(0.0)
         self.ready = self._accepting = True
         return self.costs
-
-    def _pool_tokens(self, layout: paged.PagedLayout) -> int:
-        """The default KV pool in token slots: on a GPU, ``kv_cache_memory_fraction`` of device memory less what
-        is in use (weights, programs), over the bytes a slot takes in every pool; elsewhere
-        ``CPU_MAX_TOTAL_TOKENS``."""
-        stats = jax.devices()[0].memory_stats() if jax.default_backend() == "gpu" else None
-        if not stats or "bytes_limit" not in stats:
-            return CPU_MAX_TOTAL_TOKENS
-        model = 1 if self.setup.mesh is None else self.setup.mesh.shape.get("model", 1)
-        per_slot = paged.bytes_per_slot(self.engine.params, self.engine.drafter_params, layout, setup=self.setup,
-                                        num_stop_ids=self.num_stop_ids, kv_split=model)
-        free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-        return max(int(free // per_slot), layout.pages_per_row * self.block_size)
 
     def start(self) -> None:
         """Starts the scheduler thread (after :meth:`warm_up`)."""
@@ -459,7 +428,7 @@ class SlotEngine:
             self._lock.notify()
         if self._thread is not None:
             self._thread.join(timeout=60.0)
-        self._programs.stop()
+        self.runner.programs.stop()
 
     # --- the scheduler ------------------------------------------------------------------------------------------
 
@@ -507,12 +476,6 @@ class SlotEngine:
                 self._accepting = False
             raise
 
-    def _lookahead(self, seq_len: int, need: int, chunks: int = 1) -> int:
-        """Token slots a request of ``seq_len`` committed tokens (``need`` at most) holds for ``chunks`` more
-        chunks: up to ``steps_per_chunk`` full steps each, and the widest tree window or drafter slots past them."""
-        extra = max((leaf.extra_slots for leaf in self.layout.leaves if leaf.kind == paged.SLOT), default=0)
-        return min(need, seq_len + chunks * self.steps_per_chunk * self.setup.tokens_per_step) + extra
-
     def _take_waiting(self) -> list[tuple[int, Running]]:
         """Pairs waiting requests (first come, first served) with free rows while their pages fit; drops cancelled
         ones. With prefix caching, a request whose context equals one taken now or still being prefilled in pieces
@@ -538,7 +501,7 @@ class SlotEngine:
                 break  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
             params = request.sampling_params()
-            running = Running(pending, allocation.pages, frozenset(self._stop_ids(params)),
+            running = Running(pending, allocation.pages, frozenset(self.runner.stop_ids(params)),
                                next(self._admitted), len(context), cached=allocation.cached_tokens,
                                registered=allocation.cached_tokens // self.block_size)
             taken.append((free[len(taken)], running))
@@ -554,12 +517,12 @@ class SlotEngine:
         limit = len(context) - 1
         while True:
             queries, hits = self.blocks.prefix_queries_tokens, self.blocks.prefix_hits_tokens
-            allocation = self.blocks.allocate(context[:limit], self._lookahead(len(context), need),
+            allocation = self.blocks.allocate(context[:limit], self.runner.lookahead(len(context), need),
                                               drop_last_hit=self._drop_last_hit)
             if allocation is None or not allocation.cached_tokens:
                 break
             width = prompt_bucket(len(context) - allocation.cached_tokens, self.max_prompt_width, half_steps=False)
-            if allocation.cached_tokens + width <= self.max_seq_len and self._cached_prefill_ready(width):
+            if allocation.cached_tokens + width <= self.max_seq_len and self.runner.cached_prefill_ready(width):
                 break
             self.blocks.free(allocation.pages)
             limit = allocation.cached_tokens - self.block_size
@@ -568,13 +531,6 @@ class SlotEngine:
             self.metrics.prefix_hits.inc(self.blocks.prefix_hits_tokens - hits)
         return allocation
 
-    def _cached_prefill_ready(self, width: int) -> bool:
-        """Whether a cached prefill of one prompt at ``width`` has a compiled program (else it is asked for)."""
-        if any(key[0] == "prefill_cached" and key[2] == width for key in self._programs.keys()):
-            return True
-        self._programs.request(("prefill_cached", 1, width))
-        return False
-
     def _admit(self, admitted: list[tuple[int, Running]]) -> int:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes ->
         the prompt tokens computed (cached ones not counted)."""
@@ -582,10 +538,10 @@ class SlotEngine:
         computed = 0
         for row, running in admitted:
             self._rows[row] = running
-            self._set_table(row, running.pages)
+            self.runner.set_table(row, running.pages)
             request = running.request
             if request.prompt_logprobs and request.scored_prompt is None:
-                request.scored_prompt = self._score_prompt(request.prompt_ids, request.logprobs)
+                request.scored_prompt = self.runner.score_prompt(request.prompt_ids, request.logprobs)
             if not running.pending.generated:
                 self.metrics.prompt_tokens.inc(running.context_len)
             rest = running.context_len - running.cached
@@ -597,7 +553,7 @@ class SlotEngine:
             groups[width, running.cached > 0].append((row, running))
         start = time.perf_counter()
         for (width, hit), group in groups.items():
-            for part in self._prefill_parts("prefill_cached" if hit else "prefill", group, width):
+            for part in self.runner.prefill_parts("prefill_cached" if hit else "prefill", group, width):
                 items = [(r.pending.context[r.cached:], dataclasses.replace(r.request.sampling_params(),
                                                                             max_new_tokens=r.pending.budget))
                          for _, r in part]
@@ -611,20 +567,6 @@ class SlotEngine:
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
         return computed
-
-    def _score_prompt(self, prompt_ids: list[int], num_top: int) -> SequenceLogprobs:
-        """A prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``), their num_top most likely
-        tokens too: one program call over its width bucket."""
-        width = prompt_bucket(len(prompt_ids), self.max_prompt_width, half_steps=False)
-        if ("score", width) not in self._programs:  # a wider compiled one meanwhile (only padding differs)
-            self._programs.request(("score", width))
-            width = min(key[1] for key in self._programs.keys() if key[0] == "score" and key[1] >= width)
-        ids = np.zeros((1, width), np.int32)
-        ids[0, :len(prompt_ids)] = prompt_ids
-        values = jax.device_get(self._programs["score", width](self.engine.params, self._place(ids),
-                                                              self._place(np.asarray([len(prompt_ids)], np.int32))))
-        token, top_ids, top = (x[0, 1:len(prompt_ids)] for x in values)
-        return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
 
     def _continue_prefills(self, budget: int) -> None:
         """Prefills the next piece of prompts prefilled in pieces (chunked prefill), oldest first, while the
@@ -668,21 +610,18 @@ class SlotEngine:
 
     def _prefill(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: list[int],
                  cached: list[int] | None, lengths: list[int]) -> paged.Readout:
-        """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``;
-        ``cached``: None, or the tokens of each already in its pages (prefix-cache hits), ``lengths`` its whole
-        prompt -> the readout (in flight). The chunk in flight before it, if any, is read back first."""
-        program = "prefill" if cached is None else "prefill_cached"
-        size, width = self._prefill_program(program, len(items), width)
-        assert size >= len(items), (program, size, len(items))  # callers prefill in parts of :meth:`_prefill_program`
+        """One prefill program call (``ModelRunner.prefill``) of ``items`` into ``rows``, which hold their requests
+        already (their history and grammars go with them) -> the readout (in flight). The chunk in flight before
+        it, if any, is read back first."""
         history = [(None, 0) if self._rows[row] is None else
                    (self._rows[row].request.prompt_ids, len(self._rows[row].pending.generated)) for row in rows]
-        arrays = self._prefill_arrays(items, width, size, rows, history)
-        if cached is not None:
-            arrays = self._cached_arrays(arrays, cached, lengths)
-        self._store, out = self._programs[program, size, width](self.engine.params, self.engine.drafter_params,
-                                                                self._store, *arrays)
+        matchers = [None if self._rows[row] is None else self._rows[row].pending.matcher for row in rows]
+        out = self.runner.prefill(items, width, rows, cached, lengths, history, matchers)
         self._land()  # readouts are read in dispatch order: the chunk before this prefill first
         return out
+
+    def _cancelled(self, running: list[int]) -> list[bool]:
+        return [self._rows[i].request.cancelled is not None for i in running]
 
     def _chunk(self) -> None:
         """Dispatches a chunk over the running rows, then reads back the one in flight before it (async
@@ -700,63 +639,17 @@ class SlotEngine:
             self._land()
 
     def _structured_step(self, running: list[int]) -> None:
-        """One step over ``running`` rows when any of them has a grammar, read back at once: the drafter proposes
-        (``paged.propose_rows``), the host masks every tree node from its path's grammar state (forced tokens
-        drafted where the grammar forbids a draft; ``jspec.structured_outputs.tree_masks``), the target verifies
-        under the masks (``paged.verify_rows``); a plain server steps once under each row's mask. Programs compile
-        at a bucket's first structured step."""
+        """One step over ``running`` rows when any of them has a grammar (``ModelRunner.structured_step``: every
+        draft-tree node masked from its path's grammar state), read back at once."""
         start = time.perf_counter()
-        rows = next(r for r in self.row_buckets if r >= len(running))
-        seq_len = next(n for n in self.seq_buckets if n >= max(self._rows[i].need for i in running))
-        if ((rows, seq_len) not in self._structured_buckets
-                and not memory_maps.room_for(2, self._programs.maps_per_program)):
-            # no room for its programs: a compiled bucket at least as large, if any
-            larger = [(r, s) for r, s in self._structured_buckets if r >= rows and s >= seq_len]
-            if larger:
-                rows, seq_len = min(larger)
-            else:
-                logger.warning("compiling structured-output programs near vm.max_map_count (%s)",
-                               memory_maps.RAISE_IT)
-        self._structured_buckets.add((rows, seq_len))
-        matchers = [self._rows[i].pending.matcher for i in running] + [None] * (rows - len(running))
-        self._store, out = self._masked_step(running, rows, seq_len, matchers)
+        out = self.runner.structured_step(running, self._cancelled(running),
+                                          max(self._rows[i].need for i in running),
+                                          [self._rows[i].pending.matcher for i in running],
+                                          greedy=all(self._rows[i].request.temperature <= 0.0 for i in running))
         self._emit(running, out, program=FULL, chunk_start=start)
         self._landed = time.perf_counter()
         self.metrics.observe_chunk("structured", self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
-
-    def _warm_structured(self) -> None:
-        """Compiles and runs once every bucket's structured step (``warm_up_structured_outputs``) on the idle
-        null row (its pages are the null page) with nothing masked; the prefills take their grammar masks
-        already."""
-        for rows in self.row_buckets:
-            for seq_len in self.seq_buckets:
-                self._store, out = self._masked_step([], rows, seq_len, [None] * rows)
-                jax.block_until_ready(out)
-                self._structured_buckets.add((rows, seq_len))
-
-    def _masked_step(self, running: list[int], rows: int, seq_len: int, matchers: list) -> tuple:
-        """One structured step (:meth:`_structured_step`) over ``running`` rows padded to ``rows`` at context
-        ``seq_len``, matchers[i] the grammar of program row i (None: unconstrained) -> (store, readout)."""
-        row_ids, table, cancel = self._step_arrays(running, rows)
-        vocab = self.engine.config.vocab_size
-        args = (self.engine.params, self.engine.drafter_params)
-        if not self.speculative:
-            return paged.step_rows(*args, self._store, row_ids, table, cancel, self._place(np.asarray(1, np.int32)),
-                                   self._place(root_bitmask(matchers, vocab)), layout=self.layout, setup=self.setup,
-                                   seq_len=seq_len, write_pages=paged.write_pages(self.layout, self.setup, 1),
-                                   chunk_steps=1)
-        draft, tree = paged.propose_rows(*args, self._store, row_ids, table, layout=self.layout, setup=self.setup,
-                                         seq_len=seq_len)
-        greedy = all(self._rows[i].request.temperature <= 0.0 for i in running)
-        bitmask, tokens, substituted = constrain_tree(matchers, np.asarray(jax.device_get(tree.tokens)),
-                                                      np.asarray(jax.device_get(tree.mask)), vocab,
-                                                      substitute=tree.draft_probs is None or greedy)
-        if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
-            tree = with_forced_drafts(tree, tokens, substituted)
-        return paged.verify_rows(*args, self._store, row_ids, table, cancel, draft, tree, self._place(bitmask),
-                                 layout=self.layout, setup=self.setup, seq_len=seq_len,
-                                 write_pages=paged.write_pages(self.layout, self.setup, 1))
 
     def _may_overlap(self) -> bool:
         """Whether the next chunk may be dispatched before the one in flight is read back: only where that wastes
@@ -782,19 +675,19 @@ class SlotEngine:
             expected = self.adapter.expected_acceptance(
                 [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
             program = self.adapter.choose_program(rows, expected, sampled, seq_len)
-        rows, seq_len = self._step_bucket(program, rows, seq_len)
+        rows, seq_len = self.runner.step_bucket(program, rows, seq_len)
         kind = "step"
         if self._offers_api_features and not any(uses_api_features(self._rows[i].request) for i in running):
             lean = ("step_lean", program, rows, seq_len)
-            if lean in self._programs:
+            if lean in self.runner.programs:
                 kind = "step_lean"
             else:  # until it is compiled (off this thread), the program with the features runs these rows too
                 self._lean_chunks[lean] += 1
                 if self._lean_chunks[lean] >= LEAN_AFTER_CHUNKS:
-                    self._programs.request(lean)
+                    self.runner.programs.request(lean)
         dispatched = time.perf_counter()
-        arrays = self._step_arrays(running, rows)
-        self._store, out = self._run_step(program, rows, seq_len, arrays, self.steps_per_chunk, kind)
+        arrays = self.runner.step_arrays(running, rows, self._cancelled(running))
+        out = self.runner.run_step(program, rows, seq_len, arrays, self.steps_per_chunk, kind)
         return Flight(running, [self._rows[i] for i in running], out, program, rows, seq_len, sampled, dispatched)
 
     def _land(self) -> None:
@@ -818,24 +711,6 @@ class SlotEngine:
             self.adapter.observe(program, tokens, verify_steps, rows=flight.bucket, seconds=seconds,
                                  loop_steps=steps, sampled=flight.sampled, seq_len=flight.seq_len)
 
-    def _step_programs(self) -> list[tuple[str, int]]:
-        """(program, occupancy bucket) of every compiled step program (each at every context bucket): a plain
-        server's one program per bucket is its FULL; a speculative one's PLAIN too, and SHORT at the
-        ``short_row_buckets``."""
-        programs = [(FULL, rows) for rows in self.row_buckets]
-        if self.speculative:
-            programs += [(PLAIN, rows) for rows in self.row_buckets]
-        return programs + [(SHORT, rows) for rows in self.short_row_buckets]
-
-    def _run_step(self, program: str, rows: int, seq_len: int, arrays: tuple, steps: int,
-                  kind: str = "step") -> tuple:
-        """Calls the step program of ``program`` (:data:`FULL`, :data:`SHORT` or :data:`PLAIN`; a plain server's
-        one program is its FULL) over the bucket of ``rows`` at context ``seq_len`` -> (store, readout); kind
-        "step_lean": its form without the API features (``paged.step_rows``'s ``api_features=False``)."""
-        compiled = self._programs[kind, program, rows, seq_len]
-        return compiled(self.engine.params, self.engine.drafter_params, self._store, *arrays,
-                        self._place(np.asarray(steps, np.int32)))
-
     def _reserve(self) -> None:
         """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
         cannot hold them. With a chunk in flight the host's lengths lag the device's by that chunk, so the pages
@@ -844,7 +719,7 @@ class SlotEngine:
         over pages it may not need."""
         order = sorted((i for i, r in enumerate(self._rows) if r is not None), key=lambda i: self._rows[i].order)
         if self._flight is not None:
-            wanted = sum(max(0, pages_for(self._lookahead(self._rows[i].seq_len, self._rows[i].need, 2),
+            wanted = sum(max(0, pages_for(self.runner.lookahead(self._rows[i].seq_len, self._rows[i].need, 2),
                                           self.block_size) - len(self._rows[i].pages)) for i in order)
             if wanted > self.blocks.num_free_pages:
                 self._land()
@@ -854,14 +729,14 @@ class SlotEngine:
             running = self._rows[row]
             if running is None:  # preempted below for an older one
                 continue
-            while not self.blocks.extend(running.pages, self._lookahead(running.seq_len, running.need, chunks)):
+            while not self.blocks.extend(running.pages, self.runner.lookahead(running.seq_len, running.need, chunks)):
                 newest = max((i for i, r in enumerate(self._rows) if r is not None),
                              key=lambda i: self._rows[i].order)
                 self._preempt(newest)
                 if newest == row:
                     break
             else:
-                self._set_table(row, running.pages)
+                self.runner.set_table(row, running.pages)
         self.metrics.kv_cache_usage.set(self.blocks.usage)
 
     def _preempt(self, row: int) -> None:
@@ -886,7 +761,7 @@ class SlotEngine:
             self.blocks.register(running.pages, tokens[:kept], running.registered)
         self.blocks.free(running.pages)
         self._rows[row] = None
-        self._tables[row] = 0
+        self.runner.tables[row] = 0
 
     def _emit(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float,
               owners: list[Running] | None = None) -> tuple:
@@ -951,290 +826,7 @@ class SlotEngine:
                 deliver(request, new, reason, *extra)
         self.metrics.running.set(self.num_running)
         self.metrics.kv_cache_usage.set(self.blocks.usage)
-        ran, self._host_step = int(step) - self._host_step, int(step)
+        ran = self.runner.steps_ran(step)
         return ran, (chunk_tokens, chunk_steps, chunk_hist)
 
-    # --- program arguments --------------------------------------------------------------------------------------
-
-    def _prefill_batches(self, width: int) -> list[int]:
-        """The batch buckets of prefill programs at a prompt width: powers of four (fewer programs to compile; a
-        padded prompt row costs a prefill row) up to as many prompts as ``max_num_batched_tokens`` slots and
-        max_num_seqs rows hold (at least one)."""
-        most = max(1, min(self.max_num_seqs, self.max_num_batched_tokens // width))
-        sizes = [1]
-        while sizes[-1] < most:
-            sizes.append(min(4 * sizes[-1], most))
-        return sizes
-
-    def _prefill_seq_len(self, width: int) -> int:
-        """The context a prefill of ``width`` runs at: the shortest length bucket holding the prompt and its first
-        new token."""
-        return next(n for n in self.seq_buckets if n >= min(width + 1, self.max_seq_len))
-
-    def _stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        """A request's stop ids: EOS (unless ignore_eos) and its stop_token_ids."""
-        return (() if params.ignore_eos else self.eos_token_ids) + params.stop_token_ids
-
-    def _prefill_arrays(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: int,
-                        row_ids: list[int], history: list[tuple[list[int], int]] | None = None) -> tuple:
-        """The arguments of a prefill program after the store: ``items`` (context, parameters) padded to ``rows``
-        with idle rows of the null row; history: per item, (the request's own prompt, tokens it generated that end
-        the context: a preempted request's), for the logits processors (default: the context is a fresh prompt);
-        last, the first tokens' grammar masks (``root_bitmask``: a structured-outputs row's, the others' all
-        allowed)."""
-        null = ([1], SamplingParams(max_new_tokens=1))
-        history = list(history or [(None, 0)] * len(items)) + [(None, 0)] * (rows - len(items))
-        vocab = self.engine.config.vocab_size if self.setup.logits_processors else None
-        parts = [admit_row(ids, params, self._stop_ids(params), width=width, num_stop_ids=self.num_stop_ids,
-                           vocab_size=vocab, prompt=prompt, generated_before=before)
-                 for (ids, params), (prompt, before) in zip(items + [null] * (rows - len(items)), history)]
-        arrays = [np.concatenate(column) for column in zip(*[part[:5] for part in parts])]
-        sampling = jax.tree.map(lambda *a: np.concatenate(a), *[part[5] for part in parts])
-        processors = None if vocab is None else jax.tree.map(lambda *a: np.concatenate(a), *[p[6] for p in parts])
-        ids = np.full((rows,), self.layout.null_row, np.int32)
-        ids[:len(row_ids)] = row_ids
-        # structured outputs: each row's first token under its grammar's mask (every row allowed everything
-        # else: one program serves both)
-        matchers = [self._rows[i].pending.matcher if i < len(self._rows) and self._rows[i] is not None else None
-                    for i in ids]
-        bitmask = root_bitmask(matchers, self.engine.config.vocab_size)
-        return tuple(jax.tree.map(self._place, (*arrays, sampling, processors, ids, self._tables[ids], bitmask)))
-
-    def _cached_arrays(self, arrays: tuple, cached: list[int], lengths: list[int] | None = None) -> tuple:
-        """A cached prefill's arguments from :meth:`_prefill_arrays` over the prompts' uncached rest: the whole
-        prompts' lengths (``lengths``; default: as given) and the cached lengths inserted after them."""
-        rows = arrays[0].shape[0]
-        whole = np.asarray(jax.device_get(arrays[1])).copy()
-        if lengths is not None:
-            whole[:len(lengths)] = lengths
-        cached_lens = np.zeros((rows,), np.int32)
-        cached_lens[:len(cached)] = cached
-        return (arrays[0], self._place(whole), self._place(cached_lens), *arrays[2:])
-
-    def _step_arrays(self, running: list[int], rows: int) -> tuple:
-        """(row_ids, page_table, cancel) of a chunk over ``running`` rows padded to ``rows``."""
-        ids = np.full((rows,), self.layout.null_row, np.int32)
-        ids[:len(running)] = running
-        cancel = np.zeros((rows,), bool)
-        cancel[:len(running)] = [self._rows[i].request.cancelled is not None for i in running]
-        return tuple(self._place(a) for a in (ids, self._tables[ids], cancel))
-
-    def _set_table(self, row: int, pages: list[int]) -> None:
-        self._tables[row] = 0
-        self._tables[row, :len(pages)] = pages
-
-    def _place(self, array: np.ndarray) -> jax.Array:
-        """On a mesh: replicated over it (the compiled programs expect their inputs there)."""
-        if self.setup.mesh is None:
-            return jnp.asarray(array)
-        return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
-
-    def _first_runs(self, prompt: list[int]) -> None:
-        """Runs every compiled program once before serving (but the cost table's): on a CPU the first run of a
-        program costs several times the next ones (its buffers and kernels are set up then), which would fall on the first requests of each
-        bucket. Prefills run on padding rows; each step program runs one step over rows of ``prompt`` as the
-        cost table's, so its loop body, both sides of its verify and sampling paths, and the drafter's run."""
-        for key in self._programs.keys():
-            if key[0] in ("prefill", "prefill_cached"):
-                self._store, out = self._programs[key](self.engine.params, self.engine.drafter_params, self._store,
-                                                       *self._example(key))
-                jax.block_until_ready(out)
-        # With load adaptation the cost table's warm runs are the first runs at the longest context.
-        for seq_len in self.seq_buckets[:-1] if self.adapt else self.seq_buckets:
-            chunk = self._calibration_chunks(prompt, rotate=True, seq_len=seq_len)
-            for program, rows in self._step_programs():
-                if ("step", program, rows, seq_len) in self._programs:
-                    chunk(program, rows, 1, True)
-            chunk.release()
-
     # --- programs -------------------------------------------------------------------------------------------------
-
-    def _every_key(self) -> list[tuple]:
-        """Every program's key: ("prefill" | "prefill_cached", batch, width), ("score", width) and ("step",
-        program, rows, seq_len). ("step_lean", program, rows, seq_len), a step program without the API features,
-        is never listed: :meth:`_dispatch` asks for it once its bucket ran LEAN_AFTER_CHUNKS chunks without them."""
-        keys = []
-        for width in self.widths:
-            for rows in self._prefill_batches(width):
-                keys.append(("prefill", rows, width))
-                if self.prefix_caching or self.piece_width:  # reads its cached pages (or its earlier pieces')
-                    keys.append(("prefill_cached", rows, width))
-        if self.setup.logprobs is not None:  # prompt scoring (echo), one row at any prompt width
-            keys += [("score", width) for width in prompt_buckets(self.max_prompt_width, half_steps=False)]
-        return keys + [("step", program, rows, seq_len) for program, rows in self._step_programs()
-                       for seq_len in self.seq_buckets]
-
-    def _needed_keys(self, calibration_prompt: list[int]) -> list[tuple]:
-        """The programs warm-up compiles with ``precompile="needed"``: those every request fits (one prompt at the
-        widest width; the step programs at the longest context, fewest and most rows; with chunked prefill, a
-        cached prefill of one prompt at every width: a wider one cannot stand in, its padded positions must stay
-        in the context, and a prefix-cache hit is cut to a compiled width, :meth:`_allocate`), and those warm-up
-        runs (with load adaptation, the cost table's: every step program and occupancy at the longest context,
-        the calibration prompt's prefills)."""
-        keys = [("prefill", 1, self.widths[-1])]
-        if self.piece_width:  # a prompt's pieces (a prefix-cache hit is cut to a compiled width: _allocate)
-            keys += [("prefill_cached", 1, width) for width in self.widths]
-        if self.setup.logprobs is not None:
-            keys.append(("score", prompt_buckets(self.max_prompt_width, half_steps=False)[-1]))
-        top = self.seq_buckets[-1]
-        if not self.adapt:
-            rows = sorted({self.row_buckets[0], self.row_buckets[-1]})
-            return keys + [("step", FULL, n, top) for n in rows]
-        width = self._calibration_width(calibration_prompt, top)
-        keys += [("prefill", n, width) for n in self._prefill_batches(width)]
-        return keys + [("step", program, rows, top) for program, rows in self._step_programs()]
-
-    def _example(self, key: tuple) -> tuple:
-        """Arguments after the store of the program of ``key`` (idle rows)."""
-        kind = key[0]
-        if kind in ("step", "step_lean"):
-            _, _, rows, _ = key
-            return (*self._step_arrays([], rows), self._place(np.asarray(self.steps_per_chunk, np.int32)))
-        if kind == "score":
-            return (self._place(np.zeros((1, key[1]), np.int32)), self._place(np.ones((1,), np.int32)))
-        _, rows, width = key
-        example = self._prefill_arrays([([1], SamplingParams(max_new_tokens=1))], width, rows, [self.layout.null_row])
-        return example if kind == "prefill" else self._cached_arrays(example, [0] * rows)
-
-    def _lower(self, key: tuple):
-        """The program of ``key`` (:meth:`_every_key`) lowered for the store's shapes (any thread)."""
-        args = (self.engine.params, self.engine.drafter_params)
-        kind, example = key[0], self._example(key)
-        if kind == "score":
-            return score_prompts.lower(self.engine.params, *example,
-                                       setup=self.setup.with_max_seq_len(self.max_seq_len), num_top=self.setup.logprobs)
-        if kind == "prefill":
-            return paged.prefill_rows.lower(*args, self._store_shape, *example, layout=self.layout, setup=self.setup,
-                                            seq_len=self._prefill_seq_len(key[2]))
-        if kind == "prefill_cached":
-            return paged.prefill_cached_rows.lower(*args, self._store_shape, *example, layout=self.layout,
-                                                   setup=self.setup, seq_len=self.max_seq_len)
-        _, program, _, seq_len = key
-        return paged.step_rows.lower(
-            *args, self._store_shape, *example, layout=self.layout, setup=self.setup, seq_len=seq_len,
-            speculate=program != PLAIN, write_pages=paged.write_pages(self.layout, self.setup, self.steps_per_chunk),
-            short_nodes=self._short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk,
-            api_features=kind != "step_lean")
-
-    def _step_bucket(self, program: str, rows: int, seq_len: int) -> tuple[int, int]:
-        """(rows, seq_len) of the compiled step program a chunk of ``program`` over ``rows`` rows at context
-        ``seq_len`` runs: its own bucket's, else (its own asked for on the compiling thread) the smallest compiled
-        one holding it: more rows (idle ones) and a longer context give the same tokens."""
-        if ("step", program, rows, seq_len) in self._programs:
-            return rows, seq_len
-        self._programs.request(("step", program, rows, seq_len))
-        held = [key[2:] for key in self._programs.keys()
-                if key[:2] == ("step", program) and key[2] >= rows and key[3] >= seq_len]
-        return min(held, key=lambda bucket: (bucket[0] * bucket[1], bucket[0]))
-
-    def _prefill_parts(self, program: str, group: list, width: int) -> Iterator[list]:
-        """``group`` (prompts of width bucket ``width``) in the parts one prefill program call takes each: as many
-        as its batch bucket holds (at most ``max_num_batched_tokens`` prompt slots), or the largest compiled
-        program's (:meth:`_prefill_program`)."""
-        most = self._prefill_batches(width)[-1]
-        while group:
-            size, _ = self._prefill_program(program, len(group), width)
-            part, group = group[:min(size, most)], group[min(size, most):]
-            yield part
-
-    def _prefill_program(self, program: str, count: int, width: int) -> tuple[int, int]:
-        """(batch, width) of the compiled prefill program (``program``: "prefill" or "prefill_cached") that
-        ``count`` prompts of width bucket ``width`` run on: its own bucket's, else (that asked for on the
-        compiling thread) the cheapest compiled one of a batch and width at least theirs, else the one of the
-        largest batch (the caller prefills them in parts). A cached prefill keeps its width (its padded
-        positions stay in the context, :meth:`_allocate`)."""
-        sizes = self._prefill_batches(width)
-        size = next((n for n in sizes if n >= count), sizes[-1])
-        if (program, size, width) in self._programs:
-            return size, width
-        self._programs.request((program, size, width))
-        held = [key[1:] for key in self._programs.keys() if key[0] == program
-                and (key[2] == width if program == "prefill_cached" else key[2] >= width)]
-        fits = [bucket for bucket in held if bucket[0] >= min(count, size)]
-        if fits:
-            return min(fits, key=lambda bucket: (bucket[0] * bucket[1], bucket[1]))
-        return max(held, key=lambda bucket: (bucket[0], -bucket[1]))
-
-    def _calibration_budget(self, seq_len: int) -> int:
-        """New tokens a calibration row may take at context ``seq_len``: three chunks at full acceptance."""
-        return max(1, min(seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
-
-    def _calibration_width(self, prompt: Sequence[int], seq_len: int) -> int:
-        """The prompt width bucket of :meth:`_calibration_chunks` at context ``seq_len``."""
-        length = min(len(prompt), seq_len - self._calibration_budget(seq_len), self.widths[-1])
-        return prompt_bucket(length, self.max_prompt_width, half_steps=False)
-
-    def _calibration_chunks(self, prompt: Sequence[int], rotate: bool = False,
-                            seq_len: int | None = None) -> Callable[[str, int, int, bool], TimedChunk]:
-        """The timed chunks ``adapt.measure_costs`` calls: each runs one chunk at context ``seq_len`` (default: the
-        longest bucket; a verify pass's cost grows with the context more than a plain step's) over ``rows`` rows
-        admitted with ``prompt`` (greedy, a budget of three chunks at full acceptance): those of the chunk before
-        where it had as many rows, as sampled, and their budget holds this chunk's steps, else admitted afresh.
-        ``.release()`` frees the rows and their pages, after the last chunk; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the
-        prompt rotated by 37 r tokens and row 0 distinct random tokens, which no lookup drafter matches: under
-        load some row always drafts with the drafter's model and some row always needs the whole verify pass,
-        and a step costs what its costliest row makes it (``jspec.step``'s and the hybrid drafter's
-        ``lax.cond`` skip work only where every row can)."""
-        seq_len = self.seq_buckets[-1] if seq_len is None else seq_len
-        budget = self._calibration_budget(seq_len)
-        prompt = list(prompt)[:min(seq_len - budget, self.widths[-1])]  # a chunked-prefill server has no wider
-        vocab = self.engine.config.vocab_size
-        unmatched = np.random.default_rng(0).permutation(vocab)[:len(prompt)].tolist() if len(prompt) <= vocab \
-            else prompt
-        width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
-        params = SamplingParams(max_new_tokens=budget)
-        drawn = SamplingParams(max_new_tokens=budget, temperature=0.8)
-
-        def text(row: int) -> list[int]:
-            if not rotate:
-                return prompt
-            if row == 0:
-                return unmatched
-            turn = (37 * row) % len(prompt)
-            return prompt[turn:] + prompt[:turn]
-
-        held: list[tuple[int, list[int]]] = []  # the rows admitted last, their pages
-        admitted = {"as": None, "steps_left": 0}  # (rows, sampled) they were admitted for, full steps left
-
-        def release() -> None:
-            for row, pages in held:
-                self.blocks.free(pages)
-                self._tables[row] = 0
-            held.clear()
-            admitted["as"] = None
-
-        def admit(rows: int, sampled: bool) -> None:
-            release()
-            for row in range(rows):
-                allocation = self.blocks.allocate([], self._lookahead(len(prompt), len(prompt) + budget))
-                if allocation is None:
-                    break
-                held.append((row, allocation.pages))
-                self._set_table(row, allocation.pages)
-            for part in self._prefill_parts("prefill", [row for row, _ in held], width):
-                self._prefill([(text(row), drawn if sampled and row == 0 else params) for row in part], width, part,
-                              None, [len(prompt)] * len(part))
-            admitted.update({"as": (rows, sampled), "steps_left": 3 * self.steps_per_chunk})
-
-        def timed_chunk(program: str, rows: int, steps: int, sampled: bool) -> TimedChunk:
-            # Rows admitted for the same occupancy and sampling run chunks until their budget (three chunks at
-            # full acceptance) could run out: one prefill serves several programs' chunks.
-            if admitted["as"] != (rows, sampled) or admitted["steps_left"] < steps:
-                admit(rows, sampled)
-            admitted["steps_left"] -= steps
-            arrays = self._step_arrays([], rows)
-            ids = np.full((rows,), self.layout.null_row, np.int32)
-            ids[:len(held)] = [row for row, _ in held]
-            arrays = (self._place(ids), self._place(self._tables[ids]), arrays[2])
-            jax.block_until_ready(self._store)
-            start = time.perf_counter()
-            self._store, out = self._run_step(program, rows, seq_len, arrays, steps)
-            out = jax.device_get(out)
-            seconds = time.perf_counter() - start
-            ran, self._host_step = int(out.step) - self._host_step, int(out.step)
-            gained = int(out.num_generated[:len(held)].sum()) - len(held)
-            return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()),
-                              tuple(int(n) for n in out.accepted_hist[:len(held)].sum(axis=0)))
-
-        timed_chunk.release = release
-        return timed_chunk

@@ -1,6 +1,7 @@
-"""The slot engine with its programs (prefill, cached prefill, step) run on the host over a toy model: the
-scheduler's tests (admission by pages, preemption by recompute, prefix hits, chunked prefill, cancelling, readout
-ownership, buckets compiled on first use) run the real scheduler and compile nothing.
+"""The slot engine over a model runner whose programs (prefill, cached prefill, step) run on the host over a toy
+model (:class:`HostRunner`, through the seam ``SlotEngine.runner_class``): the scheduler's tests (admission by
+pages, preemption by recompute, prefix hits, chunked prefill, cancelling, readout ownership, buckets compiled on
+first use) run the real scheduler and compile nothing.
 
 The toy model's next token is a function of the last two tokens of a row's context, which the programs read
 through the page table they are given from a host pool of pages, and every token they commit is written there the
@@ -18,6 +19,7 @@ import time
 import numpy as np
 
 from jspec.serve import paged
+from jspec.serve.model_runner import ModelRunner
 from jspec.serve.slots import SlotEngine
 
 
@@ -44,9 +46,10 @@ class HostPrograms:
     """The programs' shared device state, on the host: the token pool [num_pages, page_size] and per row (the null
     row last) its length, budget, stop ids, tokens generated, verify steps and done flag; the loop's step counter."""
 
-    def __init__(self, slots: SlotEngine):
-        layout, self.slots = slots.layout, slots
-        self.vocab = slots.engine.config.vocab_size
+    def __init__(self, runner: ModelRunner):
+        layout = runner.layout
+        self.tokens_per_step = runner.setup.tokens_per_step
+        self.vocab = runner.engine.config.vocab_size
         self.null_row, self.page_size = layout.null_row, layout.page_size
         self.pool = np.zeros((layout.num_pages, layout.page_size), np.int64)
         rows = layout.max_rows + 1
@@ -57,7 +60,7 @@ class HostPrograms:
         self.done = np.ones(rows, bool)
         self.stops: list[frozenset] = [frozenset()] * rows
         self.step = 0
-        self.width = slots.max_seq_len + 64  # readout columns: past any row's tokens
+        self.width = runner.max_seq_len + 64  # readout columns: past any row's tokens
         self.lock = threading.Lock()
 
     def _write(self, table: np.ndarray, position: int, token: int) -> None:
@@ -83,7 +86,7 @@ class HostPrograms:
         for k, row in enumerate(ids):
             if row != self.null_row:
                 tokens[k, :self.length[row]] = self._context(tables[k], self.length[row])
-        hist = np.zeros((len(ids), self.slots.setup.tokens_per_step + 1), np.int32)
+        hist = np.zeros((len(ids), self.tokens_per_step + 1), np.int32)
         return paged.Readout(tokens, self.generated[ids].copy(), self.steps[ids].copy(), self.done[ids].copy(), hist,
                              np.asarray(self.step), None)
 
@@ -125,18 +128,16 @@ class HostPrograms:
 
 
 class _Lowered:
-    """What ``SlotEngine._lower`` returns: ``compile()`` (on whichever thread compiles it) gives the host program."""
+    """What ``ModelRunner.lower`` returns: ``compile()`` (on whichever thread compiles it) gives the host program."""
 
-    def __init__(self, slots: "HostSlotEngine", key: tuple):
-        self.slots, self.key = slots, key
+    def __init__(self, runner: "HostRunner", key: tuple):
+        self.runner, self.key = runner, key
 
     def compile(self):
-        slots, kind = self.slots, self.key[0]
-        slots.compile_threads.append(threading.current_thread().name)
-        time.sleep(slots.compile_seconds)
-        if slots.host is None:
-            slots.host = HostPrograms(slots)
-        host = slots.host
+        runner, kind = self.runner, self.key[0]
+        runner.compile_threads.append(threading.current_thread().name)
+        time.sleep(runner.compile_seconds)
+        host = runner.host
         if kind in ("prefill", "prefill_cached"):
             return lambda params_t, params_d, store, *arrays: host.prefill(kind == "prefill_cached", store, *arrays)
         if kind in ("step", "step_lean"):
@@ -144,18 +145,34 @@ class _Lowered:
         raise NotImplementedError(f"no host form of the {kind!r} program")
 
 
-class HostSlotEngine(SlotEngine):
-    """A :class:`SlotEngine` (the scheduler unchanged) whose programs are :class:`HostPrograms`'; compile_seconds:
+class HostRunner(ModelRunner):
+    """A :class:`ModelRunner` whose programs are :class:`HostPrograms`' (no device store is built); compile_seconds:
     how long each one takes to "compile" (on the thread that compiles it, recorded in ``compile_threads``)."""
 
-    def __init__(self, engine, *, compile_seconds: float = 0.0, **kwargs):
-        super().__init__(engine, **kwargs)
-        self.compile_seconds = compile_seconds
+    compile_seconds = 0.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.compile_threads: list[str] = []
         self.host: HostPrograms | None = None
 
-    def _lower(self, key: tuple) -> _Lowered:
+    def allocate(self, blocks) -> None:
+        self.blocks = blocks
+        self.tables = np.zeros((self.max_num_seqs + 1, self.layout.pages_per_row), np.int32)
+        self.host = HostPrograms(self)
+
+    def lower(self, key: tuple) -> _Lowered:
         return _Lowered(self, key)
+
+
+class HostSlotEngine(SlotEngine):
+    """A :class:`SlotEngine` (the scheduler unchanged) over a :class:`HostRunner`; compile_seconds: as its."""
+
+    runner_class = HostRunner
+
+    def __init__(self, engine, *, compile_seconds: float = 0.0, **kwargs):
+        super().__init__(engine, **kwargs)
+        self.runner.compile_seconds = compile_seconds
 
     def expected(self, prompt: list[int], max_tokens: int, stop_ids=()) -> list[int]:
         """What a request returns alone (its stop ids besides the model's EOS)."""

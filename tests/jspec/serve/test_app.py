@@ -338,9 +338,9 @@ def test_every_step_program_in_turn_keeps_greedy_output(server, tokenizer):
     slots = server.slots
     assert slots.short_draft_len == 2 and slots.short_row_buckets == (4,)
     if jax.default_backend() == "cpu":  # no step program copies the KV pool (test_slots says why on a CPU only)
-        for key in slots._compiled.keys():  # those compiled at warm-up: every step program at the longest context
+        for key in slots.runner.programs.keys():  # those compiled at warm-up: every step program at the longest context
             if key[0] == "step" and key[3] == slots.seq_buckets[-1]:
-                memory = memory_as_users_compile(slots._lower(key))
+                memory = memory_as_users_compile(slots.runner.lower(key))
                 assert memory.temp_size_in_bytes < memory.alias_size_in_bytes / 2, key
     label = 'jspec:chunks_total{program="%s"}'
     before = {program: server.metric(label % program) for program in ("speculative", "speculative_short", "plain")}

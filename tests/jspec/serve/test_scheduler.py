@@ -164,23 +164,23 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
                            compile_seconds=0.3)
     slots.warm_up(PROMPTS[0])
     widest = slots.widths[-1]
-    assert set(slots._programs.keys()) == {("prefill", 1, widest), ("step", "full", 1, MAX_SEQ_LEN),
+    assert set(slots.runner.programs.keys()) == {("prefill", 1, widest), ("step", "full", 1, MAX_SEQ_LEN),
                                            ("step", "full", 4, MAX_SEQ_LEN)}
     assert metric(slots, "jspec:programs_compiled") == 3
-    slots.compile_threads.clear()
+    slots.runner.compile_threads.clear()
     prompt = PROMPTS[2]  # 3 + 12 tokens: the 32-slot bucket, the narrowest prompt width
     slots.start()
     try:
         first, = serve_all(slots, [dict(prompt_ids=prompt, max_tokens=12)])
-        assert slots._programs.wait_idle(30)
-        assert {("step", "full", 1, 32), ("prefill", 1, 16)} <= set(slots._programs.compiled_on_demand)
+        assert slots.runner.programs.wait_idle(30)
+        assert {("step", "full", 1, 32), ("prefill", 1, 16)} <= set(slots.runner.programs.compiled_on_demand)
         assert (metric(slots, "jspec:programs_compiled"), metric(slots, "jspec:programs_compiling")) == (
-            3 + len(slots._programs.compiled_on_demand), 0)
+            3 + len(slots.runner.programs.compiled_on_demand), 0)
         second, = serve_all(slots, [dict(prompt_ids=prompt, max_tokens=12)])
     finally:
         slots.shutdown()
     assert first.tokens == second.tokens == slots.expected(prompt, 12)
-    assert slots.compile_threads and set(slots.compile_threads) == {"jspec-compile"}, slots.compile_threads
+    assert slots.runner.compile_threads and set(slots.runner.compile_threads) == {"jspec-compile"}, slots.runner.compile_threads
 
 
 def test_a_cancelled_request_frees_its_row_and_the_queue_is_bounded(engine):

@@ -201,9 +201,9 @@ def test_the_short_chain_program_keeps_greedy_output(params_t, name):
     # No step copies the KV pool (a verify conditional did, on a CPU). On a GPU, XLA gave a pool-sized temporary to
     # one step program in some compiles and not in others, the whole chain's as well as the short one's
     # (docs/benchmarks.md); checked where the buffer assignment is stable.
-    for key in slots._compiled.keys():
+    for key in slots.runner.programs.keys():
         if key[0] == "step" and jax.default_backend() == "cpu":
-            memory = memory_as_users_compile(slots._lower(key))
+            memory = memory_as_users_compile(slots.runner.lower(key))
             assert memory.temp_size_in_bytes < memory.alias_size_in_bytes / 2, key
     slots.adapter = Cycling(slots.adapter)
     slots.start()
@@ -268,7 +268,7 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
                        seq_buckets=(32, MAX_SEQ_LEN), enable_prefix_caching=False)
     slots.warm_up(PROMPTS[0])
     widest = slots.widths[-1]
-    assert set(slots._compiled.keys()) == {("prefill", 1, widest), ("step", "full", 1, MAX_SEQ_LEN),
+    assert set(slots.runner.programs.keys()) == {("prefill", 1, widest), ("step", "full", 1, MAX_SEQ_LEN),
                                            ("step", "full", 4, MAX_SEQ_LEN)}
     gauge = lambda name: float(re.search(rf"^jspec:{name} (\S+)$", slots.metrics.render().decode(),  # noqa: E731
                                          re.MULTILINE).group(1))
@@ -283,11 +283,11 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
         expected = engine.generate([prompt], max_new_tokens=budget).token_ids[0]
         threads.clear()  # the offline reference compiled in this thread
         first, = serve_all(slots, [dict(prompt_ids=prompt, max_tokens=budget)])
-        assert slots._programs.wait_idle(120)
+        assert slots.runner.programs.wait_idle(120)
         width = prompt_bucket(len(prompt), slots.max_prompt_width, half_steps=False)
-        assert {("step", "full", 1, 32), ("prefill", 1, width)} <= set(slots._programs.compiled_on_demand)
+        assert {("step", "full", 1, 32), ("prefill", 1, width)} <= set(slots.runner.programs.compiled_on_demand)
         assert (gauge("programs_compiled"), gauge("programs_compiling")) == (
-            3 + len(slots._programs.compiled_on_demand), 0)
+            3 + len(slots.runner.programs.compiled_on_demand), 0)
         second, = serve_all(slots, [dict(prompt_ids=prompt, max_tokens=budget)])
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
@@ -305,8 +305,8 @@ def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(
     engine = make_engine(params_t, "plain")
     slots = SlotEngine(engine, **ONE_PROGRAM, max_logprobs=5, logits_processors=True)
     slots.warm_up()
-    asked_after, request = [], slots._programs.request
-    slots._programs.request = lambda key: (key[0] != "step_lean" or asked_after.append(slots._lean_chunks[key])
+    asked_after, request = [], slots.runner.programs.request
+    slots.runner.programs.request = lambda key: (key[0] != "step_lean" or asked_after.append(slots._lean_chunks[key])
                                            or request(key))
     slots.start()
     try:
@@ -314,11 +314,11 @@ def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(
         expected = [engine.generate([p], max_new_tokens=budget).token_ids[0] for p in prompts]
         requests = [dict(prompt_ids=p, max_tokens=budget) for p in prompts]
         assert [sink.tokens for sink in serve_all(slots, requests)] == expected
-        assert slots._programs.wait_idle(120)
+        assert slots.runner.programs.wait_idle(120)
         assert asked_after[0] == 3  # not at the first chunk: a bucket earns its lean program by use
-        lean, = [key for key in slots._programs.compiled_on_demand if key[0] == "step_lean"]
-        calls, program = [], slots._programs[lean]
-        slots._programs._compiled[lean] = lambda *args: calls.append(1) or program(*args)
+        lean, = [key for key in slots.runner.programs.compiled_on_demand if key[0] == "step_lean"]
+        calls, program = [], slots.runner.programs[lean]
+        slots.runner.programs._compiled[lean] = lambda *args: calls.append(1) or program(*args)
         assert [sink.tokens for sink in serve_all(slots, requests)] == expected
         ran_lean = len(calls)
         asking, beside = serve_all(slots, [dict(prompt_ids=prompts[0], max_tokens=budget, logprobs=3),

@@ -1,0 +1,538 @@
+"""The model runner of the slot engine (vLLM v1's GPU model runner, for jspec's fused programs): the compiled
+programs (:class:`jspec.serve.program_cache.ProgramCache`, keyed by :meth:`ModelRunner.every_key`), the device
+store of KV pools and rows (:mod:`jspec.serve.paged`), the host page tables, the arguments each program takes,
+warm-up runs and the cost table's timed chunks. The scheduler (:class:`jspec.serve.slots.SlotEngine`) decides which
+requests run where and hands the runner plain data: prompts and their parameters, rows, page tables, cancelled
+flags, grammars; the runner calls a program and returns its readout (not waited for)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.batching import prompt_bucket, prompt_buckets
+from jspec.config import SamplingParams
+from jspec.logprobs import SequenceLogprobs
+from jspec.prompt_logprobs import score_prompts
+from jspec.serve import memory_maps, paged
+from jspec.serve.adapt import FULL, PLAIN, SHORT, TimedChunk
+from jspec.serve.block_manager import BlockManager, pages_for
+from jspec.serve.program_cache import ProgramCache
+from jspec.serve.programs import admit_row
+from jspec.sharding import put
+from jspec.structured_outputs.tree_masks import constrain_tree, root_bitmask, with_forced_drafts
+
+logger = logging.getLogger("jspec.serve")
+
+CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerShapes:
+    """What the slot engine decided its programs' shapes are (``SlotEngine``'s arguments say what each means):
+    widths: the prompt width buckets; piece_width: chunked prefill's piece (None: off); row_buckets and seq_buckets:
+    the step programs' occupancy and context buckets; short_row_buckets: those with a SHORT program, short_nodes
+    its tree; num_stop_ids: stop ids per row; adapt: warm-up compiles and runs what the cost table times;
+    prefix_caching: cached prefills are needed."""
+
+    max_seq_len: int
+    max_num_seqs: int
+    block_size: int
+    max_num_batched_tokens: int
+    steps_per_chunk: int
+    num_stop_ids: int
+    widths: tuple[int, ...]
+    piece_width: int | None
+    row_buckets: tuple[int, ...]
+    short_row_buckets: tuple[int, ...]
+    seq_buckets: tuple[int, ...]
+    short_nodes: tuple | None
+    adapt: bool
+    prefix_caching: bool
+    precompile: str
+    kv_cache_memory_fraction: float
+
+
+class ModelRunner:
+    """The programs, store and page tables of one slot engine over ``engine``'s weights, for ``setup`` (the
+    engine's, with the server's logprobs and logits processors) and ``shapes``. :meth:`plan` sizes the pool,
+    :meth:`allocate` builds the store, :meth:`compile_up_front` and :meth:`first_runs` warm it up."""
+
+    def __init__(self, engine, setup, shapes: RunnerShapes, ways_out: str):
+        self.engine, self.setup = engine, setup
+        for field in dataclasses.fields(shapes):
+            setattr(self, field.name, getattr(shapes, field.name))
+        self.max_prompt_width = shapes.max_seq_len - 1
+        self.speculative = setup.drafter is not None
+        self.eos_token_ids = tuple(engine.eos_token_ids)
+        self.programs = ProgramCache(self.lower, ways_out=ways_out)
+        self.layout: paged.PagedLayout | None = None
+        self.blocks: BlockManager | None = None  # the scheduler's; the cost table's rows take pages from it
+        self.store = None
+        self.store_shape = None  # the store's shapes and shardings: what programs are lowered for
+        self.tables = np.zeros((shapes.max_num_seqs + 1, 1), np.int32)  # sized in allocate()
+        self.host_step = 0  # the store's loop step counter, as last read back
+        self.structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
+
+    # --- the pool and the store ---------------------------------------------------------------------------------
+
+    def plan(self, max_total_tokens: int | None) -> tuple[paged.PagedLayout, int]:
+        """The store's layout and the pool in token slots (default: :meth:`pool_tokens`); ValueError where the pool
+        cannot hold one request of max_seq_len."""
+        args = (self.engine.params, self.engine.drafter_params)
+        layout = paged.paged_layout(*args, setup=self.setup, num_stop_ids=self.num_stop_ids,
+                                    page_size=self.block_size, num_pages=2, max_rows=self.max_num_seqs)
+        if max_total_tokens is None:
+            max_total_tokens = self.pool_tokens(layout)
+        num_pages = 1 + pages_for(max_total_tokens, self.block_size)
+        if num_pages - 1 < layout.pages_per_row:
+            raise ValueError(f"max_total_tokens={max_total_tokens}: expected at least "
+                             f"{layout.pages_per_row * self.block_size} token slots, one request of max_seq_len="
+                             f"{self.max_seq_len} with its lookahead")
+        self.layout = dataclasses.replace(layout, num_pages=num_pages)
+        return self.layout, max_total_tokens
+
+    def allocate(self, blocks: BlockManager) -> None:
+        """The empty store and page tables for :meth:`plan`'s layout; ``blocks``: the scheduler's block manager."""
+        self.blocks = blocks
+        self.tables = np.zeros((self.max_num_seqs + 1, self.layout.pages_per_row), np.int32)
+        self.store = paged.empty_store(self.engine.params, self.engine.drafter_params, self.layout, setup=self.setup,
+                                       num_stop_ids=self.num_stop_ids)
+        self.store_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                        self.store)
+
+    def compile_up_front(self, calibration_prompt: list[int], structured_later: int = 0) -> None:
+        """Compiles what warm-up compiles (``precompile``: every key, or :meth:`needed_keys`); structured_later:
+        programs the structured-output warm-up compiles next (counted against the memory-mapping budget)."""
+        keys = self.every_key() if self.precompile == "all" else self.needed_keys(calibration_prompt)
+        self.programs.compile_up_front(keys, later=structured_later)
+
+    def lookahead(self, seq_len: int, need: int, chunks: int = 1) -> int:
+        """Token slots a request of ``seq_len`` committed tokens (``need`` at most) holds for ``chunks`` more
+        chunks: up to ``steps_per_chunk`` full steps each, and the widest tree window or drafter slots past them."""
+        extra = max((leaf.extra_slots for leaf in self.layout.leaves if leaf.kind == paged.SLOT), default=0)
+        return min(need, seq_len + chunks * self.steps_per_chunk * self.setup.tokens_per_step) + extra
+
+    def clear_table(self, row: int) -> None:
+        self.tables[row] = 0
+
+    def steps_ran(self, step: int) -> int:
+        """Loop steps since the last readout, from a readout's step counter."""
+        ran, self.host_step = int(step) - self.host_step, int(step)
+        return ran
+
+    # --- calling programs -----------------------------------------------------------------------------------------
+
+    def prefill(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: list[int],
+                cached: list[int] | None = None, lengths: list[int] | None = None,
+                history: list[tuple[list[int], int]] | None = None, matchers: list | None = None) -> paged.Readout:
+        """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``;
+        ``cached``: None, or the tokens of each already in its pages (prefix-cache hits), ``lengths`` its whole
+        prompt; history and matchers as :meth:`prefill_arrays` -> the readout (in flight)."""
+        program = "prefill" if cached is None else "prefill_cached"
+        size, width = self.prefill_program(program, len(items), width)
+        assert size >= len(items), (program, size, len(items))  # callers prefill in parts of :meth:`prefill_program`
+        arrays = self.prefill_arrays(items, width, size, rows, history, matchers)
+        if cached is not None:
+            arrays = self.cached_arrays(arrays, cached, lengths)
+        self.store, out = self.programs[program, size, width](self.engine.params, self.engine.drafter_params,
+                                                              self.store, *arrays)
+        return out
+
+    def pool_tokens(self, layout: paged.PagedLayout) -> int:
+        """The default KV pool in token slots: on a GPU, ``kv_cache_memory_fraction`` of device memory less what
+        is in use (weights, programs), over the bytes a slot takes in every pool; elsewhere
+        ``CPU_MAX_TOTAL_TOKENS``."""
+        stats = jax.devices()[0].memory_stats() if jax.default_backend() == "gpu" else None
+        if not stats or "bytes_limit" not in stats:
+            return CPU_MAX_TOTAL_TOKENS
+        model = 1 if self.setup.mesh is None else self.setup.mesh.shape.get("model", 1)
+        per_slot = paged.bytes_per_slot(self.engine.params, self.engine.drafter_params, layout, setup=self.setup,
+                                        num_stop_ids=self.num_stop_ids, kv_split=model)
+        free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+        return max(int(free // per_slot), layout.pages_per_row * self.block_size)
+
+    def cached_prefill_ready(self, width: int) -> bool:
+        """Whether a cached prefill of one prompt at ``width`` has a compiled program (else it is asked for)."""
+        if any(key[0] == "prefill_cached" and key[2] == width for key in self.programs.keys()):
+            return True
+        self.programs.request(("prefill_cached", 1, width))
+        return False
+
+    def score_prompt(self, prompt_ids: list[int], num_top: int) -> SequenceLogprobs:
+        """A prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``), their num_top most likely
+        tokens too: one program call over its width bucket."""
+        width = prompt_bucket(len(prompt_ids), self.max_prompt_width, half_steps=False)
+        if ("score", width) not in self.programs:  # a wider compiled one meanwhile (only padding differs)
+            self.programs.request(("score", width))
+            width = min(key[1] for key in self.programs.keys() if key[0] == "score" and key[1] >= width)
+        ids = np.zeros((1, width), np.int32)
+        ids[0, :len(prompt_ids)] = prompt_ids
+        values = jax.device_get(self.programs["score", width](self.engine.params, self.place(ids),
+                                                              self.place(np.asarray([len(prompt_ids)], np.int32))))
+        token, top_ids, top = (x[0, 1:len(prompt_ids)] for x in values)
+        return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
+
+    def structured_step(self, running: list[int], cancelled: list[bool], need: int, matchers: list, *,
+                        greedy: bool) -> paged.Readout:
+        """One structured step (:meth:`masked_step`) over ``running`` rows, ``need`` token slots at most, at the
+        occupancy and context bucket holding them, matchers[i] the grammar of running[i] (None: unconstrained).
+        A bucket's programs compile at its first structured step; near the memory-mapping limit a compiled bucket
+        at least as large serves instead, if any."""
+        rows = next(r for r in self.row_buckets if r >= len(running))
+        seq_len = next(n for n in self.seq_buckets if n >= need)
+        if ((rows, seq_len) not in self.structured_buckets
+                and not memory_maps.room_for(2, self.programs.maps_per_program)):
+            larger = [(r, s) for r, s in self.structured_buckets if r >= rows and s >= seq_len]
+            if larger:
+                rows, seq_len = min(larger)
+            else:
+                logger.warning("compiling structured-output programs near vm.max_map_count (%s)",
+                               memory_maps.RAISE_IT)
+        self.structured_buckets.add((rows, seq_len))
+        matchers = list(matchers) + [None] * (rows - len(running))
+        return self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy)
+
+    def warm_structured(self) -> None:
+        """Compiles and runs once every bucket's structured step (``warm_up_structured_outputs``) on the idle
+        null row (its pages are the null page) with nothing masked; the prefills take their grammar masks
+        already."""
+        for rows in self.row_buckets:
+            for seq_len in self.seq_buckets:
+                out = self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True)
+                jax.block_until_ready(out)
+                self.structured_buckets.add((rows, seq_len))
+
+    def masked_step(self, running: list[int], cancelled: list[bool], rows: int, seq_len: int, matchers: list, *,
+                    greedy: bool) -> tuple:
+        """One structured step over ``running`` rows (``cancelled``: each one's request cancelled) padded to ``rows``
+        at context ``seq_len``, matchers[i] the grammar of program row i (None: unconstrained); greedy: every row's
+        temperature is 0 (forced drafts may then stand in for a deterministic drafter's) -> its readout.
+        The drafter proposes (``paged.propose_rows``), the host masks every tree node from its path's grammar
+        state (``jspec.structured_outputs.tree_masks``), the target verifies under the masks
+        (``paged.verify_rows``); a plain server steps once under each row's mask."""
+        row_ids, table, cancel = self.step_arrays(running, rows, cancelled)
+        vocab = self.engine.config.vocab_size
+        args = (self.engine.params, self.engine.drafter_params)
+        if not self.speculative:
+            self.store, out = paged.step_rows(
+                *args, self.store, row_ids, table, cancel, self.place(np.asarray(1, np.int32)),
+                self.place(root_bitmask(matchers, vocab)), layout=self.layout, setup=self.setup, seq_len=seq_len,
+                write_pages=paged.write_pages(self.layout, self.setup, 1), chunk_steps=1)
+            return out
+        draft, tree = paged.propose_rows(*args, self.store, row_ids, table, layout=self.layout, setup=self.setup,
+                                         seq_len=seq_len)
+        bitmask, tokens, substituted = constrain_tree(matchers, np.asarray(jax.device_get(tree.tokens)),
+                                                      np.asarray(jax.device_get(tree.mask)), vocab,
+                                                      substitute=tree.draft_probs is None or greedy)
+        if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
+            tree = with_forced_drafts(tree, tokens, substituted)
+        self.store, out = paged.verify_rows(*args, self.store, row_ids, table, cancel, draft, tree,
+                                            self.place(bitmask), layout=self.layout, setup=self.setup, seq_len=seq_len,
+                                            write_pages=paged.write_pages(self.layout, self.setup, 1))
+        return out
+
+    def step_programs(self) -> list[tuple[str, int]]:
+        """(program, occupancy bucket) of every compiled step program (each at every context bucket): a plain
+        server's one program per bucket is its FULL; a speculative one's PLAIN too, and SHORT at the
+        ``short_row_buckets``."""
+        programs = [(FULL, rows) for rows in self.row_buckets]
+        if self.speculative:
+            programs += [(PLAIN, rows) for rows in self.row_buckets]
+        return programs + [(SHORT, rows) for rows in self.short_row_buckets]
+
+    def run_step(self, program: str, rows: int, seq_len: int, arrays: tuple, steps: int,
+                  kind: str = "step") -> tuple:
+        """Calls the step program of ``program`` (:data:`FULL`, :data:`SHORT` or :data:`PLAIN`; a plain server's
+        one program is its FULL) over the bucket of ``rows`` at context ``seq_len``; kind
+        "step_lean": its form without the API features (``paged.step_rows``'s ``api_features=False``) -> its
+        readout (not waited for; the store updated)."""
+        compiled = self.programs[kind, program, rows, seq_len]
+        self.store, out = compiled(self.engine.params, self.engine.drafter_params, self.store, *arrays,
+                                   self.place(np.asarray(steps, np.int32)))
+        return out
+
+    def prefill_batches(self, width: int) -> list[int]:
+        """The batch buckets of prefill programs at a prompt width: powers of four (fewer programs to compile; a
+        padded prompt row costs a prefill row) up to as many prompts as ``max_num_batched_tokens`` slots and
+        max_num_seqs rows hold (at least one)."""
+        most = max(1, min(self.max_num_seqs, self.max_num_batched_tokens // width))
+        sizes = [1]
+        while sizes[-1] < most:
+            sizes.append(min(4 * sizes[-1], most))
+        return sizes
+
+    def prefill_seq_len(self, width: int) -> int:
+        """The context a prefill of ``width`` runs at: the shortest length bucket holding the prompt and its first
+        new token."""
+        return next(n for n in self.seq_buckets if n >= min(width + 1, self.max_seq_len))
+
+    def stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """A request's stop ids: EOS (unless ignore_eos) and its stop_token_ids."""
+        return (() if params.ignore_eos else self.eos_token_ids) + params.stop_token_ids
+
+    def prefill_arrays(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: int,
+                       row_ids: list[int], history: list[tuple[list[int], int]] | None = None,
+                       matchers: list | None = None) -> tuple:
+        """The arguments of a prefill program after the store: ``items`` (context, parameters) padded to ``rows``
+        with idle rows of the null row; history: per item, (the request's own prompt, tokens it generated that end
+        the context: a preempted request's), for the logits processors (default: the context is a fresh prompt);
+        matchers: per item, its grammar (None: unconstrained; default: none), whose mask the first token is drawn
+        under (``root_bitmask``; the other rows allowed everything: one program serves both)."""
+        null = ([1], SamplingParams(max_new_tokens=1))
+        history = list(history or [(None, 0)] * len(items)) + [(None, 0)] * (rows - len(items))
+        vocab = self.engine.config.vocab_size if self.setup.logits_processors else None
+        parts = [admit_row(ids, params, self.stop_ids(params), width=width, num_stop_ids=self.num_stop_ids,
+                           vocab_size=vocab, prompt=prompt, generated_before=before)
+                 for (ids, params), (prompt, before) in zip(items + [null] * (rows - len(items)), history)]
+        arrays = [np.concatenate(column) for column in zip(*[part[:5] for part in parts])]
+        sampling = jax.tree.map(lambda *a: np.concatenate(a), *[part[5] for part in parts])
+        processors = None if vocab is None else jax.tree.map(lambda *a: np.concatenate(a), *[p[6] for p in parts])
+        ids = np.full((rows,), self.layout.null_row, np.int32)
+        ids[:len(row_ids)] = row_ids
+        matchers = list(matchers or [None] * len(items)) + [None] * (rows - len(items))
+        bitmask = root_bitmask(matchers, self.engine.config.vocab_size)
+        return tuple(jax.tree.map(self.place, (*arrays, sampling, processors, ids, self.tables[ids], bitmask)))
+
+    def cached_arrays(self, arrays: tuple, cached: list[int], lengths: list[int] | None = None) -> tuple:
+        """A cached prefill's arguments from :meth:`prefill_arrays` over the prompts' uncached rest: the whole
+        prompts' lengths (``lengths``; default: as given) and the cached lengths inserted after them."""
+        rows = arrays[0].shape[0]
+        whole = np.asarray(jax.device_get(arrays[1])).copy()
+        if lengths is not None:
+            whole[:len(lengths)] = lengths
+        cached_lens = np.zeros((rows,), np.int32)
+        cached_lens[:len(cached)] = cached
+        return (arrays[0], self.place(whole), self.place(cached_lens), *arrays[2:])
+
+    def step_arrays(self, running: list[int], rows: int, cancelled: list[bool] | None = None) -> tuple:
+        """(row_ids, page_table, cancel) of a chunk over ``running`` rows padded to ``rows``; cancelled: each running
+        row's request cancelled (default: none)."""
+        ids = np.full((rows,), self.layout.null_row, np.int32)
+        ids[:len(running)] = running
+        cancel = np.zeros((rows,), bool)
+        cancel[:len(running)] = cancelled if cancelled is not None else False
+        return tuple(self.place(a) for a in (ids, self.tables[ids], cancel))
+
+    def set_table(self, row: int, pages: list[int]) -> None:
+        self.tables[row] = 0
+        self.tables[row, :len(pages)] = pages
+
+    def place(self, array: np.ndarray) -> jax.Array:
+        """On a mesh: replicated over it (the compiled programs expect their inputs there)."""
+        if self.setup.mesh is None:
+            return jnp.asarray(array)
+        return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
+
+    def first_runs(self, prompt: list[int]) -> None:
+        """Runs every compiled program once before serving (but the cost table's): on a CPU the first run of a
+        program costs several times the next ones (its buffers and kernels are set up then), which would fall on the first requests of each
+        bucket. Prefills run on padding rows; each step program runs one step over rows of ``prompt`` as the
+        cost table's, so its loop body, both sides of its verify and sampling paths, and the drafter's run."""
+        for key in self.programs.keys():
+            if key[0] in ("prefill", "prefill_cached"):
+                self.store, out = self.programs[key](self.engine.params, self.engine.drafter_params, self.store,
+                                                       *self.example(key))
+                jax.block_until_ready(out)
+        # With load adaptation the cost table's warm runs are the first runs at the longest context.
+        for seq_len in self.seq_buckets[:-1] if self.adapt else self.seq_buckets:
+            chunk = self.calibration_chunks(prompt, rotate=True, seq_len=seq_len)
+            for program, rows in self.step_programs():
+                if ("step", program, rows, seq_len) in self.programs:
+                    chunk(program, rows, 1, True)
+            chunk.release()
+
+    def every_key(self) -> list[tuple]:
+        """Every program's key: ("prefill" | "prefill_cached", batch, width), ("score", width) and ("step",
+        program, rows, seq_len). ("step_lean", program, rows, seq_len), a step program without the API features,
+        is never listed: the scheduler asks for it once its bucket ran LEAN_AFTER_CHUNKS chunks without them."""
+        keys = []
+        for width in self.widths:
+            for rows in self.prefill_batches(width):
+                keys.append(("prefill", rows, width))
+                if self.prefix_caching or self.piece_width:  # reads its cached pages (or its earlier pieces')
+                    keys.append(("prefill_cached", rows, width))
+        if self.setup.logprobs is not None:  # prompt scoring (echo), one row at any prompt width
+            keys += [("score", width) for width in prompt_buckets(self.max_prompt_width, half_steps=False)]
+        return keys + [("step", program, rows, seq_len) for program, rows in self.step_programs()
+                       for seq_len in self.seq_buckets]
+
+    def needed_keys(self, calibration_prompt: list[int]) -> list[tuple]:
+        """The programs warm-up compiles with ``precompile="needed"``: those every request fits (one prompt at the
+        widest width; the step programs at the longest context, fewest and most rows; with chunked prefill, a
+        cached prefill of one prompt at every width: a wider one cannot stand in, its padded positions must stay
+        in the context, and a prefix-cache hit is cut to a compiled width, the scheduler's ``_allocate``), and those warm-up
+        runs (with load adaptation, the cost table's: every step program and occupancy at the longest context,
+        the calibration prompt's prefills)."""
+        keys = [("prefill", 1, self.widths[-1])]
+        if self.piece_width:  # a prompt's pieces (a prefix-cache hit is cut to a compiled width: _allocate)
+            keys += [("prefill_cached", 1, width) for width in self.widths]
+        if self.setup.logprobs is not None:
+            keys.append(("score", prompt_buckets(self.max_prompt_width, half_steps=False)[-1]))
+        top = self.seq_buckets[-1]
+        if not self.adapt:
+            rows = sorted({self.row_buckets[0], self.row_buckets[-1]})
+            return keys + [("step", FULL, n, top) for n in rows]
+        width = self.calibration_width(calibration_prompt, top)
+        keys += [("prefill", n, width) for n in self.prefill_batches(width)]
+        return keys + [("step", program, rows, top) for program, rows in self.step_programs()]
+
+    def example(self, key: tuple) -> tuple:
+        """Arguments after the store of the program of ``key`` (idle rows)."""
+        kind = key[0]
+        if kind in ("step", "step_lean"):
+            _, _, rows, _ = key
+            return (*self.step_arrays([], rows), self.place(np.asarray(self.steps_per_chunk, np.int32)))
+        if kind == "score":
+            return (self.place(np.zeros((1, key[1]), np.int32)), self.place(np.ones((1,), np.int32)))
+        _, rows, width = key
+        example = self.prefill_arrays([([1], SamplingParams(max_new_tokens=1))], width, rows, [self.layout.null_row])
+        return example if kind == "prefill" else self.cached_arrays(example, [0] * rows)
+
+    def lower(self, key: tuple):
+        """The program of ``key`` (:meth:`every_key`) lowered for the store's shapes (any thread)."""
+        args = (self.engine.params, self.engine.drafter_params)
+        kind, example = key[0], self.example(key)
+        if kind == "score":
+            return score_prompts.lower(self.engine.params, *example,
+                                       setup=self.setup.with_max_seq_len(self.max_seq_len), num_top=self.setup.logprobs)
+        if kind == "prefill":
+            return paged.prefill_rows.lower(*args, self.store_shape, *example, layout=self.layout, setup=self.setup,
+                                            seq_len=self.prefill_seq_len(key[2]))
+        if kind == "prefill_cached":
+            return paged.prefill_cached_rows.lower(*args, self.store_shape, *example, layout=self.layout,
+                                                   setup=self.setup, seq_len=self.max_seq_len)
+        _, program, _, seq_len = key
+        return paged.step_rows.lower(
+            *args, self.store_shape, *example, layout=self.layout, setup=self.setup, seq_len=seq_len,
+            speculate=program != PLAIN, write_pages=paged.write_pages(self.layout, self.setup, self.steps_per_chunk),
+            short_nodes=self.short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk,
+            api_features=kind != "step_lean")
+
+    def step_bucket(self, program: str, rows: int, seq_len: int) -> tuple[int, int]:
+        """(rows, seq_len) of the compiled step program a chunk of ``program`` over ``rows`` rows at context
+        ``seq_len`` runs: its own bucket's, else (its own asked for on the compiling thread) the smallest compiled
+        one holding it: more rows (idle ones) and a longer context give the same tokens."""
+        if ("step", program, rows, seq_len) in self.programs:
+            return rows, seq_len
+        self.programs.request(("step", program, rows, seq_len))
+        held = [key[2:] for key in self.programs.keys()
+                if key[:2] == ("step", program) and key[2] >= rows and key[3] >= seq_len]
+        return min(held, key=lambda bucket: (bucket[0] * bucket[1], bucket[0]))
+
+    def prefill_parts(self, program: str, group: list, width: int) -> Iterator[list]:
+        """``group`` (prompts of width bucket ``width``) in the parts one prefill program call takes each: as many
+        as its batch bucket holds (at most ``max_num_batched_tokens`` prompt slots), or the largest compiled
+        program's (:meth:`prefill_program`)."""
+        most = self.prefill_batches(width)[-1]
+        while group:
+            size, _ = self.prefill_program(program, len(group), width)
+            part, group = group[:min(size, most)], group[min(size, most):]
+            yield part
+
+    def prefill_program(self, program: str, count: int, width: int) -> tuple[int, int]:
+        """(batch, width) of the compiled prefill program (``program``: "prefill" or "prefill_cached") that
+        ``count`` prompts of width bucket ``width`` run on: its own bucket's, else (that asked for on the
+        compiling thread) the cheapest compiled one of a batch and width at least theirs, else the one of the
+        largest batch (the caller prefills them in parts). A cached prefill keeps its width (its padded
+        positions stay in the context, the scheduler's ``_allocate``)."""
+        sizes = self.prefill_batches(width)
+        size = next((n for n in sizes if n >= count), sizes[-1])
+        if (program, size, width) in self.programs:
+            return size, width
+        self.programs.request((program, size, width))
+        held = [key[1:] for key in self.programs.keys() if key[0] == program
+                and (key[2] == width if program == "prefill_cached" else key[2] >= width)]
+        fits = [bucket for bucket in held if bucket[0] >= min(count, size)]
+        if fits:
+            return min(fits, key=lambda bucket: (bucket[0] * bucket[1], bucket[1]))
+        return max(held, key=lambda bucket: (bucket[0], -bucket[1]))
+
+    def calibration_budget(self, seq_len: int) -> int:
+        """New tokens a calibration row may take at context ``seq_len``: three chunks at full acceptance."""
+        return max(1, min(seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
+
+    def calibration_width(self, prompt: Sequence[int], seq_len: int) -> int:
+        """The prompt width bucket of :meth:`calibration_chunks` at context ``seq_len``."""
+        length = min(len(prompt), seq_len - self.calibration_budget(seq_len), self.widths[-1])
+        return prompt_bucket(length, self.max_prompt_width, half_steps=False)
+
+    def calibration_chunks(self, prompt: Sequence[int], rotate: bool = False,
+                            seq_len: int | None = None) -> Callable[[str, int, int, bool], TimedChunk]:
+        """The timed chunks ``adapt.measure_costs`` calls: each runs one chunk at context ``seq_len`` (default: the
+        longest bucket; a verify pass's cost grows with the context more than a plain step's) over ``rows`` rows
+        admitted with ``prompt`` (greedy, a budget of three chunks at full acceptance): those of the chunk before
+        where it had as many rows, as sampled, and their budget holds this chunk's steps, else admitted afresh.
+        ``.release()`` frees the rows and their pages, after the last chunk; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the
+        prompt rotated by 37 r tokens and row 0 distinct random tokens, which no lookup drafter matches: under
+        load some row always drafts with the drafter's model and some row always needs the whole verify pass,
+        and a step costs what its costliest row makes it (``jspec.step``'s and the hybrid drafter's
+        ``lax.cond`` skip work only where every row can)."""
+        seq_len = self.seq_buckets[-1] if seq_len is None else seq_len
+        budget = self.calibration_budget(seq_len)
+        prompt = list(prompt)[:min(seq_len - budget, self.widths[-1])]  # a chunked-prefill server has no wider
+        vocab = self.engine.config.vocab_size
+        unmatched = np.random.default_rng(0).permutation(vocab)[:len(prompt)].tolist() if len(prompt) <= vocab \
+            else prompt
+        width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
+        params = SamplingParams(max_new_tokens=budget)
+        drawn = SamplingParams(max_new_tokens=budget, temperature=0.8)
+
+        def text(row: int) -> list[int]:
+            if not rotate:
+                return prompt
+            if row == 0:
+                return unmatched
+            turn = (37 * row) % len(prompt)
+            return prompt[turn:] + prompt[:turn]
+
+        held: list[tuple[int, list[int]]] = []  # the rows admitted last, their pages
+        admitted = {"as": None, "steps_left": 0}  # (rows, sampled) they were admitted for, full steps left
+
+        def release() -> None:
+            for row, pages in held:
+                self.blocks.free(pages)
+                self.clear_table(row)
+            held.clear()
+            admitted["as"] = None
+
+        def admit(rows: int, sampled: bool) -> None:
+            release()
+            for row in range(rows):
+                allocation = self.blocks.allocate([], self.lookahead(len(prompt), len(prompt) + budget))
+                if allocation is None:
+                    break
+                held.append((row, allocation.pages))
+                self.set_table(row, allocation.pages)
+            for part in self.prefill_parts("prefill", [row for row, _ in held], width):
+                self.prefill([(text(row), drawn if sampled and row == 0 else params) for row in part], width, part)
+            admitted.update({"as": (rows, sampled), "steps_left": 3 * self.steps_per_chunk})
+
+        def timed_chunk(program: str, rows: int, steps: int, sampled: bool) -> TimedChunk:
+            # Rows admitted for the same occupancy and sampling run chunks until their budget (three chunks at
+            # full acceptance) could run out: one prefill serves several programs' chunks.
+            if admitted["as"] != (rows, sampled) or admitted["steps_left"] < steps:
+                admit(rows, sampled)
+            admitted["steps_left"] -= steps
+            arrays = self.step_arrays([], rows)
+            ids = np.full((rows,), self.layout.null_row, np.int32)
+            ids[:len(held)] = [row for row, _ in held]
+            arrays = (self.place(ids), self.place(self.tables[ids]), arrays[2])
+            jax.block_until_ready(self.store)
+            start = time.perf_counter()
+            out = self.run_step(program, rows, seq_len, arrays, steps)
+            out = jax.device_get(out)
+            seconds = time.perf_counter() - start
+            ran, self.host_step = int(out.step) - self.host_step, int(out.step)
+            gained = int(out.num_generated[:len(held)].sum()) - len(held)
+            return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()),
+                              tuple(int(n) for n in out.accepted_hist[:len(held)].sum(axis=0)))
+
+        timed_chunk.release = release
+        return timed_chunk
