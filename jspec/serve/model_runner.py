@@ -351,7 +351,7 @@ class ModelRunner:
     def every_key(self) -> list[tuple]:
         """Every program's key: ("prefill" | "prefill_cached", batch, width), ("score", width) and ("step",
         program, rows, seq_len). ("step_lean", program, rows, seq_len), a step program without the API features,
-        is never listed: the scheduler asks for it once its bucket ran LEAN_AFTER_CHUNKS chunks without them."""
+        is never listed: the scheduler asks for it at its bucket's first chunk without them."""
         keys = []
         for width in self.widths:
             for rows in self.prefill_batches(width):

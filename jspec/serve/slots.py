@@ -74,10 +74,6 @@ DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online 
 SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
 CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
 PRECOMPILE = ("needed", "all")  # SlotEngine(precompile=...), jspec serve --precompile
-# A bucket's step program without the API features is compiled once that many chunks of requests using none of them
-# ran there: it saves a few percent of a chunk, its compile costs as much as the program's own (and on a CPU some 900
-# memory mappings), so only buckets the load keeps using earn one.
-LEAN_AFTER_CHUNKS = 64
 
 
 def default_async_scheduling() -> bool:
@@ -262,7 +258,6 @@ class SlotEngine:
         self.metrics.watch_programs(self.runner.programs)
         # Chunks whose requests use none of them run step programs without the features (compiled on first use).
         self._offers_api_features = self.setup.logprobs is not None or self.setup.logits_processors
-        self._lean_chunks: collections.Counter = collections.Counter()  # per step_lean key: chunks it would have run
         self._waiting: collections.deque[Pending] = collections.deque()
         self._rows: list[Running | None] = [None] * max_num_seqs
         self._admitted = itertools.count()
@@ -682,9 +677,7 @@ class SlotEngine:
             if lean in self.runner.programs:
                 kind = "step_lean"
             else:  # until it is compiled (off this thread), the program with the features runs these rows too
-                self._lean_chunks[lean] += 1
-                if self._lean_chunks[lean] >= LEAN_AFTER_CHUNKS:
-                    self.runner.programs.request(lean)
+                self.runner.programs.request(lean)
         dispatched = time.perf_counter()
         arrays = self.runner.step_arrays(running, rows, self._cancelled(running))
         out = self.runner.run_step(program, rows, seq_len, arrays, self.steps_per_chunk, kind)

@@ -17,7 +17,6 @@ import pytest
 import jspec
 from jspec.batching import prompt_bucket
 from jspec.drafters.draft_model import DraftModelDrafter
-from jspec.serve import slots as slots_module
 from jspec.drafters.ngram import NgramDrafter
 from jspec.serve.adapt import CostTable, LoadAdapter
 from jspec.serve.requests import NotAccepting, QueueFull, Request
@@ -296,18 +295,14 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
     assert threads and set(threads) == {"jspec-compile"}, threads
 
 
-def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(params_t, monkeypatch):
+def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(params_t):
     """A server offering log-probabilities and logits processors: chunks of requests using neither run the step
-    program compiled without them (asked for once its bucket ran LEAN_AFTER_CHUNKS such chunks, compiled off the
-    scheduler; the one with them serves meanwhile), with generate's tokens; a request asking for log-probabilities,
-    beside one that does not, runs the program with them and gets generate's values."""
-    monkeypatch.setattr(slots_module, "LEAN_AFTER_CHUNKS", 3)  # the requests below run four chunks
+    program compiled without them (on first use, off the scheduler; the one with them serves meanwhile), with
+    generate's tokens; a request asking for log-probabilities, beside one that does not, runs the program with
+    them and gets generate's values."""
     engine = make_engine(params_t, "plain")
     slots = SlotEngine(engine, **ONE_PROGRAM, max_logprobs=5, logits_processors=True)
     slots.warm_up()
-    asked_after, request = [], slots.runner.programs.request
-    slots.runner.programs.request = lambda key: (key[0] != "step_lean" or asked_after.append(slots._lean_chunks[key])
-                                           or request(key))
     slots.start()
     try:
         budget, prompts = 12, PROMPTS[:3]
@@ -315,7 +310,6 @@ def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(
         requests = [dict(prompt_ids=p, max_tokens=budget) for p in prompts]
         assert [sink.tokens for sink in serve_all(slots, requests)] == expected
         assert slots.runner.programs.wait_idle(120)
-        assert asked_after[0] == 3  # not at the first chunk: a bucket earns its lean program by use
         lean, = [key for key in slots.runner.programs.compiled_on_demand if key[0] == "step_lean"]
         calls, program = [], slots.runner.programs[lean]
         slots.runner.programs._compiled[lean] = lambda *args: calls.append(1) or program(*args)
