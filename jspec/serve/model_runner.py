@@ -332,9 +332,10 @@ class ModelRunner:
 
     def first_runs(self, prompt: list[int]) -> None:
         """Runs every compiled program once before serving (but the cost table's): on a CPU the first run of a
-        program costs several times the next ones (its buffers and kernels are set up then), which would fall on the first requests of each
-        bucket. Prefills run on padding rows; each step program runs one step over rows of ``prompt`` as the
-        cost table's, so its loop body, both sides of its verify and sampling paths, and the drafter's run."""
+        program costs several times the next ones (its buffers and kernels are set up then), which would fall on
+        the first requests of each bucket. Prefills run on padding rows; each step program runs one step over rows
+        of ``prompt`` as the cost table's, so its loop body, both sides of its verify and sampling paths, and the
+        drafter's run."""
         for key in self.programs.keys():
             if key[0] in ("prefill", "prefill_cached"):
                 self.store, out = self.programs[key](self.engine.params, self.engine.drafter_params, self.store,
@@ -367,8 +368,8 @@ class ModelRunner:
         """The programs warm-up compiles with ``precompile="needed"``: those every request fits (one prompt at the
         widest width; the step programs at the longest context, fewest and most rows; with chunked prefill, a
         cached prefill of one prompt at every width: a wider one cannot stand in, its padded positions must stay
-        in the context, and a prefix-cache hit is cut to a compiled width, the scheduler's ``_allocate``), and those warm-up
-        runs (with load adaptation, the cost table's: every step program and occupancy at the longest context,
+        in the context, and a prefix-cache hit is cut to a compiled width: the scheduler's ``_allocate``), and those
+        warm-up runs (with load adaptation, the cost table's: every step program and occupancy at the longest context,
         the calibration prompt's prefills)."""
         keys = [("prefill", 1, self.widths[-1])]
         if self.piece_width:  # a prompt's pieces (a prefix-cache hit is cut to a compiled width: _allocate)
@@ -469,11 +470,11 @@ class ModelRunner:
         longest bucket; a verify pass's cost grows with the context more than a plain step's) over ``rows`` rows
         admitted with ``prompt`` (greedy, a budget of three chunks at full acceptance): those of the chunk before
         where it had as many rows, as sampled, and their budget holds this chunk's steps, else admitted afresh.
-        ``.release()`` frees the rows and their pages, after the last chunk; with ``sampled``, row 0 samples (temperature 0.8). With ``rotate``, row r > 0 gets the
-        prompt rotated by 37 r tokens and row 0 distinct random tokens, which no lookup drafter matches: under
-        load some row always drafts with the drafter's model and some row always needs the whole verify pass,
-        and a step costs what its costliest row makes it (``jspec.step``'s and the hybrid drafter's
-        ``lax.cond`` skip work only where every row can)."""
+        ``.release()`` frees the rows and their pages, after the last chunk; with ``sampled``, row 0 samples
+        (temperature 0.8). With ``rotate``, row r > 0 gets the prompt rotated by 37 r tokens and row 0 distinct
+        random tokens, which no lookup drafter matches: under load some row always drafts with the drafter's model
+        and some row always needs the whole verify pass, and a step costs what its costliest row makes it
+        (``jspec.step``'s and the hybrid drafter's ``lax.cond`` skip work only where every row can)."""
         seq_len = self.seq_buckets[-1] if seq_len is None else seq_len
         budget = self.calibration_budget(seq_len)
         prompt = list(prompt)[:min(seq_len - budget, self.widths[-1])]  # a chunked-prefill server has no wider

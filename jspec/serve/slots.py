@@ -55,12 +55,13 @@ import numpy as np
 
 from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
 from jspec.config import SEED_RANGE, SamplingParams, SpecConfig, check_seed, check_token_ids
-from jspec.logprobs import SequenceLogprobs, check_num_logprobs
+from jspec.logprobs import check_num_logprobs
 from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
 from jspec.serve.model_runner import ModelRunner, RunnerShapes
+from jspec.serve.output_processor import OutputProcessor, RequestOutput
 from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
                                   uses_api_features)
 from jspec.step import short_draft_nodes
@@ -118,8 +119,8 @@ class SlotEngine:
     chooses, for high occupancy; ``default_short_draft_len``), 0: never; max_stop_ids: stop token ids per request (EOS
     included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU,
     ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
-    ``model_runner.CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's prompt
-    starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
+    ``model_runner.CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's
+    prompt starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
     cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning);
     max_num_seqs: requests running at once (default: the engine's max_batch_size); max_num_batched_tokens: prompt
     tokens prefilled between two chunks (default 2048, as vLLM's): a prompt whose uncached rest is longer is
@@ -243,6 +244,7 @@ class SlotEngine:
             logger.warning("prefix caching is off: the drafter reads target layers %s and does not continue from a "
                            "cached prefix", self.setup.drafter.tap_layers)
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
+        self.output_processor = OutputProcessor(self.metrics)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
         self.layout: paged.PagedLayout | None = None
@@ -558,7 +560,7 @@ class SlotEngine:
                 for row, running in part:
                     running.registered = self.blocks.register(running.pages, running.pending.context,
                                                               running.registered)
-                self._emit([row for row, _ in part], out, program=None, chunk_start=start)
+                self._update_from_output([row for row, _ in part], out, program=None, chunk_start=start)
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
         return computed
@@ -599,7 +601,7 @@ class SlotEngine:
                     [start], [running.context_len])
                 began = time.perf_counter()
                 running.registered = self.blocks.register(running.pages, running.pending.context, running.registered)
-                self._emit([row], out, program=None, chunk_start=began)
+                self._update_from_output([row], out, program=None, chunk_start=began)
                 spent += width
             self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
 
@@ -641,7 +643,7 @@ class SlotEngine:
                                           max(self._rows[i].need for i in running),
                                           [self._rows[i].pending.matcher for i in running],
                                           greedy=all(self._rows[i].request.temperature <= 0.0 for i in running))
-        self._emit(running, out, program=FULL, chunk_start=start)
+        self._update_from_output(running, out, program=FULL, chunk_start=start)
         self._landed = time.perf_counter()
         self.metrics.observe_chunk("structured", self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
@@ -691,7 +693,7 @@ class SlotEngine:
         if flight is None:
             return
         start = max(flight.dispatched, self._landed)
-        steps, (tokens, verify_steps, hist) = self._emit(flight.rows, flight.out, program=flight.program,
+        steps, (tokens, verify_steps, hist) = self._update_from_output(flight.rows, flight.out, program=flight.program,
                                                          chunk_start=start, owners=flight.owners)
         self._landed = time.perf_counter()
         seconds = self._landed - start
@@ -756,27 +758,31 @@ class SlotEngine:
         self._rows[row] = None
         self.runner.tables[row] = 0
 
-    def _emit(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float,
-              owners: list[Running] | None = None) -> tuple:
-        """Reads a program's readout (waiting for it), hands each request its new tokens, frees finished rows.
-        rows: the program's rows in order; program: the chunk's step program (None: a prefill); owners: the
-        requests that held the rows when the program was dispatched (default: those holding them now; a row
-        whose request was preempted or freed since is skipped) -> (the loop steps the program ran, (tokens the
-        rows gained, verify steps they took, how many of those committed n tokens at index n - 1))."""
+    def _update_from_output(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float,
+                            owners: list[Running] | None = None) -> tuple:
+        """Reads a program's readout (waiting for it) into the scheduler's state (tokens committed, the adapter's
+        per-row acceptance, grammars advanced, finished rows freed) and hands each request that gained tokens or
+        finished to the output processor. rows: the program's rows in order; program: the chunk's step program
+        (None: a prefill); owners: the requests that held the rows when the program was dispatched (default: those
+        holding them now; a row whose request was preempted or freed since is skipped) -> (the loop steps the
+        program ran, (tokens the rows gained, verify steps they took, how many of those committed n tokens at
+        index n - 1))."""
         tokens, num_generated, num_steps, done, hist, step, logprobs = jax.device_get(out)
         now = time.perf_counter()
-        chunk_seconds = 0.0 if program is None else now - chunk_start
         speculated = program is not None and program != PLAIN
         # A short chain's acceptance counts as the whole tree's would (the adapter's estimates are the whole's).
         scale = self.adapter.short_ratio() if program == SHORT and self.adapter is not None else 1.0
         chunk_tokens = chunk_steps = 0
         chunk_hist = np.zeros(hist.shape[1:], np.int64)
+        outputs = []
         for k, row in enumerate(rows):
             running = self._rows[row]
             if owners is not None and running is not owners[k]:
                 continue
             request, pending = running.request, running.pending
             running.generated = int(num_generated[k])
+            # The readout's window starts at the row's length before the program, which is first_new: readouts land
+            # in dispatch order, so the tokens before it were handed out from the chunk or prefill before.
             first_new = running.context_len + running.emitted
             new = tokens[k, first_new:running.seq_len].tolist()
             steps = int(num_steps[k]) - running.steps_seen
@@ -794,11 +800,6 @@ class SlotEngine:
             if new and pending.matcher is not None:
                 advance([pending.matcher], np.asarray([new]), np.zeros(1, int), np.asarray([len(new)]))
             if new:
-                waited = None
-                if pending.first_token_at is None:
-                    pending.first_token_at = now
-                    waited = now - request.arrival
-                self.metrics.observe_tokens(len(new), waited=waited, chunk_seconds=chunk_seconds)
                 running.emitted = running.generated
                 pending.generated += new
             reason = None
@@ -808,18 +809,10 @@ class SlotEngine:
                 else:
                     reason = "stop" if pending.generated and pending.generated[-1] in running.stops else "length"
                 self._release(row)
-                self.metrics.requests.labels(reason).inc()
             if new or reason is not None:
-                extra = ()
-                # The readout's window starts at the row's length before the program, which is first_new: readouts
-                # land in dispatch order, so the tokens before it were emitted by the chunk or prefill before.
-                if request.logprobs is not None:
-                    token, top_ids, top = (x[k, :len(new)] for x in logprobs)
-                    extra = (SequenceLogprobs(token, top_ids[:, :request.logprobs], top[:, :request.logprobs]),)
-                deliver(request, new, reason, *extra)
+                outputs.append(RequestOutput(pending, new, reason,
+                                             None if logprobs is None else tuple(x[k] for x in logprobs)))
+        self.output_processor.process(outputs, now=now, chunk_seconds=0.0 if program is None else now - chunk_start)
         self.metrics.running.set(self.num_running)
         self.metrics.kv_cache_usage.set(self.blocks.usage)
-        ran = self.runner.steps_ran(step)
-        return ran, (chunk_tokens, chunk_steps, chunk_hist)
-
-    # --- programs -------------------------------------------------------------------------------------------------
+        return self.runner.steps_ran(step), (chunk_tokens, chunk_steps, chunk_hist)

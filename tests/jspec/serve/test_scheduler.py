@@ -79,8 +79,8 @@ def test_pages_hold_more_requests_than_static_slots_would(engine):
                            max_total_tokens=2 * MAX_SEQ_LEN + 16)
     slots.warm_up()
     seen: list[int] = []
-    emit = slots._emit
-    slots._emit = lambda *args, **kwargs: seen.append(slots.num_running) or emit(*args, **kwargs)
+    update = slots._update_from_output
+    slots._update_from_output = lambda *args, **kwargs: seen.append(slots.num_running) or update(*args, **kwargs)
     served(slots, [dict(prompt_ids=[3 + i, 5, 7], max_tokens=12) for i in range(8)])
     assert max(seen) >= 6, seen
 
@@ -122,9 +122,9 @@ def test_a_long_prompt_is_prefilled_in_pieces_between_chunks_of_the_running_rows
     assert slots.piece_width == 16 and max(slots.widths) == 16
     slots.warm_up(list(range(1, 40)))
     log: list = []
-    emit = slots._emit
-    slots._emit = lambda rows, *args, **kwargs: log.append([slots._rows[r].request.max_tokens for r in rows]) \
-        or emit(rows, *args, **kwargs)
+    update = slots._update_from_output
+    slots._update_from_output = lambda rows, *args, **kwargs: log.append(
+        [slots._rows[r].request.max_tokens for r in rows]) or update(rows, *args, **kwargs)
     long_prompt = [(5 * i) % 60 + 1 for i in range(45)]
     served(slots, [dict(prompt_ids=[3, 9, 27], max_tokens=40), dict(prompt_ids=long_prompt, max_tokens=12)])
     first_long = next(i for i, budgets in enumerate(log) if 12 in budgets)
@@ -180,7 +180,8 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
     finally:
         slots.shutdown()
     assert first.tokens == second.tokens == slots.expected(prompt, 12)
-    assert slots.runner.compile_threads and set(slots.runner.compile_threads) == {"jspec-compile"}, slots.runner.compile_threads
+    threads = slots.runner.compile_threads
+    assert threads and set(threads) == {"jspec-compile"}, threads
 
 
 def test_a_cancelled_request_frees_its_row_and_the_queue_is_bounded(engine):
