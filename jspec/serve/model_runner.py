@@ -26,7 +26,7 @@ from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.program_cache import ProgramCache
 from jspec.serve.programs import admit_row
 from jspec.sharding import put
-from jspec.structured_outputs.tree_masks import constrain_tree, root_bitmask, with_forced_drafts
+from jspec.structured_outputs.tree_masks import constrain_proposal, root_bitmask
 
 logger = logging.getLogger("jspec.serve")
 
@@ -228,11 +228,7 @@ class ModelRunner:
             return out
         draft, tree = paged.propose_rows(*args, self.store, row_ids, table, layout=self.layout, setup=self.setup,
                                          seq_len=seq_len)
-        bitmask, tokens, substituted = constrain_tree(matchers, np.asarray(jax.device_get(tree.tokens)),
-                                                      np.asarray(jax.device_get(tree.mask)), vocab,
-                                                      substitute=tree.draft_probs is None or greedy)
-        if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
-            tree = with_forced_drafts(tree, tokens, substituted)
+        tree, bitmask = constrain_proposal(matchers, tree, vocab, greedy=greedy)
         self.store, out = paged.verify_rows(*args, self.store, row_ids, table, cancel, draft, tree,
                                             self.place(bitmask), layout=self.layout, setup=self.setup, seq_len=seq_len,
                                             write_pages=paged.write_pages(self.layout, self.setup, 1))

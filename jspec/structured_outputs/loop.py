@@ -17,7 +17,7 @@ from jspec.generate import GenerateResult, generate_continue, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sharding import ROWS, put, to_host
 from jspec.structured_outputs.programs import propose_tree, verify_tree
-from jspec.structured_outputs.tree_masks import advance, constrain_tree, root_bitmask, with_forced_drafts
+from jspec.structured_outputs.tree_masks import advance, constrain_proposal, root_bitmask
 
 
 def generate_structured(args: tuple, matchers: list, *, setup: GenerateSetup,
@@ -48,10 +48,7 @@ def generate_structured(args: tuple, matchers: list, *, setup: GenerateSetup,
             state = generate_continue(params_t, params_d, state, inputs, one_step, setup=setup)
             continue
         state, tree = propose_tree(params_t, params_d, state, inputs._replace(token_bitmask=None), setup=setup)
-        bitmask, tokens, substituted = constrain_tree(running, to_host(tree.tokens), to_host(tree.mask), vocab,
-                                                      substitute=tree.draft_probs is None or all_greedy)
-        if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
-            tree = with_forced_drafts(tree, tokens, substituted)
+        tree, bitmask = constrain_proposal(running, tree, vocab, greedy=all_greedy)
         state = verify_tree(params_t, params_d, state, tree, inputs._replace(token_bitmask=device(bitmask)),
                             setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist, None,

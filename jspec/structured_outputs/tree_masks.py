@@ -83,6 +83,21 @@ def with_forced_drafts(tree, tokens: np.ndarray, substituted: np.ndarray):
     return tree._replace(tokens=like(tree.tokens, tokens), **flags)
 
 
+def constrain_proposal(matchers: list, tree, vocab_size: int, *, greedy: bool):
+    """A drafter's proposal (a DraftTree on the device) under each row's grammar, between the propose and verify
+    programs of a structured step -> (the tree to verify, its token bitmask [B, T, words]): every node masked from
+    its path's grammar state (:func:`constrain_tree`), and where a grammar forbids a row's drafts, the tokens it
+    forces drafted instead (:func:`with_forced_drafts`) when that cannot change what verification accepts: for
+    deterministic drafts, or when every row is greedy (``greedy``; verification then ignores ``draft_probs``)."""
+    from jspec.sharding import to_host
+
+    bitmask, tokens, substituted = constrain_tree(matchers, to_host(tree.tokens), to_host(tree.mask), vocab_size,
+                                                  substitute=tree.draft_probs is None or greedy)
+    if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
+        tree = with_forced_drafts(tree, tokens, substituted)
+    return tree, bitmask
+
+
 def _allowed(bitmask: np.ndarray, token: int) -> bool:
     """Whether token's bit is set in one node's bitmask i32[W]."""
     return 0 <= token < 32 * bitmask.shape[0] and bool((int(bitmask[token // 32]) >> (token % 32)) & 1)
