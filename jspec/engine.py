@@ -155,7 +155,7 @@ class SpecEngine:
         holding an EAGLE-3 head, a DFlash drafter or a Llama-family draft model with the target's vocabulary. spec:
         the draft tree (default ``SpecConfig()``; a DFlash drafter's: its whole block as a chain), or ``"auto"``:
         the drafter (when ``drafter`` is None: any available one, or plain decoding) and tree with the most expected tokens/s on this
-        device (jspec/auto.py; step costs timed once and cached in ``auto_cache_dir``, None caches nothing;
+        device (jspec/auto.py, jspec/autotune/; step costs timed once and cached in ``auto_cache_dir``, None caches nothing;
         ``auto_log`` receives progress lines; ``auto_streamed``: choose for ``stream`` one step per chunk, whose
         host sync per step favours drafters, instead of ``generate``; ``engine.auto_choice`` says what was chosen
         and why). dtype: compute dtype, "float32" or
@@ -174,7 +174,7 @@ class SpecEngine:
         keep_floats = quantization == "none"
         quantization = None if keep_floats else QuantizationConfig.coerce(quantization)  # checked before any work
         if isinstance(spec, str) and spec == "auto":
-            from jspec.auto import from_pretrained_auto
+            from jspec.autotune import from_pretrained_auto
 
             if quantization is not None:
                 raise ValueError("spec='auto' with quantization: not supported yet; name a drafter and a tree")
@@ -217,7 +217,7 @@ class SpecEngine:
 
     def forcing_acceptance(self, force_accept: int) -> "SpecEngine":
         """This engine with verification accepting exactly min(``force_accept``, depth) drafts per step, over the
-        same weights: for timing a step at a known acceptance (jspec/auto.py). Its output is NOT the target's."""
+        same weights: for timing a step at a known acceptance (jspec/autotune/timing.py). Its output is NOT the target's."""
         if self.setup.drafter is None:
             raise ValueError("forcing_acceptance: plain decoding has no drafts to accept")
         forced = copy.copy(self)

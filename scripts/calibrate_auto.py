@@ -18,7 +18,8 @@ import platform
 import jax
 
 import jspec
-from jspec.auto import (PROFILE_FILE, STEP_COST_FILE, calibrate_profile, from_pretrained_auto, prior_entry_of)
+from jspec.autotune import (PROFILE_FILE, STEP_COST_FILE, calibrate_profile, from_pretrained_auto,
+                            prior_entry_of)
 from jspec.tokenizer import load_tokenizer
 
 MAX_SEQ_LEN = 1024  # jspec generate's default

@@ -5,7 +5,7 @@ For each N the head is cut to its N most frequent members (jspec.train.draft_voc
 lm_head rows unchanged) and converted. Then, on the same HumanEval prompts, greedy, float32:
 
 - acceptance length (pooled over all verify steps), and mismatches against plain decoding (must be 0);
-- seconds per speculative step at batch 1 with force_accept=0 (jspec.auto.measure_step_seconds), for the tree and
+- seconds per speculative step at batch 1 with force_accept=0 (jspec.autotune.measure_step_seconds), for the tree and
   for a chain of 3 (the draft-heavy and the verify-heavy case);
 - token coverage: the fraction of the counting tokens that are draft-vocabulary members.
 """
@@ -46,7 +46,8 @@ def draft_vocab_rows(target: str, head_hf: str, tokens: np.ndarray, sizes: Seque
     step_ms (the tree), chain3_step_ms, accepted_per_position}. ``head_hf``: the HF EAGLE-3 head to cut;
     ``tokens``: the text its draft vocabulary is counted on (the training data); ``repeats``: timing runs per
     step cost (their median)."""
-    from jspec.auto import Candidate, measure_step_seconds
+    from jspec.auto import Candidate
+    from jspec.autotune import measure_step_seconds
     from jspec.tools.eval_acceptance import run_method
     from jspec.train.draft_vocab import shrink_draft_vocab
     from models.checkpoint import convert_hf_checkpoint

@@ -447,8 +447,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def _check_auto(choice, speedup: float | None) -> None:
     """When auto chose a drafter by the model's shipped step costs and it lost to plain decoding here, says so and
-    records it, so that the next run times every candidate on this device (``jspec.auto.reject_prior``)."""
-    from jspec.auto import reject_prior
+    records it, so that the next run times every candidate on this device (``jspec.autotune.reject_prior``)."""
+    from jspec.autotune import reject_prior
 
     if choice is None or speedup is None or not choice.from_prior or speedup >= 1.0:
         return

@@ -1,6 +1,6 @@
 """``jspec tune``: times every method spec="auto" weighs on this device now and caches the step costs under
 ``$JSPEC_HOME/auto``, so that later ``jspec generate`` runs choose by this device's timings rather than the step
-costs the model ships (jspec/auto.py)."""
+costs the model ships (jspec/autotune/)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     import jspec
-    from jspec.auto import from_pretrained_auto
+    from jspec.autotune import from_pretrained_auto
     from jspec.tools.compile_cache import jspec_home
 
     if args.batch_size < 1:

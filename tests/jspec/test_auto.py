@@ -9,7 +9,7 @@ import jax
 import pytest
 
 import jspec
-from jspec import auto
+from jspec import auto, autotune
 from jspec.tools import bundled
 from jspec.tools.cli import main
 
@@ -105,14 +105,14 @@ def test_a_drafter_must_beat_plain_by_the_margin():
 
 def test_steps_are_timed_at_the_expected_acceptance_and_streamed_when_asked(tmp_path, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(auto.time, "perf_counter", clock)
+    monkeypatch.setattr(autotune.timing.time, "perf_counter", clock)
     log = []
     profile = {c.label: 2.4 for c in auto.candidates(["ngram"]) if c.drafter}
-    loop = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log, clock), lambda text: [1], cache_dir=None,
+    loop = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log, clock), lambda text: [1], cache_dir=None,
                             profile=profile, max_seq_len=512)
     assert loop.best.step_seconds == pytest.approx(2e-3 + 0.25e-3 * 2)  # timed at force_accept=round(2.4)
     assert {entry[1] for entry in log if entry[0] != "plain"} == {2}
-    streamed = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log, clock), lambda text: [1],
+    streamed = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log, clock), lambda text: [1],
                                 cache_dir=None, profile=profile, max_seq_len=512, streamed=True)
     assert streamed.plain.step_seconds == pytest.approx(2e-3)  # 1 ms + the 1 ms host sync
     assert streamed.best.step_seconds == pytest.approx(3.5e-3)
@@ -133,9 +133,9 @@ def test_a_disturbed_run_does_not_move_the_step_cost():
             return out
 
     make = lambda candidate, force_accept: Disturbed(candidate, force_accept, [], FakeClock())  # noqa: E731
-    assert auto.measure_step_seconds(make, auto.Candidate(None, None), [1], short=4, long=16) == pytest.approx(1e-3)
+    assert autotune.measure_step_seconds(make, auto.Candidate(None, None), [1], short=4, long=16) == pytest.approx(1e-3)
     chain = auto.Candidate("ngram", jspec.SpecConfig(tree="chain", num_steps=4))
-    assert auto.measure_step_seconds(make, chain, [1], short=4, long=16, accept=2) == pytest.approx(2.5e-3)
+    assert autotune.measure_step_seconds(make, chain, [1], short=4, long=16, accept=2) == pytest.approx(2.5e-3)
 
 
 @pytest.mark.parametrize("max_seq_len", [64, 128, 1024])
@@ -144,10 +144,10 @@ def test_every_candidate_is_timed_over_one_cache_size(max_seq_len):
     CALIBRATION_NEW_TOKENS: one program per candidate, differing in steps only."""
     from jspec.batching import pad_batch
 
-    prompt = auto.timing_prompt(lambda text: list(range(len(text))), max_seq_len)
+    prompt = autotune.timing_prompt(lambda text: list(range(len(text))), max_seq_len)
     slots = set()
     for per_step in (1, 2, 4, 6, 12):
-        short, long = auto.timing_run_lengths(len(prompt), per_step, max_seq_len)
+        short, long = autotune.timing_run_lengths(len(prompt), per_step, max_seq_len)
         runs = {pad_batch([prompt], max_new_tokens=steps * per_step + 1, stop_ids=(), max_batch_size=1,
                           max_seq_len=max_seq_len).seq_len for steps in (short, long)}
         assert 1 <= short < long and len(runs) == 1 and len(prompt) + long * per_step + 1 <= max_seq_len
@@ -157,7 +157,7 @@ def test_every_candidate_is_timed_over_one_cache_size(max_seq_len):
 
 def test_step_costs_are_measured_once_and_cached(tmp_path):
     log = []
-    first = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+    first = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                              cache_dir=str(tmp_path / "home"), max_seq_len=64)
     assert first.plain.step_seconds == pytest.approx(1e-3)
     assert first.best.step_seconds == pytest.approx(2.5e-3)  # timed at force_accept=2, the measured 2.4 rounded
@@ -165,13 +165,13 @@ def test_step_costs_are_measured_once_and_cached(tmp_path):
     [path] = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "home") for f in fs]
     assert not path.endswith(".tmp") and set(json.load(open(path))) == {"step_seconds", "accepted"}
     measured = len(log)
-    second = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+    second = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                               cache_dir=str(tmp_path / "home"), max_seq_len=64)
     assert len(log) == measured and second == first  # nothing measured again
     assert all(len(entry) == 3 for entry in log)  # generate, not stream, by default
     with open(path, "w") as f:
         f.write("{not json")
-    again = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+    again = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                              cache_dir=str(tmp_path / "home"), max_seq_len=64)
     assert len(log) > measured and again.best.candidate == first.best.candidate
 
@@ -179,7 +179,7 @@ def test_step_costs_are_measured_once_and_cached(tmp_path):
 def test_a_shipped_profile_replaces_acceptance_measurement(tmp_path):
     log = []
     profile = {c.label: 0.1 for c in auto.candidates(["ngram"]) if c.drafter}
-    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1], cache_dir=None,
+    choice = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1], cache_dir=None,
                               profile=profile)
     assert choice.drafter is None  # 1.1 tokens per step at 2x the cost: plain wins
     assert all(entry[1] is not None for entry in log if entry[0] != "plain")  # only force_accept timing runs
@@ -191,7 +191,7 @@ def _prior(pool, seconds, **shape):
     entry = {"backend": jax.default_backend(), "batch_size": 1, "max_seq_len": 64, "dtype": None, "layout": "",
              "streamed": False, "host": "a test", "date": "2026-11-25"}
     entry.update(shape)
-    entry["step_seconds"] = {auto.timing_key(c, auto.timed_acceptance(c, 2.4), entry["streamed"]): seconds[c.label]
+    entry["step_seconds"] = {autotune.timing_key(c, autotune.timed_acceptance(c, 2.4), entry["streamed"]): seconds[c.label]
                              for c in pool}
     return [entry]
 
@@ -202,7 +202,7 @@ def test_a_first_run_chooses_by_the_shipped_step_costs_without_timing(tmp_path):
     pool = auto.candidates(["ngram"])
     prior = _prior(pool, {c.label: (1e-3 if c.drafter is None else 5e-3) for c in pool})
     log = []
-    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+    choice = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                               cache_dir=str(tmp_path / "home"), max_seq_len=64, prior=prior)
     assert choice.from_prior and choice.drafter is None  # 3.4 tokens at 5x the cost: plain
     assert "shipped with the model, measured on a test" in choice.source
@@ -216,7 +216,7 @@ def test_a_prior_measured_at_other_shapes_is_not_used(tmp_path, shape):
     pool = auto.candidates(["ngram"])
     prior = _prior(pool, {c.label: 1e-3 for c in pool}, **shape)
     log = []
-    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+    choice = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                               cache_dir=None, max_seq_len=64, prior=prior)
     assert not choice.from_prior and choice.plain.step_seconds == pytest.approx(1e-3)  # timed here
 
@@ -225,7 +225,7 @@ def test_a_prior_missing_a_candidate_is_not_used(tmp_path):
     pool = auto.candidates(["ngram"])
     prior = _prior(pool, {c.label: 1e-3 for c in pool})
     prior[0]["step_seconds"].popitem()
-    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker([]), lambda text: [1, 2, 3],
+    choice = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker([]), lambda text: [1, 2, 3],
                               cache_dir=None, max_seq_len=64, prior=prior)
     assert not choice.from_prior
 
@@ -236,18 +236,18 @@ def test_a_rejected_prior_makes_the_next_run_time_every_candidate(tmp_path):
     pool = auto.candidates(["ngram"])
     prior = _prior(pool, {c.label: (5e-3 if c.drafter is None else 1e-3) for c in pool})
     home = str(tmp_path / "home")
-    first = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker([]), lambda text: [1, 2, 3], cache_dir=home,
+    first = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker([]), lambda text: [1, 2, 3], cache_dir=home,
                              max_seq_len=64, prior=prior)
     assert first.from_prior and first.drafter == "ngram"
-    auto.reject_prior(first, measured_speedup=0.8)
+    autotune.reject_prior(first, measured_speedup=0.8)
     assert json.load(open(first.cache_path))["prior_rejected"]["measured_speedup"] == 0.8
     log = []
-    second = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3], cache_dir=home,
+    second = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3], cache_dir=home,
                               max_seq_len=64, prior=prior)
     assert not second.from_prior and second.plain.step_seconds == pytest.approx(1e-3)
     assert {entry[0] for entry in log if entry[1] is not None or entry[0] == "plain"} == {c.label for c in pool}
     assert set(json.load(open(second.cache_path))) == {"step_seconds", "accepted"}
-    auto.reject_prior(second, measured_speedup=0.5)  # this device's own timings: nothing to reject
+    autotune.reject_prior(second, measured_speedup=0.5)  # this device's own timings: nothing to reject
     assert "prior_rejected" not in json.load(open(second.cache_path))
 
 
@@ -255,7 +255,7 @@ def test_retime_ignores_the_cache_and_the_prior(tmp_path):
     pool = auto.candidates(["ngram"])
     prior = _prior(pool, {c.label: 1e-3 for c in pool})
     log = []
-    choice = auto.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
+    choice = autotune.auto_choice(str(tmp_path), ["ngram"], _fake_maker(log), lambda text: [1, 2, 3],
                               cache_dir=None, max_seq_len=64, prior=prior, retime=True)
     assert not choice.from_prior and any(entry[1] == 2 for entry in log)
 @pytest.mark.parametrize("streamed", [True, False])
@@ -263,13 +263,13 @@ def test_the_bundle_ships_step_costs_for_every_candidate_at_the_cli_defaults(str
     """jspec generate's first run on a CPU (one prompt streamed, or --json / --no-stream) finds every candidate it
     weighs in the bundle's prior, so it times nothing."""
     model = jspec.bundled_model()
-    prior = auto.load_step_cost_prior(model)
-    entry = auto.prior_entry([dict(e, backend=jax.default_backend()) for e in prior if e["backend"] == "cpu"],
+    prior = autotune.load_step_cost_prior(model)
+    entry = autotune.prior_entry([dict(e, backend=jax.default_backend()) for e in prior if e["backend"] == "cpu"],
                              batch_size=1, max_seq_len=1024, dtype=None, layout="", streamed=streamed)
     assert entry is not None
-    profile = auto.load_profile(model)
+    profile = autotune.load_profile(model)
     for c in auto.candidates(auto.available_drafters(model, None)):
-        key = auto.timing_key(c, auto.timed_acceptance(c, profile.get(c.label, 0.0)), streamed)
+        key = autotune.timing_key(c, autotune.timed_acceptance(c, profile.get(c.label, 0.0)), streamed)
         assert entry["step_seconds"][key] > 0, key
 
 
@@ -284,10 +284,10 @@ def test_real_step_cost_measurement_runs_in_the_loop_and_streamed():
     model = jspec.bundled_model()
     make = lambda c, fa: jspec.SpecEngine.from_pretrained(model, drafter=c.drafter, spec=c.spec,  # noqa: E731
                                                           max_batch_size=1, max_seq_len=128, force_accept=fa)
-    plain = auto.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16)
-    chain = auto.measure_step_seconds(make, auto.Candidate("ngram", jspec.SpecConfig(tree="chain", num_steps=8)),
+    plain = autotune.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16)
+    chain = autotune.measure_step_seconds(make, auto.Candidate("ngram", jspec.SpecConfig(tree="chain", num_steps=8)),
                                       [1, 5, 9], short=4, long=16, accept=2)
-    streamed = auto.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16,
+    streamed = autotune.measure_step_seconds(make, auto.Candidate(None, None), [1, 5, 9], short=4, long=16,
                                          streamed=True)
     for seconds in (plain, chain, streamed):
         assert 1e-6 < seconds < 1.0
@@ -310,9 +310,9 @@ def _seeded_home(tmp_path, batch_size, max_seq_len) -> str:
     test exercises the cached path; measuring is covered above)."""
     home = str(tmp_path / "home")
     names = ["eagle3", "ngram+eagle3", "draft", "ngram"]
-    key = auto.cache_key(jspec.bundled_model(), names, batch_size, max_seq_len, None)
-    profile = auto.load_profile(jspec.bundled_model())
-    steps = {auto.timing_key(c, auto.timed_acceptance(c, profile.get(c.label, 0.0)), False):
+    key = autotune.cache_key(jspec.bundled_model(), names, batch_size, max_seq_len, None)
+    profile = autotune.load_profile(jspec.bundled_model())
+    steps = {autotune.timing_key(c, autotune.timed_acceptance(c, profile.get(c.label, 0.0)), False):
              (1e-3 if c.label in ("plain", "eagle3 chain 3") else 5e-3) for c in auto.candidates(names)}
     os.makedirs(os.path.join(home, "auto"))
     with open(os.path.join(home, "auto", key + ".json"), "w") as f:

@@ -69,14 +69,14 @@ def _seed_auto_cache(home: str, best: str, best_seconds: float) -> tuple[str, di
     """Writes, under ``home``, the auto cache the CLI below reads on a 2-process tp4 mesh: ``best_seconds`` per
     step for the candidate labelled ``best`` and 1 s for every other -> (its path, its contents)."""
     import jspec
-    from jspec import auto
+    from jspec import auto, autotune
 
     target = jspec.bundled_model()
-    profile = auto.load_profile(target)
+    profile = autotune.load_profile(target)
     pool = auto.candidates([CLI_DRAFTER])
-    timings = {auto.timing_key(c, auto.timed_acceptance(c, profile.get(c.label, 0.0)), False):
+    timings = {autotune.timing_key(c, autotune.timed_acceptance(c, profile.get(c.label, 0.0)), False):
                (best_seconds if c.label == best else 1.0) for c in pool}
-    key = auto.cache_key(target, [CLI_DRAFTER], 1, 256, None, auto.mesh_layout(4, 1, None, 2))
+    key = autotune.cache_key(target, [CLI_DRAFTER], 1, 256, None, autotune.mesh_layout(4, 1, None, 2))
     path = os.path.join(home, "auto", key + ".json")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:

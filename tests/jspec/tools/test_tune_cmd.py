@@ -7,7 +7,7 @@ import os
 import pytest
 
 import jspec
-from jspec import auto
+from jspec import autotune
 from jspec.tools.cli import main
 def test_tune_times_every_candidate_and_caches_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("JSPEC_HOME", str(tmp_path))
@@ -15,7 +15,7 @@ def test_tune_times_every_candidate_and_caches_them(tmp_path, monkeypatch, capsy
     captured = capsys.readouterr()
     assert "auto: timing 3 methods once on this device" in captured.err
     assert "step costs measured on this device" in captured.out and "ngram chain 9" in captured.out
-    key = auto.cache_key(jspec.bundled_model(), ["ngram"], 1, 64, None)
+    key = autotune.cache_key(jspec.bundled_model(), ["ngram"], 1, 64, None)
     cached = json.load(open(os.path.join(tmp_path, "auto", key + ".json")))
     assert sorted(k.split(" | ")[0] for k in cached["step_seconds"]) == ["ngram chain 4", "ngram chain 9", "plain"]
     assert all(k.endswith("| streamed") and v > 0 for k, v in cached["step_seconds"].items())
