@@ -24,6 +24,7 @@ from jspec.serve import memory_maps, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, TimedChunk
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.program_cache import ProgramCache
+from jspec.serve.serve_config import ServeConfig
 from jspec.serve.programs import admit_row
 from jspec.sharding import put
 from jspec.structured_outputs.tree_masks import constrain_proposal, root_bitmask
@@ -33,50 +34,22 @@ logger = logging.getLogger("jspec.serve")
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 
 
-@dataclasses.dataclass(frozen=True)
-class RunnerShapes:
-    """What the slot engine decided its programs' shapes are (``SlotEngine``'s arguments say what each means):
-    widths: the prompt width buckets; piece_width: chunked prefill's piece (None: off); row_buckets and seq_buckets:
-    the step programs' occupancy and context buckets; short_row_buckets: those with a SHORT program, short_nodes
-    its tree; num_stop_ids: stop ids per row; adapt: warm-up compiles and runs what the cost table times;
-    prefix_caching: cached prefills are needed."""
-
-    max_seq_len: int
-    max_num_seqs: int
-    block_size: int
-    max_num_batched_tokens: int
-    steps_per_chunk: int
-    num_stop_ids: int
-    widths: tuple[int, ...]
-    piece_width: int | None
-    row_buckets: tuple[int, ...]
-    short_row_buckets: tuple[int, ...]
-    seq_buckets: tuple[int, ...]
-    short_nodes: tuple | None
-    adapt: bool
-    prefix_caching: bool
-    precompile: str
-    kv_cache_memory_fraction: float
-
-
 class ModelRunner:
     """The programs, store and page tables of one slot engine over ``engine``'s weights, for ``setup`` (the
-    engine's, with the server's logprobs and logits processors) and ``shapes``. :meth:`plan` sizes the pool,
-    :meth:`allocate` builds the store, :meth:`compile_up_front` and :meth:`first_runs` warm it up."""
+    engine's, with the server's logprobs and logits processors) and ``config`` (its buckets and sizes).
+    :meth:`plan` sizes the pool, :meth:`allocate` builds the store, :meth:`compile_up_front` and :meth:`first_runs`
+    warm it up."""
 
-    def __init__(self, engine, setup, shapes: RunnerShapes, ways_out: str):
+    def __init__(self, engine, setup, config: ServeConfig, ways_out: str):
         self.engine, self.setup = engine, setup
-        for field in dataclasses.fields(shapes):
-            setattr(self, field.name, getattr(shapes, field.name))
-        self.max_prompt_width = shapes.max_seq_len - 1
-        self.speculative = setup.drafter is not None
-        self.eos_token_ids = tuple(engine.eos_token_ids)
+        for field in dataclasses.fields(config):  # read as the runner's own settings
+            setattr(self, field.name, getattr(config, field.name))
         self.programs = ProgramCache(self.lower, ways_out=ways_out)
         self.layout: paged.PagedLayout | None = None
         self.blocks: BlockManager | None = None  # the scheduler's; the cost table's rows take pages from it
         self.store = None
         self.store_shape = None  # the store's shapes and shardings: what programs are lowered for
-        self.tables = np.zeros((shapes.max_num_seqs + 1, 1), np.int32)  # sized in allocate()
+        self.tables = np.zeros((config.max_num_seqs + 1, 1), np.int32)  # sized in allocate()
         self.host_step = 0  # the store's loop step counter, as last read back
         self.structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
 

@@ -15,14 +15,14 @@ hands pages out. One scheduler thread loops:
 3. **step**: one chunk of up to ``steps_per_chunk`` fused steps over the running rows (the occupancy bucket of
    their count, the length bucket holding prompt + max_tokens of each), then each request gets the tokens it
    gained and finished ones free their row and pages. With async scheduling (vLLM's ``--async-scheduling``; by
-   default on a GPU or TPU, ``default_async_scheduling``) the chunk is dispatched before the one before it is
-   read back, where that wastes nothing the host can foresee (:meth:`SlotEngine._may_overlap`): the host hands
-   out the last chunk's tokens, admits and reserves while the device steps (JAX dispatch is asynchronous). The
-   rows' state lives in the device's store, so the next chunk needs nothing the host has not read: a row that
-   finished in the chunk in flight steps no further (its ``done`` is on the device), pages are reserved two
-   chunks ahead (or the chunk in flight is read back first where the pool cannot hold that, so no request is
-   preempted with tokens on the way), and a readout is handed only to the request that held the row when its
-   chunk was dispatched (a row freed and given to a new request since is skipped).
+   default on a GPU or TPU, ``serve_config.default_async_scheduling``) the chunk is dispatched before the one before
+   it is read back, where that wastes nothing the host can foresee (:meth:`SlotEngine._may_overlap`): the host hands
+   out the last chunk's tokens, admits and reserves while the device steps (JAX dispatch is asynchronous). The rows'
+   state lives in the device's store, so the next chunk needs nothing the host has not read: a row that finished in
+   the chunk in flight steps no further (its ``done`` is on the device), pages are reserved two chunks ahead (or the
+   chunk in flight is read back first where the pool cannot hold that, so no request is preempted with tokens on the
+   way), and a readout is handed only to the request that held the row when its chunk was dispatched (a row freed and
+   given to a new request since is skipped).
 
 Programs (one prefill per prompt width and batch bucket, one step program per step kind, occupancy bucket and
 length bucket) live in a :class:`jspec.serve.program_cache.ProgramCache`. By default (``precompile="needed"``)
@@ -53,215 +53,56 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from jspec.batching import MIN_SEQ_BUCKET, compile_buckets, next_power_of_two, prompt_bucket, prompt_buckets
-from jspec.config import SEED_RANGE, SamplingParams, SpecConfig, check_seed, check_token_ids
-from jspec.logprobs import check_num_logprobs
+from jspec.batching import prompt_bucket
+from jspec.config import SEED_RANGE, SamplingParams, check_seed, check_token_ids
 from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
-from jspec.serve.model_runner import ModelRunner, RunnerShapes
+from jspec.serve.model_runner import ModelRunner
 from jspec.serve.output_processor import OutputProcessor, RequestOutput
 from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
                                   uses_api_features)
-from jspec.step import short_draft_nodes
+from jspec.serve.serve_config import serve_config
 from jspec.structured_outputs import StructuredOutputsParams
 from jspec.structured_outputs.grammar import GrammarCompiler
 from jspec.structured_outputs.tree_masks import advance
 
 logger = logging.getLogger("jspec.serve")
 
-DEFAULT_BATCHED_TOKENS = 2048  # --max-num-batched-tokens, as vLLM's for online serving
-SHORT_MIN_SHARE = 4  # the short program at occupancy buckets of at least max_num_seqs / SHORT_MIN_SHARE rows
 CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
-PRECOMPILE = ("needed", "all")  # SlotEngine(precompile=...), jspec serve --precompile
-
-
-def default_async_scheduling() -> bool:
-    """On where a device runs the steps beside the host (a GPU or TPU); off on a CPU, whose cores the host's work and
-    the steps share, so overlapping them moves no work off the critical path (docs/benchmarks.md measured it)."""
-    return jax.default_backend() != "cpu"
-
-
-def default_short_draft_len(spec: SpecConfig | None) -> int | None:
-    """The short program's drafts where none is asked for: a quarter of a chain's (at least one), so its verify
-    pass is a few tokens wide; None where the drafter's tree ``spec`` is not a chain of at least two drafts."""
-    if spec is None:
-        return None
-    draft_len = max(1, spec.max_depth // 4)
-    return draft_len if short_draft_nodes(spec, draft_len) is not None else None
-
-
-def checked_short_draft_len(short_draft_len: int | None, spec: SpecConfig | None) -> int | None:
-    """``SlotEngine``'s short_draft_len as the drafts its short program verifies (the drafter's tree: ``spec``),
-    None for no short program: None picks :func:`default_short_draft_len`, 0 none; else it must cut the chain."""
-    if short_draft_len is None:
-        return default_short_draft_len(spec)
-    if isinstance(short_draft_len, bool) or not isinstance(short_draft_len, int) or short_draft_len < 0:
-        raise ValueError(f"short_draft_len={short_draft_len!r}: expected an integer >= 0 (0: no short program)")
-    if short_draft_len == 0 or spec is None:
-        return None
-    if short_draft_nodes(spec, short_draft_len) is None:
-        raise ValueError(f"short_draft_len={short_draft_len}: expected 0 or fewer drafts than the drafter's chain "
-                         f"(tree {spec.tree!r} of depth {spec.max_depth}; only a chain can be cut)")
-    return short_draft_len
 
 
 class SlotEngine:
     """Serves a :class:`jspec.SpecEngine`'s model and drafter with continuous batching over a paged KV cache
     (module docstring).
 
-    engine: the offline engine (its weights, drafter and setup are reused as placed); max_seq_len: the longest
-    request (prompt + max_tokens), at most the engine's; max_queue: waiting requests before 503; steps_per_chunk:
-    K, the steps one chunk runs at most (the streaming and admission granularity); adapt: choose per chunk between
-    speculative and plain steps (:mod:`jspec.serve.adapt`); short_draft_len: with adapt, a chain drafter's
-    speculative steps may also verify only its first short_draft_len drafts (a third program the adapter
-    chooses, for high occupancy; ``default_short_draft_len``), 0: never; max_stop_ids: stop token ids per request (EOS
-    included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU,
-    ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
-    ``model_runner.CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's
-    prompt starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
-    cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning);
-    max_num_seqs: requests running at once (default: the engine's max_batch_size); max_num_batched_tokens: prompt
-    tokens prefilled between two chunks (default 2048, as vLLM's): a prompt whose uncached rest is longer is
-    prefilled in pieces of whole pages between chunks of the running rows (chunked prefill), except with MTP,
-    whose prompts are prefilled whole (at least max_seq_len - 1; default max(2048, that)); row_buckets:
-    the occupancy buckets a chunk may step (ascending, the last one max_num_seqs; default: powers of two, then
-    max_num_seqs), one compiled chunk program per bucket and step program (vLLM's cudagraph capture sizes play
-    this part); async_scheduling: dispatch each chunk before reading the one before back where that wastes
-    nothing foreseeable (module docstring; None: ``default_async_scheduling()``);
-    seq_buckets: likewise the context lengths a chunk may run at (the last one max_seq_len; default:
-    powers of two from 256, then max_seq_len): a chunk runs at the smallest one holding prompt + max_tokens of
-    every request in its rows; max_logprobs: None (requests cannot ask for logprobs), or K: every program records
-    each committed token's log-probability and the K most likely tokens at its position (``jspec.logprobs``; vLLM's
-    ``--max-logprobs``), and a request may ask for up to K; logprobs_mode: vLLM's "raw_logprobs" or
-    "processed_logprobs" (``jspec.logprobs.recorded_logits``); logits_processors: requests may use the penalties,
-    logit_bias, banned ids and min_tokens (``jspec.logits_processors``: per-row arrays in every program, the
-    processing itself skipped in a step where no row uses them). Structured outputs (a request's grammar) run
-    their own programs (a step's proposal and its verify pass apart, the host masking the tree between them):
-    compiled at the first structured request of a bucket, or in :meth:`warm_up` with warm_up_structured_outputs.
-    precompile: "needed" (warm-up compiles the widest buckets and what it runs itself; other buckets compile on
-    first use, off the scheduler's thread, while a larger compiled bucket serves their requests; module
-    docstring) or "all" (every bucket at warm-up).
+    engine: the offline engine (its weights, drafter and setup are reused as placed); options: the server's
+    settings, :func:`jspec.serve.serve_config.serve_config`'s arguments (what each means, their defaults).
     """
 
     runner_class = ModelRunner  # what runs the programs (tests run the scheduler over host programs)
 
-    def __init__(self, engine, *, max_seq_len: int | None = None, max_queue: int = 256, steps_per_chunk: int = 4,
-                 adapt: bool = True, short_draft_len: int | None = None, max_stop_ids: int = 8, block_size: int = 16,
-                 max_total_tokens: int | None = None, max_num_seqs: int | None = None,
-                 max_num_batched_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9,
-                 enable_prefix_caching: bool = True, row_buckets: Sequence[int] | None = None,
-                 seq_buckets: Sequence[int] | None = None, async_scheduling: bool | None = None,
-                 max_logprobs: int | None = None, logits_processors: bool = False,
-                 warm_up_structured_outputs: bool = False, logprobs_mode: str = "raw_logprobs",
-                 precompile: str = "needed"):
-        max_seq_len = engine.setup.max_seq_len if max_seq_len is None else max_seq_len
-        max_num_seqs = engine.max_batch_size if max_num_seqs is None else max_num_seqs
-        chunks_prefill = paged.continues_from_cache(engine.setup)
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = DEFAULT_BATCHED_TOKENS if chunks_prefill else max(DEFAULT_BATCHED_TOKENS,
-                                                                                       max_seq_len - 1)
-        for name, value, low in (("max_queue", max_queue, 0), ("steps_per_chunk", steps_per_chunk, 1),
-                                 ("max_stop_ids", max_stop_ids, 1), ("block_size", block_size, 1),
-                                 ("max_num_seqs", max_num_seqs, 1),
-                                 ("max_total_tokens", 1 if max_total_tokens is None else max_total_tokens, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}={value!r}: expected an integer >= {low}")
-        if not isinstance(max_seq_len, int) or not 2 <= max_seq_len <= engine.setup.max_seq_len:
-            raise ValueError(f"max_seq_len={max_seq_len!r}: expected an integer in [2, "
-                             f"{engine.setup.max_seq_len}] (the engine's max_seq_len)")
-        # Chunked prefill cuts a prompt into pieces of whole pages; a drafter that recomputes a cached prefix's
-        # last page (EAGLE-3) redoes one page per piece, so a piece needs two.
-        least = (2 if paged.recomputes_last_hit(engine.setup) else 1) * block_size
-        if not chunks_prefill:
-            least = max_seq_len - 1  # MTP: a prompt is prefilled whole
-        if (not isinstance(max_num_batched_tokens, int) or isinstance(max_num_batched_tokens, bool)
-                or max_num_batched_tokens < min(least, max_seq_len - 1)):
-            what = ("the longest prompt, max_seq_len - 1: this drafter's prompts are prefilled whole"
-                    if not chunks_prefill else f"two pages of --block-size {block_size}: a prefill piece"
-                    if least == 2 * block_size else f"one page of --block-size {block_size}: a prefill piece")
-            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens!r}: expected an integer >= "
-                             f"{min(least, max_seq_len - 1)} ({what})")
-        if async_scheduling is None:
-            async_scheduling = default_async_scheduling()
-        if not isinstance(async_scheduling, bool):
-            raise ValueError(f"async_scheduling={async_scheduling!r}: expected a bool or None")
-        if not 0.0 < kv_cache_memory_fraction <= 1.0:
-            raise ValueError(f"kv_cache_memory_fraction={kv_cache_memory_fraction!r}: expected a number in (0, 1]")
-        if engine.data_parallel_size != 1:
-            raise ValueError(f"data_parallel_size={engine.data_parallel_size}: the server runs one replica; "
-                             f"use tensor parallelism (-tp), or one server per data-parallel group")
-        check_num_logprobs(max_logprobs, engine.config.vocab_size)
-        if precompile not in PRECOMPILE:
-            raise ValueError(f"precompile={precompile!r}: expected one of {PRECOMPILE}")
-        self.precompile = precompile
+    def __init__(self, engine, **options):
         self.engine = engine
-        self.setup = dataclasses.replace(engine.setup.with_max_seq_len(max_seq_len), logprobs=max_logprobs,
-                                         logprobs_mode=logprobs_mode, logits_processors=bool(logits_processors))
-        self.max_seq_len = max_seq_len
-        self.max_num_seqs = max_num_seqs
-        self.block_size = block_size
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.kv_cache_memory_fraction = kv_cache_memory_fraction
-        self.max_queue = max_queue
-        self.steps_per_chunk = steps_per_chunk
-        self.async_scheduling = async_scheduling
-        self.num_stop_ids = next_power_of_two(max_stop_ids)
-        self.speculative = self.setup.drafter is not None
-        self.adapt = adapt and self.speculative
-        self.short_draft_len = None
-        if self.adapt:
-            self.short_draft_len = checked_short_draft_len(short_draft_len, self.setup.spec)
-        self._short_nodes = (None if self.short_draft_len is None
-                             else short_draft_nodes(self.setup.spec, self.short_draft_len))
-        self.eos_token_ids = tuple(engine.eos_token_ids)
-        self.max_prompt_width = max_seq_len - 1  # a prompt leaves room for one new token
-        self.widths = prompt_buckets(self.max_prompt_width, half_steps=False)
-        # Chunked prefill: an uncached prompt rest longer than max_num_batched_tokens is prefilled in pieces of
-        # ``piece_width`` tokens (the widest whole-page width bucket that fits), between chunks of the running
-        # rows; None: every prompt fits one prefill call.
-        self.piece_width = None
-        if max_num_batched_tokens < self.max_prompt_width:
-            fitting = [w for w in self.widths if w <= max_num_batched_tokens and w % block_size == 0]
-            if not fitting or fitting[-1] < least:
-                raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens}: no prefill piece of whole pages "
-                                 f"(--block-size {block_size}) and at least {least} tokens fits in it")
-            self.piece_width = fitting[-1]
-            self.widths = tuple(w for w in self.widths if w <= self.piece_width)
-        self.row_buckets = compile_buckets("row_buckets", row_buckets, first=1, last=max_num_seqs,
-                                           last_name="max_num_seqs")
-        # The short program only where a verify pass is wide enough to cost more than it saves: the busiest
-        # buckets (few rows leave a step bound by memory, where the whole chain's pass costs about a plain step).
-        self.short_row_buckets = () if self._short_nodes is None else tuple(
-            rows for rows in self.row_buckets if SHORT_MIN_SHARE * rows >= max_num_seqs)
-        self.seq_buckets = compile_buckets("seq_buckets", seq_buckets, first=MIN_SEQ_BUCKET, last=max_seq_len,
-                                           last_name="max_seq_len")
-        self._max_total_tokens = max_total_tokens
-        self.prefix_caching = enable_prefix_caching and paged.continues_from_cache(self.setup)
-        self._drop_last_hit = paged.recomputes_last_hit(self.setup)
-        if enable_prefix_caching and not self.prefix_caching:
-            logger.warning("prefix caching is off: the drafter reads target layers %s and does not continue from a "
-                           "cached prefix", self.setup.drafter.tap_layers)
+        self.config, self.setup = serve_config(engine, **options)
+        for field in dataclasses.fields(self.config):  # read as the scheduler's own settings
+            if field.name != "max_total_tokens":
+                setattr(self, field.name, getattr(self.config, field.name))
+        self._max_total_tokens = self.config.max_total_tokens  # known after warm_up() where not given
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
         self.output_processor = OutputProcessor(self.metrics)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
         self.layout: paged.PagedLayout | None = None
         self.blocks: BlockManager | None = None
-        self.runner = self.runner_class(engine, self.setup, RunnerShapes(
-            max_seq_len=max_seq_len, max_num_seqs=max_num_seqs, block_size=block_size,
-            max_num_batched_tokens=max_num_batched_tokens, steps_per_chunk=steps_per_chunk,
-            num_stop_ids=self.num_stop_ids, widths=tuple(self.widths), piece_width=self.piece_width,
-            row_buckets=self.row_buckets, short_row_buckets=self.short_row_buckets, seq_buckets=self.seq_buckets,
-            short_nodes=self._short_nodes, adapt=self.adapt, prefix_caching=self.prefix_caching,
-            precompile=precompile, kv_cache_memory_fraction=kv_cache_memory_fraction),
-            ways_out="a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs")
+        self.runner = self.runner_class(engine, self.setup, self.config, ways_out=(
+            "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
         self.metrics.watch_programs(self.runner.programs)
         # Chunks whose requests use none of them run step programs without the features (compiled on first use).
         self._offers_api_features = self.setup.logprobs is not None or self.setup.logits_processors
         self._waiting: collections.deque[Pending] = collections.deque()
-        self._rows: list[Running | None] = [None] * max_num_seqs
+        self._rows: list[Running | None] = [None] * self.max_num_seqs
         self._admitted = itertools.count()
         self._lock = threading.Condition()
         self._accepting = False
@@ -270,8 +111,6 @@ class SlotEngine:
         self._flight: Flight | None = None  # the chunk dispatched and not read back (async scheduling)
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
         self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
-        self.warm_up_structured_outputs = bool(warm_up_structured_outputs)
-        self.runner.structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -515,7 +354,7 @@ class SlotEngine:
         while True:
             queries, hits = self.blocks.prefix_queries_tokens, self.blocks.prefix_hits_tokens
             allocation = self.blocks.allocate(context[:limit], self.runner.lookahead(len(context), need),
-                                              drop_last_hit=self._drop_last_hit)
+                                              drop_last_hit=self.drop_last_hit)
             if allocation is None or not allocation.cached_tokens:
                 break
             width = prompt_bucket(len(context) - allocation.cached_tokens, self.max_prompt_width, half_steps=False)
@@ -591,7 +430,7 @@ class SlotEngine:
                 began = time.perf_counter()
                 # The head of a drafter reading target states pairs slot p with token p + 1: the piece's last
                 # page is computed again with the next piece (as a prefix-cache hit's is).
-                running.prefilled = end - (self.block_size if self._drop_last_hit else 0)
+                running.prefilled = end - (self.block_size if self.drop_last_hit else 0)
                 spent += self.piece_width
             else:
                 width = prompt_bucket(running.context_len - start, self.max_prompt_width, half_steps=False)

@@ -177,7 +177,7 @@ def _listen(host: str, port: int) -> socket.socket:
 def resolve_serve_args(args: argparse.Namespace):
     """Completes ``args`` as ``jspec serve`` does (the model and drafter, --max-num-seqs and --max-seq-len
     defaults), checking what can be checked before loading -> (model_dir, drafter, spec)."""
-    from jspec.serve.slots import checked_short_draft_len
+    from jspec.serve.serve_config import checked_short_draft_len
 
     model_dir, drafter, _ = resolve_models(args)
     if args.max_num_seqs is None:
