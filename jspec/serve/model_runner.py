@@ -34,6 +34,37 @@ logger = logging.getLogger("jspec.serve")
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """One chunk, as the scheduler decided it: ``rows`` (running rows, in program order; ``cancelled``: each one's
+    request cancelled) stepped by ``program`` (adapt's FULL, SHORT or PLAIN) of the occupancy bucket ``bucket`` at
+    context ``seq_len``, up to ``steps`` loop steps; lean: its form without the API features."""
+
+    rows: tuple[int, ...]
+    cancelled: tuple[bool, ...]
+    program: str
+    bucket: int
+    seq_len: int
+    steps: int
+    lean: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPlan:
+    """One prefill call, as the scheduler decided it: ``items`` (each prompt's uncached rest, its parameters) into
+    ``rows`` at prompt width ``width``; cached: None, or each prompt's tokens already in its pages (prefix-cache
+    hits, earlier pieces), ``lengths`` its whole prompt; history and matchers: as :meth:`ModelRunner.prefill_arrays`
+    takes them (None: fresh prompts, unconstrained)."""
+
+    items: tuple[tuple[list[int], SamplingParams], ...]
+    width: int
+    rows: tuple[int, ...]
+    cached: tuple[int, ...] | None = None
+    lengths: tuple[int, ...] | None = None
+    history: tuple[tuple[list[int] | None, int], ...] | None = None
+    matchers: tuple | None = None
+
+
 class ModelRunner:
     """The programs, store and page tables of one slot engine over ``engine``'s weights, for ``setup`` (the
     engine's, with the server's logprobs and logits processors) and ``config`` (its buckets and sizes).
@@ -102,21 +133,24 @@ class ModelRunner:
 
     # --- calling programs -----------------------------------------------------------------------------------------
 
-    def prefill(self, items: list[tuple[list[int], SamplingParams]], width: int, rows: list[int],
-                cached: list[int] | None = None, lengths: list[int] | None = None,
-                history: list[tuple[list[int], int]] | None = None, matchers: list | None = None) -> paged.Readout:
-        """One prefill program call: ``items`` (each prompt's uncached rest, its parameters) into ``rows``;
-        ``cached``: None, or the tokens of each already in its pages (prefix-cache hits), ``lengths`` its whole
-        prompt; history and matchers as :meth:`prefill_arrays` -> the readout (in flight)."""
-        program = "prefill" if cached is None else "prefill_cached"
-        size, width = self.prefill_program(program, len(items), width)
-        assert size >= len(items), (program, size, len(items))  # callers prefill in parts of :meth:`prefill_program`
-        arrays = self.prefill_arrays(items, width, size, rows, history, matchers)
-        if cached is not None:
-            arrays = self.cached_arrays(arrays, cached, lengths)
+    def prefill(self, plan: PrefillPlan) -> paged.Readout:
+        """Runs ``plan`` on the prefill program of its batch and width bucket (or the compiled one standing in,
+        :meth:`prefill_program`) -> its readout (in flight)."""
+        program = "prefill" if plan.cached is None else "prefill_cached"
+        size, width = self.prefill_program(program, len(plan.items), plan.width)
+        assert size >= len(plan.items), (program, size, len(plan.items))  # callers prefill in parts of that size
+        arrays = self.prefill_arrays(list(plan.items), width, size, list(plan.rows), plan.history, plan.matchers)
+        if plan.cached is not None:
+            arrays = self.cached_arrays(arrays, list(plan.cached), plan.lengths)
         self.store, out = self.programs[program, size, width](self.engine.params, self.engine.drafter_params,
                                                               self.store, *arrays)
         return out
+
+    def step(self, plan: StepPlan) -> paged.Readout:
+        """Runs ``plan`` on its step program -> its readout (in flight)."""
+        arrays = self.step_arrays(list(plan.rows), plan.bucket, list(plan.cancelled))
+        return self.run_step(plan.program, plan.bucket, plan.seq_len, arrays, plan.steps,
+                             "step_lean" if plan.lean else "step")
 
     def pool_tokens(self, layout: paged.PagedLayout) -> int:
         """The default KV pool in token slots: on a GPU, ``kv_cache_memory_fraction`` of device memory less what
@@ -481,7 +515,8 @@ class ModelRunner:
                 held.append((row, allocation.pages))
                 self.set_table(row, allocation.pages)
             for part in self.prefill_parts("prefill", [row for row, _ in held], width):
-                self.prefill([(text(row), drawn if sampled and row == 0 else params) for row in part], width, part)
+                self.prefill(PrefillPlan(tuple((text(row), drawn if sampled and row == 0 else params) for row in part),
+                                         width, tuple(part)))
             admitted.update({"as": (rows, sampled), "steps_left": 3 * self.steps_per_chunk})
 
         def timed_chunk(program: str, rows: int, steps: int, sampled: bool) -> TimedChunk:

@@ -59,7 +59,7 @@ from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.metrics import ServeMetrics
-from jspec.serve.model_runner import ModelRunner
+from jspec.serve.model_runner import ModelRunner, PrefillPlan, StepPlan
 from jspec.serve.output_processor import OutputProcessor, RequestOutput
 from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
                                   uses_api_features)
@@ -452,7 +452,8 @@ class SlotEngine:
         history = [(None, 0) if self._rows[row] is None else
                    (self._rows[row].request.prompt_ids, len(self._rows[row].pending.generated)) for row in rows]
         matchers = [None if self._rows[row] is None else self._rows[row].pending.matcher for row in rows]
-        out = self.runner.prefill(items, width, rows, cached, lengths, history, matchers)
+        out = self.runner.prefill(PrefillPlan(tuple(items), width, tuple(rows), None if cached is None else
+                                              tuple(cached), tuple(lengths), tuple(history), tuple(matchers)))
         self._land()  # readouts are read in dispatch order: the chunk before this prefill first
         return out
 
@@ -512,16 +513,14 @@ class SlotEngine:
                 [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
             program = self.adapter.choose_program(rows, expected, sampled, seq_len)
         rows, seq_len = self.runner.step_bucket(program, rows, seq_len)
-        kind = "step"
+        lean = False
         if self._offers_api_features and not any(uses_api_features(self._rows[i].request) for i in running):
-            lean = ("step_lean", program, rows, seq_len)
-            if lean in self.runner.programs:
-                kind = "step_lean"
-            else:  # until it is compiled (off this thread), the program with the features runs these rows too
-                self.runner.programs.request(lean)
+            lean = ("step_lean", program, rows, seq_len) in self.runner.programs
+            if not lean:  # until it is compiled (off this thread), the program with the features runs these rows too
+                self.runner.programs.request(("step_lean", program, rows, seq_len))
         dispatched = time.perf_counter()
-        arrays = self.runner.step_arrays(running, rows, self._cancelled(running))
-        out = self.runner.run_step(program, rows, seq_len, arrays, self.steps_per_chunk, kind)
+        out = self.runner.step(StepPlan(tuple(running), tuple(self._cancelled(running)), program, rows, seq_len,
+                                        self.steps_per_chunk, lean))
         return Flight(running, [self._rows[i] for i in running], out, program, rows, seq_len, sampled, dispatched)
 
     def _land(self) -> None:
