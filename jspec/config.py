@@ -204,6 +204,15 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
         raise ValueError(f"{what} has token id {int(bad[0])}, outside the vocabulary [0, {vocab_size})")
 
 
+def check_processor_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """Raises ValueError unless every token id ``params``' logits processors name (logit_bias's keys,
+    banned_token_ids) is in the vocabulary [0, vocab_size) (:func:`check_token_ids`): the offline engine and the
+    server check a request's parameters the same way."""
+    for what, ids in (("logit_bias", [token for token, _ in params.logit_bias]),
+                      ("banned_token_ids", params.banned_token_ids)):
+        check_token_ids(list(ids), vocab_size, what)
+
+
 def static_choices(spec: SpecConfig) -> tuple[tuple[int, ...], ...] | None:
     """The static tree a spec drafts (a chain is the static tree ((0,), (0, 0), ...)); None for dynamic trees."""
     if spec.tree == "chain":

@@ -21,7 +21,7 @@ import numpy as np
 from jspec import compiled_programs
 from jspec.batching import PaddedBatch, pad_batch, unpad_outputs, validate_prompts
 from jspec.chat import ChatTemplate, as_conversations, load_chat_template
-from jspec.config import SamplingParams, SpecConfig
+from jspec.config import SamplingParams, SpecConfig, check_processor_token_ids
 from jspec.detokenize import TextStream
 from jspec.drafters import Drafter, load as load_drafter
 from jspec.generate import GenerateResult, generate, generate_continue, generate_start
@@ -433,11 +433,7 @@ class SpecEngine:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
                                 top_p=float(top_p), seed=seed if isinstance(seed, int) else tuple(seed),
                                 stop_token_ids=tuple(stop_token_ids or ()), **processors)
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
-                          ("banned_token_ids", params.banned_token_ids)):
-            if any(t >= self.config.vocab_size for t in ids):
-                raise ValueError(f"{name}: token ids {sorted(t for t in ids if t >= self.config.vocab_size)} are "
-                                 f"not below the vocabulary size {self.config.vocab_size}")
+        check_processor_token_ids(params, self.config.vocab_size)
         ids = self.encode(prompts)
         validate_prompts(ids, vocab_size=self.config.vocab_size, max_batch_size=self.max_batch_size,
                          max_seq_len=self.setup.max_seq_len, max_new_tokens=params.max_new_tokens)

@@ -54,7 +54,7 @@ import jax
 import numpy as np
 
 from jspec.batching import prompt_bucket
-from jspec.config import SEED_RANGE, SamplingParams, check_seed, check_token_ids
+from jspec.config import SEED_RANGE, SamplingParams, check_processor_token_ids, check_seed, check_token_ids
 from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
@@ -130,9 +130,7 @@ class SlotEngine:
         if params.processes_logits and not self.setup.logits_processors:
             raise ValueError("this server was started without logits processors (jspec serve --logits-processors): "
                              "penalties, logit_bias, banned ids and min_tokens are off")
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
-                          ("banned_token_ids", params.banned_token_ids)):
-            check_token_ids(list(ids), vocab, name)
+        check_processor_token_ids(params, vocab)
         if len(set(self.eos_token_ids) | set(params.stop_token_ids)) > self.num_stop_ids:
             raise ValueError(f"{len(params.stop_token_ids)} stop_token_ids: at most "
                              f"{self.num_stop_ids - len(self.eos_token_ids)} besides EOS")

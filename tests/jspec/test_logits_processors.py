@@ -114,7 +114,7 @@ def test_path_counts_by_hand():
     (dict(presence_penalty=2.5), "presence_penalty=2.5: expected a number in \\[-2, 2\\]"),
     (dict(repetition_penalty=0.0), "repetition_penalty=0.0: expected a number in \\(0, 100\\]"),
     (dict(logit_bias={3: 101.0}), "logit_bias=\\{3: 101.0\\}: expected"),
-    (dict(logit_bias={5000: 1.0}), "logit_bias: token ids \\[5000\\] are not below the vocabulary size 4096"),
+    (dict(logit_bias={5000: 1.0}), "logit_bias has token id 5000, outside the vocabulary \\[0, 4096\\)"),
     (dict(banned_token_ids=[-1]), "banned_token_ids=\\(-1,\\): expected non-negative integers"),
     (dict(min_tokens=-1), "min_tokens=-1: expected an integer >= 0"),
 ])
