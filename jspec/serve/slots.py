@@ -54,18 +54,17 @@ import jax
 import numpy as np
 
 from jspec.batching import prompt_bucket
-from jspec.config import SEED_RANGE, SamplingParams, check_processor_token_ids, check_seed, check_token_ids
+from jspec.config import SEED_RANGE, SamplingParams
 from jspec.serve import paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
+from jspec.serve.input_processor import InputProcessor
 from jspec.serve.metrics import ServeMetrics
 from jspec.serve.model_runner import ModelRunner, PrefillPlan, StepPlan
 from jspec.serve.output_processor import OutputProcessor, RequestOutput
 from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
                                   uses_api_features)
 from jspec.serve.serve_config import serve_config
-from jspec.structured_outputs import StructuredOutputsParams
-from jspec.structured_outputs.grammar import GrammarCompiler
 from jspec.structured_outputs.tree_masks import advance
 
 logger = logging.getLogger("jspec.serve")
@@ -91,6 +90,7 @@ class SlotEngine:
                 setattr(self, field.name, getattr(self.config, field.name))
         self._max_total_tokens = self.config.max_total_tokens  # known after warm_up() where not given
         self.metrics = ServeMetrics(self.setup.tokens_per_step)
+        self.input_processor = InputProcessor(self.config, self.setup, engine.tokenizer, engine.config.vocab_size)
         self.output_processor = OutputProcessor(self.metrics)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
@@ -110,44 +110,14 @@ class SlotEngine:
         self._thread: threading.Thread | None = None
         self._flight: Flight | None = None  # the chunk dispatched and not read back (async scheduling)
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
-        self._grammars: GrammarCompiler | None = None  # built at the first structured-outputs request
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
 
     def check(self, request: Request) -> None:
-        """Raises ValueError naming the bad value (the server answers 400) before the request is queued."""
-        ids, vocab = request.prompt_ids, self.engine.config.vocab_size
-        if not ids:
-            raise ValueError("the prompt is empty: expected at least one token")
-        check_token_ids(ids, vocab, "the prompt")
-        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
-            raise ValueError(f"max_tokens={request.max_tokens!r}: expected an integer >= 1")
-        if len(ids) + request.max_tokens > self.max_seq_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens; with max_tokens={request.max_tokens} that exceeds "
-                             f"the context of {self.max_seq_len} tokens (--max-seq-len)")
-        params = request.sampling_params()
-        if params.processes_logits and not self.setup.logits_processors:
-            raise ValueError("this server was started without logits processors (jspec serve --logits-processors): "
-                             "penalties, logit_bias, banned ids and min_tokens are off")
-        check_processor_token_ids(params, vocab)
-        if len(set(self.eos_token_ids) | set(params.stop_token_ids)) > self.num_stop_ids:
-            raise ValueError(f"{len(params.stop_token_ids)} stop_token_ids: at most "
-                             f"{self.num_stop_ids - len(self.eos_token_ids)} besides EOS")
-        check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
-        if request.seed is not None:
-            check_seed(request.seed)
-        if request.structured_outputs is not None:
-            self._grammar_matcher(request.structured_outputs)  # a bad grammar is a 400, before queueing
-        wanted = request.logprobs
-        if request.prompt_logprobs and wanted is None:
-            raise ValueError("prompt_logprobs needs logprobs=K (how many top log-probabilities per token)")
-        if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0):
-            raise ValueError(f"logprobs={wanted!r}: expected an integer >= 0")
-        if wanted is not None and (self.setup.logprobs is None or wanted > self.setup.logprobs):
-            most = "none (start it with --max-logprobs K)" if self.setup.logprobs is None else self.setup.logprobs
-            raise ValueError(f"logprobs={wanted}: this server returns at most {most} top log-probabilities per "
-                             f"token (--max-logprobs)")
+        """Raises ValueError naming the bad value (the server answers 400) before the request is queued
+        (``InputProcessor.check``)."""
+        self.input_processor.check(request)
 
     def submit(self, request: Request) -> Request:
         """Queues a request (checked first: ValueError); QueueFull / NotAccepting when it cannot be taken."""
@@ -160,18 +130,10 @@ class SlotEngine:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
             self._waiting.append(Pending(request, matcher=None if request.structured_outputs is None else
-                                          self._grammar_matcher(request.structured_outputs)))
+                                          self.input_processor.matcher(request.structured_outputs)))
             self.metrics.waiting.set(len(self._waiting))
             self._lock.notify()
         return request
-
-    def _grammar_matcher(self, params: StructuredOutputsParams):
-        """A fresh matcher for a request's structured outputs (compiled grammars are cached; ValueError for a bad
-        one)."""
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.engine.tokenizer, self.engine.config.vocab_size,
-                                             self.eos_token_ids)
-        return self._grammars.matcher(params)
 
     @property
     def num_waiting(self) -> int:
