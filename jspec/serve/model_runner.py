@@ -24,8 +24,8 @@ from jspec.serve import memory_maps, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, TimedChunk
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.program_cache import ProgramCache
-from jspec.serve.serve_config import ServeConfig
 from jspec.serve.programs import admit_row
+from jspec.serve.serve_config import ServeConfig
 from jspec.sharding import put
 from jspec.structured_outputs.tree_masks import constrain_proposal, root_bitmask
 
@@ -534,7 +534,7 @@ class ModelRunner:
             out = self.run_step(program, rows, seq_len, arrays, steps)
             out = jax.device_get(out)
             seconds = time.perf_counter() - start
-            ran, self.host_step = int(out.step) - self.host_step, int(out.step)
+            ran = self.steps_ran(out.step)
             gained = int(out.num_generated[:len(held)].sum()) - len(held)
             return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()),
                               tuple(int(n) for n in out.accepted_hist[:len(held)].sum(axis=0)))
