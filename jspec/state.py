@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.logprobs import Logprobs
+from jspec.state_layout import SHARED, TARGET_KV, PerPosition, PerRow, per_position, per_row
 from models.attention import KVCache
 
 
@@ -45,6 +46,19 @@ class DecodeState(NamedTuple):
     def cache_len(self) -> jax.Array:
         """i32[B] tokens whose K/V are in the cache."""
         return self.seq_len - 1
+
+
+def declare_layout(state: DecodeState, *, max_seq_len: int, cache_slots: int, drafter: Any) -> DecodeState:
+    """``state``'s structure with each leaf's declaration (``jspec.state_layout``); the drafter declares its own
+    state's (``Drafter.state_layout``). max_seq_len, cache_slots: the setup's (``GenerateSetup.cache_slots``)."""
+    return DecodeState(
+        tokens=PerPosition("tokens", max_seq_len), seq_len=PerRow(),
+        cache=per_position(state.cache, TARGET_KV, cache_slots), num_generated=PerRow(), done=PerRow(),
+        num_steps=PerRow(), accepted_hist=PerRow(), step=SHARED,
+        draft=None if state.draft is None else drafter.state_layout(state.draft),
+        hidden_states=None if state.hidden_states is None else PerPosition("captured states", max_seq_len, 1, 2),
+        logprobs=per_position(state.logprobs, "log-probabilities", max_seq_len),
+        output_counts=per_row(state.output_counts))
 
 
 def write_hidden_states(hidden: jax.Array, states: jax.Array, start: jax.Array, count: jax.Array) -> jax.Array:

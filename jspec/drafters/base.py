@@ -31,7 +31,10 @@ What a drafter can do is declared, never probed for:
   target states reruns its prefill over the whole prompt; one reading them overrides both, as EAGLE-3 does);
 - ``param_specs(params_d, tensor_parallel_size) -> PartitionSpecs``: how the engine places ``params_d`` on a device
   mesh (``jspec.sharding``; ``DrafterBase``: replicated on every device). Either way the output is the same; only
-  bytes and collectives differ.
+  bytes and collectives differ;
+- ``state_layout(state) -> declarations``: what each leaf of its state holds, as ``jspec.state_layout`` declares
+  (``PerPosition`` buffers with their pool, slots and axes, ``PerRow`` values): the server pages the first and keeps
+  the second per request (``DrafterBase``: every leaf per row).
 
 A new drafter is one file here implementing the protocol with a ``load(source: DrafterSource) -> (drafter,
 params)``, plus one entry in ``registry.py``; one written outside the package is registered at run time
@@ -116,6 +119,8 @@ class Drafter(Protocol):
 
     def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any: ...
 
+    def state_layout(self, state: Any) -> Any: ...
+
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Any: ...
 
     def propose(self, params_t: Any, params_d: Any, state: Any, root: jax.Array, cache_len: jax.Array, *,
@@ -125,7 +130,8 @@ class Drafter(Protocol):
 
 
 PROTOCOL_ATTRIBUTES = ("spec", "max_seq_len", "tap_layers", "short_chain_nodes", "caches_prefix")
-PROTOCOL_METHODS = ("with_max_seq_len", "prefill", "propose", "commit", "prefill_cached", "param_specs")
+PROTOCOL_METHODS = ("with_max_seq_len", "prefill", "propose", "commit", "prefill_cached", "param_specs",
+                    "state_layout")
 
 
 def check_drafter(drafter: Any, what: str = "drafter") -> None:
@@ -136,8 +142,8 @@ def check_drafter(drafter: Any, what: str = "drafter") -> None:
     if missing:
         raise TypeError(f"{what} is a {type(drafter).__name__}, which does not implement the jspec.drafters.Drafter "
                         f"protocol: missing {', '.join(missing)} (subclass jspec.drafters.DrafterBase for "
-                        f"tap_layers, short_chain_nodes, caches_prefix, with_max_seq_len, prefill_cached and "
-                        f"param_specs)")
+                        f"tap_layers, short_chain_nodes, caches_prefix, with_max_seq_len, prefill_cached, "
+                        f"param_specs and state_layout)")
     if not isinstance(drafter.spec, SpecConfig):
         raise TypeError(f"{what}: spec={drafter.spec!r}: expected a jspec.SpecConfig")
     try:

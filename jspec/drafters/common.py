@@ -9,6 +9,7 @@ from typing import Any
 from jspec.config import SpecConfig, static_choices
 from jspec.drafters.base import PrefillContext
 from jspec.sharding import replicated_specs
+from jspec.state_layout import per_row
 from jspec.drafters.tree_search import dynamic_window_size
 from jspec.trees import StaticTree, build_static_tree
 
@@ -57,6 +58,12 @@ class DrafterBase:
         (``jspec.sharding`` explains each drafter's choice)."""
         del tensor_parallel_size
         return replicated_specs(params_d)
+
+    def state_layout(self, state: Any) -> Any:
+        """``state``'s structure with each leaf's declaration (``jspec.state_layout``): here every leaf per row,
+        the same size at every context. A drafter keeping a buffer per position (its own K/V, a token buffer)
+        declares it :class:`~jspec.state_layout.PerPosition` so the server pages it."""
+        return per_row(state)
 
     @property
     def static_tree(self) -> StaticTree | None:

@@ -38,6 +38,7 @@ from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree, static_draft_tree
+from jspec.state_layout import per_position
 from models.attention import KVCache, pad_slots
 from models.checkpoint import DTYPES, load_dflash
 from models.config import ModelConfig
@@ -124,6 +125,10 @@ class DFlashDrafter(DrafterBase):
                              per_layer=True)
 
     # --- the protocol ------------------------------------------------------------------------------------------
+
+    def state_layout(self, state: DFlashState) -> DFlashState:
+        """The drafter's context K/V paged."""
+        return DFlashState(per_position(state.cache, "DFlash K/V", self.model_cache_slots))
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> DFlashState:
         del params_t

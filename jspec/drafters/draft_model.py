@@ -41,6 +41,7 @@ from jspec.drafters.common import DrafterBase
 from jspec.tokenizer import load_tokenizer
 from jspec.drafters.tree_search import expand_top_k, search_tree
 from jspec.sampling import SamplingArrays, sampling_probs
+from jspec.state_layout import PerRow, per_position
 from models.attention import KVCache
 from models.checkpoint import DTYPES, load_llama
 from models.config import ModelConfig
@@ -81,6 +82,10 @@ class DraftModelDrafter(DrafterBase):
         return {"params": unstack_layers(params_d, self.draft)}
 
     # --- the protocol ------------------------------------------------------------------------------------------
+
+    def state_layout(self, state: DraftModelState) -> DraftModelState:
+        """The draft model's K/V paged; its next prediction per row."""
+        return DraftModelState(per_position(state.cache, "draft model K/V", self.model_cache_slots), PerRow())
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> DraftModelState:
         del params_t

@@ -25,6 +25,7 @@ from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, Prefill
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
 from jspec.sharding import param_specs, replicated_specs, splits_evenly
+from jspec.state_layout import PerRow, per_position
 from models.attention import KVCache, pad_slots, recent_attention
 from models.checkpoint import DTYPES, load_eagle3
 from models.config import ModelConfig
@@ -95,6 +96,11 @@ class Eagle3Drafter(DrafterBase):
                 "d2t": replicated_specs(params_d["d2t"])}
 
     # --- the protocol ------------------------------------------------------------------------------------------
+
+    def state_layout(self, state: Eagle3State) -> Eagle3State:
+        """The head's K/V paged (stacked layers first, then rows and slots); its next prediction per row."""
+        return Eagle3State(per_position(state.cache, "EAGLE-3 K/V", self.model_cache_slots, row_axis=1, slot_axis=2),
+                           PerRow(), PerRow())
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> Eagle3State:
         batch, width = ctx.prompt_ids.shape

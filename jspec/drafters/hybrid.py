@@ -93,6 +93,10 @@ class LookupThenModelDrafter(DrafterBase):
 
     # --- the protocol ------------------------------------------------------------------------------------------
 
+    def state_layout(self, state: HybridState) -> HybridState:
+        """The model's declarations and lookup's, side by side."""
+        return HybridState(self.model.state_layout(state.model), self.lookup.state_layout(state.lookup))
+
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> HybridState:
         return HybridState(self.model.prefill(params_t, params_d, ctx), self.lookup.prefill(params_t, {}, ctx))
 

@@ -46,6 +46,7 @@ from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
+from jspec.state_layout import PerRow, per_position
 from models.attention import AttentionFn, KVCache, dense_attention, masked_attention, visibility_mask
 from models.checkpoint import DTYPES
 from models.config import ModelConfig
@@ -134,6 +135,12 @@ class MtpDrafter(DrafterBase):
         return out.x, logits.astype(jnp.float32), out.cache
 
     # --- the protocol ------------------------------------------------------------------------------------------
+
+    def state_layout(self, state: MtpState) -> MtpState:
+        """Each module's K/V paged (stacked layers first, then rows and slots); the next prediction per row, and
+        each module's last output ([M, B, H]: rows on axis 1)."""
+        return MtpState(per_position(state.caches, "MTP K/V", self.model_cache_slots, row_axis=1, slot_axis=2),
+                        PerRow(), PerRow(row_axis=1))
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> MtpState:
         batch, width = ctx.prompt_ids.shape

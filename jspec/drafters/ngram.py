@@ -39,6 +39,7 @@ from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, Prefill
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import static_draft_tree
 from jspec.trees import StaticTree, build_static_tree
+from jspec.state_layout import PerPosition, PerRow
 
 
 class NgramState(NamedTuple):
@@ -129,6 +130,11 @@ class NgramDrafter(DrafterBase):
         return branch[1:], tree.depth[1:]
 
     # --- the protocol ------------------------------------------------------------------------------------------
+
+    def state_layout(self, state: NgramState) -> NgramState:
+        """The token buffer paged (slot = position); its length per row."""
+        del state
+        return NgramState(PerPosition("n-gram tokens", self.max_seq_len), PerRow())
 
     def prefill(self, params_t: Any, params_d: Any, ctx: PrefillContext) -> NgramState:
         del params_t, params_d

@@ -20,7 +20,7 @@ from jspec.batching import prompt_bucket, prompt_buckets
 from jspec.config import SamplingParams
 from jspec.logprobs import SequenceLogprobs
 from jspec.prompt_logprobs import score_prompts
-from jspec.serve import memory_maps, paged
+from jspec.serve import kv_store, memory_maps, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, TimedChunk
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.program_cache import ProgramCache
@@ -76,7 +76,7 @@ class ModelRunner:
         for field in dataclasses.fields(config):  # read as the runner's own settings
             setattr(self, field.name, getattr(config, field.name))
         self.programs = ProgramCache(self.lower, ways_out=ways_out)
-        self.layout: paged.PagedLayout | None = None
+        self.layout: kv_store.PagedLayout | None = None
         self.blocks: BlockManager | None = None  # the scheduler's; the cost table's rows take pages from it
         self.store = None
         self.store_shape = None  # the store's shapes and shardings: what programs are lowered for
@@ -86,11 +86,11 @@ class ModelRunner:
 
     # --- the pool and the store ---------------------------------------------------------------------------------
 
-    def plan(self, max_total_tokens: int | None) -> tuple[paged.PagedLayout, int]:
+    def plan(self, max_total_tokens: int | None) -> tuple[kv_store.PagedLayout, int]:
         """The store's layout and the pool in token slots (default: :meth:`pool_tokens`); ValueError where the pool
         cannot hold one request of max_seq_len."""
         args = (self.engine.params, self.engine.drafter_params)
-        layout = paged.paged_layout(*args, setup=self.setup, num_stop_ids=self.num_stop_ids,
+        layout = kv_store.paged_layout(*args, setup=self.setup, num_stop_ids=self.num_stop_ids,
                                     page_size=self.block_size, num_pages=2, max_rows=self.max_num_seqs)
         if max_total_tokens is None:
             max_total_tokens = self.pool_tokens(layout)
@@ -106,7 +106,7 @@ class ModelRunner:
         """The empty store and page tables for :meth:`plan`'s layout; ``blocks``: the scheduler's block manager."""
         self.blocks = blocks
         self.tables = np.zeros((self.max_num_seqs + 1, self.layout.pages_per_row), np.int32)
-        self.store = paged.empty_store(self.engine.params, self.engine.drafter_params, self.layout, setup=self.setup,
+        self.store = kv_store.empty_store(self.engine.params, self.engine.drafter_params, self.layout, setup=self.setup,
                                        num_stop_ids=self.num_stop_ids)
         self.store_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                                         self.store)
@@ -120,8 +120,7 @@ class ModelRunner:
     def lookahead(self, seq_len: int, need: int, chunks: int = 1) -> int:
         """Token slots a request of ``seq_len`` committed tokens (``need`` at most) holds for ``chunks`` more
         chunks: up to ``steps_per_chunk`` full steps each, and the widest tree window or drafter slots past them."""
-        extra = max((leaf.extra_slots for leaf in self.layout.leaves if leaf.kind == paged.SLOT), default=0)
-        return min(need, seq_len + chunks * self.steps_per_chunk * self.setup.tokens_per_step) + extra
+        return min(need, seq_len + chunks * self.steps_per_chunk * self.setup.tokens_per_step) + self.layout.extra_slots
 
     def clear_table(self, row: int) -> None:
         self.tables[row] = 0
@@ -152,7 +151,7 @@ class ModelRunner:
         return self.run_step(plan.program, plan.bucket, plan.seq_len, arrays, plan.steps,
                              "step_lean" if plan.lean else "step")
 
-    def pool_tokens(self, layout: paged.PagedLayout) -> int:
+    def pool_tokens(self, layout: kv_store.PagedLayout) -> int:
         """The default KV pool in token slots: on a GPU, ``kv_cache_memory_fraction`` of device memory less what
         is in use (weights, programs), over the bytes a slot takes in every pool; elsewhere
         ``CPU_MAX_TOTAL_TOKENS``."""
@@ -160,8 +159,7 @@ class ModelRunner:
         if not stats or "bytes_limit" not in stats:
             return CPU_MAX_TOTAL_TOKENS
         model = 1 if self.setup.mesh is None else self.setup.mesh.shape.get("model", 1)
-        per_slot = paged.bytes_per_slot(self.engine.params, self.engine.drafter_params, layout, setup=self.setup,
-                                        num_stop_ids=self.num_stop_ids, kv_split=model)
+        per_slot = layout.bytes_per_token(kv_split=model)
         free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
         return max(int(free // per_slot), layout.pages_per_row * self.block_size)
 

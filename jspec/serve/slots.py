@@ -55,7 +55,7 @@ import numpy as np
 
 from jspec.batching import prompt_bucket
 from jspec.config import SEED_RANGE, SamplingParams
-from jspec.serve import paged
+from jspec.serve import kv_store, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager, pages_for
 from jspec.serve.input_processor import InputProcessor
@@ -94,7 +94,7 @@ class SlotEngine:
         self.output_processor = OutputProcessor(self.metrics)
         self.costs: CostTable | None = None
         self.adapter: LoadAdapter | None = None
-        self.layout: paged.PagedLayout | None = None
+        self.layout: kv_store.PagedLayout | None = None
         self.blocks: BlockManager | None = None
         self.runner = self.runner_class(engine, self.setup, self.config, ways_out=(
             "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
@@ -162,8 +162,9 @@ class SlotEngine:
         num_pages = self.layout.num_pages
         self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=self.prefix_caching)
         self.runner.allocate(self.blocks)
-        logger.info("KV pool: %d pages of %d token slots (%d tokens), %d rows", num_pages - 1, self.block_size,
-                    (num_pages - 1) * self.block_size, self.max_num_seqs)
+        logger.info("KV pools: %d pages of %d token slots (%d tokens), %d rows, %.0f bytes per token: %s", num_pages - 1,
+                    self.block_size, (num_pages - 1) * self.block_size, self.max_num_seqs,
+                    self.layout.bytes_per_token(), "; ".join(pool.describe() for pool in self.layout.pools))
         real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
         structured = (2 if self.speculative else 1) * len(self.row_buckets) * len(self.seq_buckets)
         began = time.perf_counter()

@@ -14,7 +14,7 @@ import pytest
 import jspec
 from jspec.attention import target_attention
 from jspec.config import SamplingParams
-from jspec.serve import paged
+from jspec.serve import kv_store, paged
 from jspec.serve.programs import admit_row
 from tests import spec_fixtures as fx
 from tests.jspec.serve.test_slots import BUDGETS, PROMPTS, make_engine
@@ -35,12 +35,9 @@ def serve_paged(engine, prompts, budgets, *, rows_per_step: int, speculate: bool
     setup = engine.setup.with_max_seq_len(SEQ_LEN)
     args = (engine.params, engine.drafter_params)
     max_rows = len(prompts) + 1
-    layout = paged.paged_layout(*args, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=page,
-                                num_pages=1 + max_rows * (12 * PAGE // page), max_rows=max_rows)
-    assert any(leaf.kind == paged.SLOT and leaf.kv for leaf in layout.leaves)
-    store = paged.empty_store(*args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS)
-    store = [stale(leaf, i) if spec.kind == paged.SLOT else leaf
-             for i, (spec, leaf) in enumerate(zip(layout.leaves, store))]
+    layout = kv_store.paged_layout(*args, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=page,
+                                   num_pages=1 + max_rows * (12 * PAGE // page), max_rows=max_rows)
+    store = stale_store(layout, kv_store.empty_store(*args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS))
     free = list(np.random.default_rng(0).permutation(np.arange(1, layout.num_pages)))
     tables = np.zeros((max_rows + 1, layout.pages_per_row), np.int32)
     row_of = list(range(1, len(prompts) + 1))  # row 0 stays unused: rows need not be the lowest
@@ -80,6 +77,13 @@ def stale(pool: jax.Array, seed: int) -> jax.Array:
     if jax.numpy.issubdtype(pool.dtype, jax.numpy.integer):
         return jax.random.randint(key, pool.shape, 0, fx.TARGET.vocab_size, pool.dtype)
     return jax.random.normal(key, pool.shape, pool.dtype)
+
+
+def stale_store(layout: kv_store.PagedLayout, store: kv_store.Store) -> kv_store.Store:
+    """``store`` with every pool :func:`stale`."""
+    leaves = [stale(leaf, i) if spec.kind == kv_store.SLOT else leaf
+              for i, (spec, leaf) in enumerate(zip(layout.leaves, jax.tree.leaves(store)))]
+    return jax.tree.unflatten(layout.treedef, leaves)
 
 
 # slow: rows in scattered pages equal generate alone, stepped by the paged functions without the scheduler (no drafter,
@@ -131,11 +135,9 @@ def test_a_cached_prefix_continues_as_a_whole_prefill(params_t, name):
     engine = engine_with(params_t, name)
     setup = engine.setup.with_max_seq_len(SEQ_LEN)
     args = (engine.params, engine.drafter_params)
-    layout = paged.paged_layout(*args, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=PAGE, num_pages=40,
-                                max_rows=3)
-    store = [stale(leaf, i) if spec.kind == paged.SLOT else leaf
-             for i, (spec, leaf) in enumerate(zip(layout.leaves, paged.empty_store(
-                 *args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS)))]
+    layout = kv_store.paged_layout(*args, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=PAGE, num_pages=40,
+                                   max_rows=3)
+    store = stale_store(layout, kv_store.empty_store(*args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS))
     prompt = [(5 * i) % 60 + 1 for i in range(29)]
     tables = np.zeros((4, layout.pages_per_row), np.int32)
     tables[1] = np.arange(1, 1 + layout.pages_per_row)
@@ -151,7 +153,7 @@ def test_a_cached_prefix_continues_as_a_whole_prefill(params_t, name):
     store, _ = paged.prefill_cached_rows(*args, store, rest[0], np.asarray([len(prompt)], np.int32),
                                          np.asarray([cached], np.int32), *rest[2:], np.asarray([2], np.int32),
                                          tables[[2]], layout=layout, setup=setup, seq_len=SEQ_LEN)
-    (state, _) = paged.gather_view(layout, store, np.asarray([1, 2], np.int32), tables[[1, 2]], SEQ_LEN)
+    (state, _) = kv_store.gather_view(layout, store, np.asarray([1, 2], np.int32), tables[[1, 2]], SEQ_LEN)
     assert state.tokens[0, :len(prompt) + 1].tolist() == state.tokens[1, :len(prompt) + 1].tolist()
     assert state.seq_len.tolist() == [len(prompt) + 1] * 2
     for k in (state.cache.k, state.cache.v):
