@@ -57,7 +57,8 @@ from jspec.batching import prompt_bucket
 from jspec.config import SEED_RANGE, SamplingParams
 from jspec.serve import kv_store, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
-from jspec.serve.block_manager import BlockManager, pages_for
+from jspec.serve.block_manager import BlockManager
+from jspec.serve.kv_cache_manager import KVCacheManager
 from jspec.serve.input_processor import InputProcessor
 from jspec.serve.metrics import ServeMetrics
 from jspec.serve.model_runner import ModelRunner, PrefillPlan, StepPlan
@@ -96,6 +97,7 @@ class SlotEngine:
         self.adapter: LoadAdapter | None = None
         self.layout: kv_store.PagedLayout | None = None
         self.blocks: BlockManager | None = None
+        self.kv: KVCacheManager | None = None  # the pages each request holds (made with the pool in warm_up)
         self.runner = self.runner_class(engine, self.setup, self.config, ways_out=(
             "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
         self.metrics.watch_programs(self.runner.programs)
@@ -162,6 +164,7 @@ class SlotEngine:
         num_pages = self.layout.num_pages
         self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=self.prefix_caching)
         self.runner.allocate(self.blocks)
+        self.kv = KVCacheManager(self.blocks, self.runner, self.metrics, self.config, self.setup.tokens_per_step)
         logger.info("KV pools: %d pages of %d token slots (%d tokens), %d rows, %.0f bytes per token: %s", num_pages - 1,
                     self.block_size, (num_pages - 1) * self.block_size, self.max_num_seqs,
                     self.layout.bytes_per_token(), "; ".join(pool.describe() for pool in self.layout.pools))
@@ -293,7 +296,7 @@ class SlotEngine:
                 break
             contexts.add(tuple(context))
             need = len(request.prompt_ids) + request.max_tokens
-            allocation = self._allocate(context, need)
+            allocation = self.kv.allocate(context, need)
             if allocation is None:
                 break  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
@@ -305,29 +308,6 @@ class SlotEngine:
         self.metrics.waiting.set(len(self._waiting))
         return taken
 
-    def _allocate(self, context: list[int], need: int):
-        """The block manager's allocation for a request of ``context`` tokens (``need`` at most), reusing cached
-        pages of all but its last token; a hit is cut by whole pages while the rest of the prompt, padded to its
-        width bucket, would run past ``max_seq_len`` (the cached prefill's context), or while the cached prefill
-        of that width is not compiled yet (asked for; a request without a hit prefills on any compiled width).
-        None: the pool is full."""
-        limit = len(context) - 1
-        while True:
-            queries, hits = self.blocks.prefix_queries_tokens, self.blocks.prefix_hits_tokens
-            allocation = self.blocks.allocate(context[:limit], self.runner.lookahead(len(context), need),
-                                              drop_last_hit=self.drop_last_hit)
-            if allocation is None or not allocation.cached_tokens:
-                break
-            width = prompt_bucket(len(context) - allocation.cached_tokens, self.max_prompt_width, half_steps=False)
-            if allocation.cached_tokens + width <= self.max_seq_len and self.runner.cached_prefill_ready(width):
-                break
-            self.blocks.free(allocation.pages)
-            limit = allocation.cached_tokens - self.block_size
-        if allocation is not None:
-            self.metrics.prefix_queries.inc(self.blocks.prefix_queries_tokens - queries)
-            self.metrics.prefix_hits.inc(self.blocks.prefix_hits_tokens - hits)
-        return allocation
-
     def _admit(self, admitted: list[tuple[int, Running]]) -> int:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes ->
         the prompt tokens computed (cached ones not counted)."""
@@ -335,7 +315,7 @@ class SlotEngine:
         computed = 0
         for row, running in admitted:
             self._rows[row] = running
-            self.runner.set_table(row, running.pages)
+            self.kv.hold(row, running)
             request = running.request
             if request.prompt_logprobs and request.scored_prompt is None:
                 request.scored_prompt = self.runner.score_prompt(request.prompt_ids, request.logprobs)
@@ -357,9 +337,8 @@ class SlotEngine:
                 out = self._prefill(items, width, [row for row, _ in part], [r.cached for _, r in part] if hit
                                     else None, [r.context_len for _, r in part])
                 began = time.perf_counter()  # after the chunk before it is read back (in _prefill)
-                for row, running in part:
-                    running.registered = self.blocks.register(running.pages, running.pending.context,
-                                                              running.registered)
+                for _, running in part:
+                    self.kv.register(running)
                 self._update_from_output([row for row, _ in part], out, program=None, chunk_start=start)
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
@@ -400,7 +379,7 @@ class SlotEngine:
                     running.request.sampling_params(), max_new_tokens=running.pending.budget))], width, [row],
                     [start], [running.context_len])
                 began = time.perf_counter()
-                running.registered = self.blocks.register(running.pages, running.pending.context, running.registered)
+                self.kv.register(running)
                 self._update_from_output([row], out, program=None, chunk_start=began)
                 spent += width
             self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
@@ -512,26 +491,22 @@ class SlotEngine:
         first (its rows' lengths are then known and finished ones free theirs) rather than preempting a request
         over pages it may not need."""
         order = sorted((i for i, r in enumerate(self._rows) if r is not None), key=lambda i: self._rows[i].order)
-        if self._flight is not None:
-            wanted = sum(max(0, pages_for(self.runner.lookahead(self._rows[i].seq_len, self._rows[i].need, 2),
-                                          self.block_size) - len(self._rows[i].pages)) for i in order)
-            if wanted > self.blocks.num_free_pages:
-                self._land()
-                order = [i for i in order if self._rows[i] is not None]
+        if self._flight is not None and self.kv.pages_wanted({i: self._rows[i] for i in order}, 2) > \
+                self.kv.num_free_pages:
+            self._land()
+            order = [i for i in order if self._rows[i] is not None]
         chunks = 1 if self._flight is None else 2
         for row in order:
             running = self._rows[row]
             if running is None:  # preempted below for an older one
                 continue
-            while not self.blocks.extend(running.pages, self.runner.lookahead(running.seq_len, running.need, chunks)):
+            while not self.kv.extend(row, running, chunks):
                 newest = max((i for i, r in enumerate(self._rows) if r is not None),
                              key=lambda i: self._rows[i].order)
                 self._preempt(newest)
                 if newest == row:
                     break
-            else:
-                self.runner.set_table(row, running.pages)
-        self.metrics.kv_cache_usage.set(self.blocks.usage)
+        self.kv.observe_usage()
 
     def _preempt(self, row: int) -> None:
         """Frees a running request's row and pages and queues it first again, with the tokens it has (it will be
@@ -546,16 +521,9 @@ class SlotEngine:
         logger.info("preempted a request with %d tokens (the KV pool is full)", running.seq_len)
 
     def _release(self, row: int) -> None:
-        """Frees a row and its pages; with prefix caching the pages of its committed tokens stay keyed for reuse
-        (all but the last step's: a drafter's cache may lag the target's by one step)."""
-        running = self._rows[row]
-        if self.prefix_caching and running.prefilled is None:  # a prompt half prefilled keys nothing
-            tokens = running.pending.context
-            kept = max(len(tokens) - 1 - self.setup.tokens_per_step, running.registered * self.block_size)
-            self.blocks.register(running.pages, tokens[:kept], running.registered)
-        self.blocks.free(running.pages)
+        """Frees a row and its pages (``KVCacheManager.release``)."""
+        self.kv.release(row, self._rows[row])
         self._rows[row] = None
-        self.runner.tables[row] = 0
 
     def _update_from_output(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float,
                             owners: list[Running] | None = None) -> tuple:
@@ -613,5 +581,5 @@ class SlotEngine:
                                              None if logprobs is None else tuple(x[k] for x in logprobs)))
         self.output_processor.process(outputs, now=now, chunk_seconds=0.0 if program is None else now - chunk_start)
         self.metrics.running.set(self.num_running)
-        self.metrics.kv_cache_usage.set(self.blocks.usage)
+        self.kv.observe_usage()
         return self.runner.steps_ran(step), (chunk_tokens, chunk_steps, chunk_hist)
