@@ -1,7 +1,7 @@
 """The model runner of the slot engine (vLLM v1's GPU model runner, for jspec's fused programs): the compiled
 programs (:class:`jspec.serve.program_cache.ProgramCache`, keyed by :meth:`ModelRunner.every_key`), the device
-store of KV pools and rows (:mod:`jspec.serve.paged`), the host page tables, the arguments each program takes,
-warm-up runs and the cost table's timed chunks. The scheduler (:class:`jspec.serve.slots.SlotEngine`) decides which
+store of KV pools and rows (:mod:`jspec.serve.kv_store`), the host page tables and the arguments each program
+takes (its warm-up runs and the cost table's timed chunks: :mod:`jspec.serve.calibration`). The scheduler (:class:`jspec.serve.slots.SlotEngine`) decides which
 requests run where and hands the runner plain data: prompts and their parameters, rows, page tables, cancelled
 flags, grammars; the runner calls a program and returns its readout (not waited for)."""
 
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from typing import Callable, Iterator, Sequence
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +20,11 @@ from jspec.config import SamplingParams
 from jspec.logprobs import SequenceLogprobs
 from jspec.prompt_logprobs import score_prompts
 from jspec.serve import kv_store, memory_maps, paged
-from jspec.serve.adapt import FULL, PLAIN, SHORT, TimedChunk
+from jspec.serve.adapt import FULL, PLAIN, SHORT
 from jspec.serve.block_manager import BlockManager, pages_for
+from jspec.serve.calibration import calibration_width
 from jspec.serve.program_cache import ProgramCache
+from jspec.serve.plans import PrefillPlan, StepPlan
 from jspec.serve.programs import admit_row
 from jspec.serve.serve_config import ServeConfig
 from jspec.sharding import put
@@ -34,42 +35,11 @@ logger = logging.getLogger("jspec.serve")
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepPlan:
-    """One chunk, as the scheduler decided it: ``rows`` (running rows, in program order; ``cancelled``: each one's
-    request cancelled) stepped by ``program`` (adapt's FULL, SHORT or PLAIN) of the occupancy bucket ``bucket`` at
-    context ``seq_len``, up to ``steps`` loop steps; lean: its form without the API features."""
-
-    rows: tuple[int, ...]
-    cancelled: tuple[bool, ...]
-    program: str
-    bucket: int
-    seq_len: int
-    steps: int
-    lean: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefillPlan:
-    """One prefill call, as the scheduler decided it: ``items`` (each prompt's uncached rest, its parameters) into
-    ``rows`` at prompt width ``width``; cached: None, or each prompt's tokens already in its pages (prefix-cache
-    hits, earlier pieces), ``lengths`` its whole prompt; history and matchers: as :meth:`ModelRunner.prefill_arrays`
-    takes them (None: fresh prompts, unconstrained)."""
-
-    items: tuple[tuple[list[int], SamplingParams], ...]
-    width: int
-    rows: tuple[int, ...]
-    cached: tuple[int, ...] | None = None
-    lengths: tuple[int, ...] | None = None
-    history: tuple[tuple[list[int] | None, int], ...] | None = None
-    matchers: tuple | None = None
-
-
 class ModelRunner:
     """The programs, store and page tables of one slot engine over ``engine``'s weights, for ``setup`` (the
     engine's, with the server's logprobs and logits processors) and ``config`` (its buckets and sizes).
-    :meth:`plan` sizes the pool, :meth:`allocate` builds the store, :meth:`compile_up_front` and :meth:`first_runs`
-    warm it up."""
+    :meth:`plan` sizes the pool, :meth:`allocate` builds the store, :meth:`compile_up_front` compiles what warm-up
+    runs (``calibration.first_runs``)."""
 
     def __init__(self, engine, setup, config: ServeConfig, ways_out: str):
         self.engine, self.setup = engine, setup
@@ -331,25 +301,6 @@ class ModelRunner:
             return jnp.asarray(array)
         return put(array, jax.sharding.NamedSharding(self.setup.mesh, jax.sharding.PartitionSpec()))
 
-    def first_runs(self, prompt: list[int]) -> None:
-        """Runs every compiled program once before serving (but the cost table's): on a CPU the first run of a
-        program costs several times the next ones (its buffers and kernels are set up then), which would fall on
-        the first requests of each bucket. Prefills run on padding rows; each step program runs one step over rows
-        of ``prompt`` as the cost table's, so its loop body, both sides of its verify and sampling paths, and the
-        drafter's run."""
-        for key in self.programs.keys():
-            if key[0] in ("prefill", "prefill_cached"):
-                self.store, out = self.programs[key](self.engine.params, self.engine.drafter_params, self.store,
-                                                       *self.example(key))
-                jax.block_until_ready(out)
-        # With load adaptation the cost table's warm runs are the first runs at the longest context.
-        for seq_len in self.seq_buckets[:-1] if self.adapt else self.seq_buckets:
-            chunk = self.calibration_chunks(prompt, rotate=True, seq_len=seq_len)
-            for program, rows in self.step_programs():
-                if ("step", program, rows, seq_len) in self.programs:
-                    chunk(program, rows, 1, True)
-            chunk.release()
-
     def every_key(self) -> list[tuple]:
         """Every program's key: ("prefill" | "prefill_cached", batch, width), ("score", width) and ("step",
         program, rows, seq_len). ("step_lean", program, rows, seq_len), a step program without the API features,
@@ -381,7 +332,7 @@ class ModelRunner:
         if not self.adapt:
             rows = sorted({self.row_buckets[0], self.row_buckets[-1]})
             return keys + [("step", FULL, n, top) for n in rows]
-        width = self.calibration_width(calibration_prompt, top)
+        width = calibration_width(self, calibration_prompt, top)
         keys += [("prefill", n, width) for n in self.prefill_batches(width)]
         return keys + [("step", program, rows, top) for program, rows in self.step_programs()]
 
@@ -455,87 +406,3 @@ class ModelRunner:
         if fits:
             return min(fits, key=lambda bucket: (bucket[0] * bucket[1], bucket[1]))
         return max(held, key=lambda bucket: (bucket[0], -bucket[1]))
-
-    def calibration_budget(self, seq_len: int) -> int:
-        """New tokens a calibration row may take at context ``seq_len``: three chunks at full acceptance."""
-        return max(1, min(seq_len // 2, 3 * self.steps_per_chunk * self.setup.tokens_per_step))
-
-    def calibration_width(self, prompt: Sequence[int], seq_len: int) -> int:
-        """The prompt width bucket of :meth:`calibration_chunks` at context ``seq_len``."""
-        length = min(len(prompt), seq_len - self.calibration_budget(seq_len), self.widths[-1])
-        return prompt_bucket(length, self.max_prompt_width, half_steps=False)
-
-    def calibration_chunks(self, prompt: Sequence[int], rotate: bool = False,
-                            seq_len: int | None = None) -> Callable[[str, int, int, bool], TimedChunk]:
-        """The timed chunks ``adapt.measure_costs`` calls: each runs one chunk at context ``seq_len`` (default: the
-        longest bucket; a verify pass's cost grows with the context more than a plain step's) over ``rows`` rows
-        admitted with ``prompt`` (greedy, a budget of three chunks at full acceptance): those of the chunk before
-        where it had as many rows, as sampled, and their budget holds this chunk's steps, else admitted afresh.
-        ``.release()`` frees the rows and their pages, after the last chunk; with ``sampled``, row 0 samples
-        (temperature 0.8). With ``rotate``, row r > 0 gets the prompt rotated by 37 r tokens and row 0 distinct
-        random tokens, which no lookup drafter matches: under load some row always drafts with the drafter's model
-        and some row always needs the whole verify pass, and a step costs what its costliest row makes it
-        (``jspec.step``'s and the hybrid drafter's ``lax.cond`` skip work only where every row can)."""
-        seq_len = self.seq_buckets[-1] if seq_len is None else seq_len
-        budget = self.calibration_budget(seq_len)
-        prompt = list(prompt)[:min(seq_len - budget, self.widths[-1])]  # a chunked-prefill server has no wider
-        vocab = self.engine.config.vocab_size
-        unmatched = np.random.default_rng(0).permutation(vocab)[:len(prompt)].tolist() if len(prompt) <= vocab \
-            else prompt
-        width = prompt_bucket(len(prompt), self.max_prompt_width, half_steps=False)
-        params = SamplingParams(max_new_tokens=budget)
-        drawn = SamplingParams(max_new_tokens=budget, temperature=0.8)
-
-        def text(row: int) -> list[int]:
-            if not rotate:
-                return prompt
-            if row == 0:
-                return unmatched
-            turn = (37 * row) % len(prompt)
-            return prompt[turn:] + prompt[:turn]
-
-        held: list[tuple[int, list[int]]] = []  # the rows admitted last, their pages
-        admitted = {"as": None, "steps_left": 0}  # (rows, sampled) they were admitted for, full steps left
-
-        def release() -> None:
-            for row, pages in held:
-                self.blocks.free(pages)
-                self.clear_table(row)
-            held.clear()
-            admitted["as"] = None
-
-        def admit(rows: int, sampled: bool) -> None:
-            release()
-            for row in range(rows):
-                allocation = self.blocks.allocate([], self.lookahead(len(prompt), len(prompt) + budget))
-                if allocation is None:
-                    break
-                held.append((row, allocation.pages))
-                self.set_table(row, allocation.pages)
-            for part in self.prefill_parts("prefill", [row for row, _ in held], width):
-                self.prefill(PrefillPlan(tuple((text(row), drawn if sampled and row == 0 else params) for row in part),
-                                         width, tuple(part)))
-            admitted.update({"as": (rows, sampled), "steps_left": 3 * self.steps_per_chunk})
-
-        def timed_chunk(program: str, rows: int, steps: int, sampled: bool) -> TimedChunk:
-            # Rows admitted for the same occupancy and sampling run chunks until their budget (three chunks at
-            # full acceptance) could run out: one prefill serves several programs' chunks.
-            if admitted["as"] != (rows, sampled) or admitted["steps_left"] < steps:
-                admit(rows, sampled)
-            admitted["steps_left"] -= steps
-            arrays = self.step_arrays([], rows)
-            ids = np.full((rows,), self.layout.null_row, np.int32)
-            ids[:len(held)] = [row for row, _ in held]
-            arrays = (self.place(ids), self.place(self.tables[ids]), arrays[2])
-            jax.block_until_ready(self.store)
-            start = time.perf_counter()
-            out = self.run_step(program, rows, seq_len, arrays, steps)
-            out = jax.device_get(out)
-            seconds = time.perf_counter() - start
-            ran = self.steps_ran(out.step)
-            gained = int(out.num_generated[:len(held)].sum()) - len(held)
-            return TimedChunk(seconds, ran, gained, int(out.num_steps[:len(held)].sum()),
-                              tuple(int(n) for n in out.accepted_hist[:len(held)].sum(axis=0)))
-
-        timed_chunk.release = release
-        return timed_chunk

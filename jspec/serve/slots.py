@@ -58,10 +58,12 @@ from jspec.config import SEED_RANGE, SamplingParams
 from jspec.serve import kv_store, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager
+from jspec.serve.calibration import calibration_chunks, first_runs
 from jspec.serve.kv_cache_manager import KVCacheManager
 from jspec.serve.input_processor import InputProcessor
 from jspec.serve.metrics import ServeMetrics
-from jspec.serve.model_runner import ModelRunner, PrefillPlan, StepPlan
+from jspec.serve.model_runner import ModelRunner
+from jspec.serve.plans import PrefillPlan, StepPlan
 from jspec.serve.output_processor import OutputProcessor, RequestOutput
 from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
                                   uses_api_features)
@@ -174,7 +176,7 @@ class SlotEngine:
         self.runner.compile_up_front(real, structured if self.warm_up_structured_outputs else 0)
         logger.info("compiled %d programs in %.1f s", len(self.runner.programs), time.perf_counter() - began)
         began = time.perf_counter()
-        self.runner.first_runs(real)
+        first_runs(self.runner, real)
         logger.info("ran every program once in %.1f s", time.perf_counter() - began)
         if self.warm_up_structured_outputs:
             began = time.perf_counter()
@@ -184,11 +186,11 @@ class SlotEngine:
             began = time.perf_counter()
             # Costs with every row on its own rotation of the prompt: under load some row always drafts, so a
             # verify pass runs every step (rows all alike would draft, or skip the verify pass, all at once).
-            chunks = self.runner.calibration_chunks(real, rotate=True)
+            chunks = calibration_chunks(self.runner, real, rotate=True)
             self.costs = measure_costs(chunks, self.row_buckets, self.steps_per_chunk, repeats=1,
                                        short_rows=self.short_row_buckets)
             chunks.release()
-            chunks = self.runner.calibration_chunks(real)
+            chunks = calibration_chunks(self.runner, real)
             sample = chunks(FULL, self.row_buckets[0], 3 * self.steps_per_chunk, False)
             chunks.release()
             acceptance = sample.tokens / max(sample.verify_steps, 1)
