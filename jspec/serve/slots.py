@@ -1,4 +1,10 @@
-"""SlotEngine: continuous batching over a paged KV cache (vLLM's scheduler, in front of jspec's fused step).
+"""SlotEngine: continuous batching over a paged KV cache (vLLM v1's engine core, in front of jspec's fused step).
+
+Its parts, named as vLLM v1 names them: the input processor checks a request (:mod:`jspec.serve.input_processor`);
+the scheduler (:mod:`jspec.serve.scheduler`, host only) holds the queue and the rows, the KV cache manager's pages,
+preemption and the load adapter's choice, and plans each call; the model runner (:mod:`jspec.serve.model_runner`)
+executes a plan on the compiled programs over the KV store; the output processor delivers each request's tokens.
+The SlotEngine runs the loop that joins them, on a thread of its own, and the warm-up before it.
 
 The KV of the target and of every drafter with a cache lives in one pool of ``--max-total-tokens`` token slots in
 pages of ``--block-size`` (:mod:`jspec.serve.paged`); the host's block manager (:mod:`jspec.serve.block_manager`)
@@ -16,7 +22,7 @@ hands pages out. One scheduler thread loops:
    their count, the length bucket holding prompt + max_tokens of each), then each request gets the tokens it
    gained and finished ones free their row and pages. With async scheduling (vLLM's ``--async-scheduling``; by
    default on a GPU or TPU, ``serve_config.default_async_scheduling``) the chunk is dispatched before the one before
-   it is read back, where that wastes nothing the host can foresee (:meth:`SlotEngine._may_overlap`): the host hands
+   it is read back, where that wastes nothing the host can foresee (``Scheduler.may_overlap``): the host hands
    out the last chunk's tokens, admits and reserves while the device steps (JAX dispatch is asynchronous). The rows'
    state lives in the device's store, so the next chunk needs nothing the host has not read: a row that finished in
    the chunk in flight steps no further (its ``done`` is on the device), pages are reserved two chunks ahead (or the
@@ -43,15 +49,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import logging
 import secrets
 import threading
 import time
 from typing import Sequence
-
-import jax
-import numpy as np
 
 from jspec.batching import prompt_bucket
 from jspec.config import SEED_RANGE, SamplingParams
@@ -63,12 +65,11 @@ from jspec.serve.kv_cache_manager import KVCacheManager
 from jspec.serve.input_processor import InputProcessor
 from jspec.serve.metrics import ServeMetrics
 from jspec.serve.model_runner import ModelRunner
-from jspec.serve.plans import PrefillPlan, StepPlan
-from jspec.serve.output_processor import OutputProcessor, RequestOutput
-from jspec.serve.requests import (Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver,
-                                  uses_api_features)
+from jspec.serve.plans import PrefillPlan
+from jspec.serve.output_processor import OutputProcessor
+from jspec.serve.requests import Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver
+from jspec.serve.scheduler import Scheduler
 from jspec.serve.serve_config import serve_config
-from jspec.structured_outputs.tree_masks import advance
 
 logger = logging.getLogger("jspec.serve")
 
@@ -96,19 +97,13 @@ class SlotEngine:
         self.input_processor = InputProcessor(self.config, self.setup, engine.tokenizer, engine.config.vocab_size)
         self.output_processor = OutputProcessor(self.metrics)
         self.costs: CostTable | None = None
-        self.adapter: LoadAdapter | None = None
         self.layout: kv_store.PagedLayout | None = None
         self.blocks: BlockManager | None = None
-        self.kv: KVCacheManager | None = None  # the pages each request holds (made with the pool in warm_up)
         self.runner = self.runner_class(engine, self.setup, self.config, ways_out=(
             "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
         self.metrics.watch_programs(self.runner.programs)
-        # Chunks whose requests use none of them run step programs without the features (compiled on first use).
-        self._offers_api_features = self.setup.logprobs is not None or self.setup.logits_processors
-        self._waiting: collections.deque[Pending] = collections.deque()
-        self._rows: list[Running | None] = [None] * self.max_num_seqs
-        self._admitted = itertools.count()
-        self._lock = threading.Condition()
+        self.scheduler = Scheduler(self.config, self.setup, self.metrics, self.runner)
+        self._waiting, self._rows, self._lock = self.scheduler.waiting, self.scheduler.rows, self.scheduler.lock
         self._accepting = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -145,7 +140,16 @@ class SlotEngine:
 
     @property
     def num_running(self) -> int:
-        return sum(row is not None for row in self._rows)
+        return self.scheduler.num_running
+
+    @property
+    def adapter(self) -> LoadAdapter | None:
+        """The load adapter choosing each chunk's step program (the scheduler's; None without load adaptation)."""
+        return self.scheduler.adapter
+
+    @adapter.setter
+    def adapter(self, adapter: LoadAdapter | None) -> None:
+        self.scheduler.adapter = adapter
 
     @property
     def num_compiled(self) -> int:
@@ -166,7 +170,8 @@ class SlotEngine:
         num_pages = self.layout.num_pages
         self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=self.prefix_caching)
         self.runner.allocate(self.blocks)
-        self.kv = KVCacheManager(self.blocks, self.runner, self.metrics, self.config, self.setup.tokens_per_step)
+        self.scheduler.kv = KVCacheManager(self.blocks, self.runner, self.metrics, self.config,
+                                           self.setup.tokens_per_step)
         logger.info("KV pools: %d pages of %d token slots (%d tokens), %d rows, %.0f bytes per token: %s", num_pages - 1,
                     self.block_size, (num_pages - 1) * self.block_size, self.max_num_seqs,
                     self.layout.bytes_per_token(), "; ".join(pool.describe() for pool in self.layout.pools))
@@ -194,7 +199,7 @@ class SlotEngine:
             sample = chunks(FULL, self.row_buckets[0], 3 * self.steps_per_chunk, False)
             chunks.release()
             acceptance = sample.tokens / max(sample.verify_steps, 1)
-            self.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step,
+            self.scheduler.adapter = LoadAdapter(self.costs, acceptance, max_acceptance=self.setup.tokens_per_step,
                                        short_draft_len=self.short_draft_len, accepted_hist=sample.accepted_hist)
             logger.info("cost table %s, starting acceptance %.2f (%.1f s)", self.costs.to_dict(), acceptance,
                         time.perf_counter() - began)
@@ -242,11 +247,11 @@ class SlotEngine:
                         self._lock.wait()
                     if self._stopping and not self.num_running and not self._waiting:
                         break
-                    land_first = self._flight is not None and not self._may_overlap()
+                    land_first = self._flight is not None and not self.scheduler.may_overlap(self._flight)
                 if land_first:  # outside the lock: submit() must not wait on the device
                     self._land()
                 with self._lock:
-                    admitted = self._take_waiting()
+                    admitted = self.scheduler.take_waiting()
                 prefilled = 0
                 while admitted:
                     prefilled += self._admit(admitted)
@@ -256,7 +261,7 @@ class SlotEngine:
                     # later arrivals would otherwise wait a whole chunk for their first token), within one
                     # --max-num-batched-tokens budget so the running rows are not held back longer.
                     with self._lock:
-                        admitted = self._take_waiting()
+                        admitted = self.scheduler.take_waiting()
                 if self.piece_width:
                     self._continue_prefills(self.max_num_batched_tokens - prefilled)
                 if self.num_running:
@@ -278,38 +283,6 @@ class SlotEngine:
                 self._accepting = False
             raise
 
-    def _take_waiting(self) -> list[tuple[int, Running]]:
-        """Pairs waiting requests (first come, first served) with free rows while their pages fit; drops cancelled
-        ones. With prefix caching, a request whose context equals one taken now or still being prefilled in pieces
-        (a request's n / best_of choices) waits until that prefill has put the prompt's pages in the cache: the
-        choices share the prompt's prefill. Under the lock."""
-        free = [i for i, row in enumerate(self._rows) if row is None]
-        taken: list[tuple[int, Running]] = []
-        contexts = {tuple(row.pending.context) for row in self._rows if row is not None and row.prefilled is not None}
-        while self._waiting and len(taken) < len(free):
-            pending = self._waiting[0]
-            request = pending.request
-            if request.cancelled is not None:
-                self._waiting.popleft()
-                deliver(request, [], request.cancelled)
-                continue
-            context = pending.context
-            if self.prefix_caching and tuple(context) in contexts:
-                break
-            contexts.add(tuple(context))
-            need = len(request.prompt_ids) + request.max_tokens
-            allocation = self.kv.allocate(context, need)
-            if allocation is None:
-                break  # first come, first served: nobody overtakes the head of the queue
-            self._waiting.popleft()
-            params = request.sampling_params()
-            running = Running(pending, allocation.pages, frozenset(self.runner.stop_ids(params)),
-                               next(self._admitted), len(context), cached=allocation.cached_tokens,
-                               registered=allocation.cached_tokens // self.block_size)
-            taken.append((free[len(taken)], running))
-        self.metrics.waiting.set(len(self._waiting))
-        return taken
-
     def _admit(self, admitted: list[tuple[int, Running]]) -> int:
         """Prefills the admitted requests, grouped by prompt-width bucket, as many at once as a program takes ->
         the prompt tokens computed (cached ones not counted)."""
@@ -317,7 +290,7 @@ class SlotEngine:
         computed = 0
         for row, running in admitted:
             self._rows[row] = running
-            self.kv.hold(row, running)
+            self.scheduler.kv.hold(row, running)
             request = running.request
             if request.prompt_logprobs and request.scored_prompt is None:
                 request.scored_prompt = self.runner.score_prompt(request.prompt_ids, request.logprobs)
@@ -340,7 +313,7 @@ class SlotEngine:
                                     else None, [r.context_len for _, r in part])
                 began = time.perf_counter()  # after the chunk before it is read back (in _prefill)
                 for _, running in part:
-                    self.kv.register(running)
+                    self.scheduler.kv.register(running)
                 self._update_from_output([row for row, _ in part], out, program=None, chunk_start=start)
                 self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
         self.metrics.running.set(self.num_running)
@@ -358,7 +331,7 @@ class SlotEngine:
         for row in pending:
             running = self._rows[row]
             if running.request.cancelled is not None:
-                self._release(row)
+                self.scheduler.release(row)
                 self.metrics.requests.labels(running.request.cancelled).inc()
                 deliver(running.request, [], running.request.cancelled)
                 continue
@@ -381,7 +354,7 @@ class SlotEngine:
                     running.request.sampling_params(), max_new_tokens=running.pending.budget))], width, [row],
                     [start], [running.context_len])
                 began = time.perf_counter()
-                self.kv.register(running)
+                self.scheduler.kv.register(running)
                 self._update_from_output([row], out, program=None, chunk_start=began)
                 spent += width
             self.metrics.busy_seconds.labels("prefill").inc(time.perf_counter() - began)
@@ -405,7 +378,7 @@ class SlotEngine:
     def _chunk(self) -> None:
         """Dispatches a chunk over the running rows, then reads back the one in flight before it (async
         scheduling) or this one (not)."""
-        self._reserve()
+        self.scheduler.reserve(self._flight is not None, self._land)
         running = [i for i, row in enumerate(self._rows) if row is not None and row.prefilled is None]
         if any(self._rows[i].pending.matcher is not None for i in running):
             self._land()
@@ -430,40 +403,13 @@ class SlotEngine:
         self.metrics.observe_chunk("structured", self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
 
-    def _may_overlap(self) -> bool:
-        """Whether the next chunk may be dispatched before the one in flight is read back: only where that wastes
-        nothing the host can foresee. A row that may reach its budget in the chunk in flight (it commits at most
-        ``steps_per_chunk * tokens_per_step`` tokens there) would ride the next chunk finished and keep its row from
-        a waiting request, and a waiting request would wait a chunk longer for a free row; in both cases the chunk
-        in flight is read back first (rows ending on a stop token cannot be foreseen: they ride one chunk). Under
-        the lock."""
-        if self._waiting and any(row is None for row in self._rows):
-            return False
-        reach = self.steps_per_chunk * self.setup.tokens_per_step
-        return all(running.need - running.seq_len > reach for running in self._flight.owners
-                   if running.request.cancelled is None)
-
     def _dispatch(self, running: list[int]) -> Flight:
-        """Calls the step program the adapter picks over ``running`` rows (not waiting for it) -> its flight."""
-        rows = next(r for r in self.row_buckets if r >= len(running))
-        need = max(self._rows[i].need for i in running)
-        seq_len = next(n for n in self.seq_buckets if n >= need)
-        program = FULL  # a plain server has one program per bucket
-        sampled = any(self._rows[i].request.temperature > 0.0 for i in running)
-        if self.adapter is not None:
-            expected = self.adapter.expected_acceptance(
-                [(self._rows[i].acceptance, self._rows[i].measured_steps) for i in running])
-            program = self.adapter.choose_program(rows, expected, sampled, seq_len)
-        rows, seq_len = self.runner.step_bucket(program, rows, seq_len)
-        lean = False
-        if self._offers_api_features and not any(uses_api_features(self._rows[i].request) for i in running):
-            lean = ("step_lean", program, rows, seq_len) in self.runner.programs
-            if not lean:  # until it is compiled (off this thread), the program with the features runs these rows too
-                self.runner.programs.request(("step_lean", program, rows, seq_len))
+        """Calls the step program the scheduler plans over ``running`` rows (not waiting for it) -> its flight."""
+        plan, sampled = self.scheduler.plan_step(running)
         dispatched = time.perf_counter()
-        out = self.runner.step(StepPlan(tuple(running), tuple(self._cancelled(running)), program, rows, seq_len,
-                                        self.steps_per_chunk, lean))
-        return Flight(running, [self._rows[i] for i in running], out, program, rows, seq_len, sampled, dispatched)
+        out = self.runner.step(plan)
+        return Flight(running, [self._rows[i] for i in running], out, plan.program, plan.bucket, plan.seq_len,
+                      sampled, dispatched)
 
     def _land(self) -> None:
         """Reads back the chunk in flight, if any (waiting for it), hands its rows' requests their tokens and
@@ -486,102 +432,11 @@ class SlotEngine:
             self.adapter.observe(program, tokens, verify_steps, rows=flight.bucket, seconds=seconds,
                                  loop_steps=steps, sampled=flight.sampled, seq_len=flight.seq_len)
 
-    def _reserve(self) -> None:
-        """Every running request's pages for one more chunk, oldest first; preempts the newest while the pool
-        cannot hold them. With a chunk in flight the host's lengths lag the device's by that chunk, so the pages
-        reach two chunks ahead; where the pool cannot hold that for every row, the chunk in flight is read back
-        first (its rows' lengths are then known and finished ones free theirs) rather than preempting a request
-        over pages it may not need."""
-        order = sorted((i for i, r in enumerate(self._rows) if r is not None), key=lambda i: self._rows[i].order)
-        if self._flight is not None and self.kv.pages_wanted({i: self._rows[i] for i in order}, 2) > \
-                self.kv.num_free_pages:
-            self._land()
-            order = [i for i in order if self._rows[i] is not None]
-        chunks = 1 if self._flight is None else 2
-        for row in order:
-            running = self._rows[row]
-            if running is None:  # preempted below for an older one
-                continue
-            while not self.kv.extend(row, running, chunks):
-                newest = max((i for i, r in enumerate(self._rows) if r is not None),
-                             key=lambda i: self._rows[i].order)
-                self._preempt(newest)
-                if newest == row:
-                    break
-        self.kv.observe_usage()
-
-    def _preempt(self, row: int) -> None:
-        """Frees a running request's row and pages and queues it first again, with the tokens it has (it will be
-        prefilled with them: vLLM's recompute preemption)."""
-        running = self._rows[row]
-        self._release(row)
-        pending = running.pending
-        with self._lock:
-            self._waiting.appendleft(pending)
-            self.metrics.waiting.set(len(self._waiting))
-        self.metrics.preemptions.inc()
-        logger.info("preempted a request with %d tokens (the KV pool is full)", running.seq_len)
-
-    def _release(self, row: int) -> None:
-        """Frees a row and its pages (``KVCacheManager.release``)."""
-        self.kv.release(row, self._rows[row])
-        self._rows[row] = None
-
     def _update_from_output(self, rows: list[int], out: paged.Readout, *, program: str | None, chunk_start: float,
                             owners: list[Running] | None = None) -> tuple:
-        """Reads a program's readout (waiting for it) into the scheduler's state (tokens committed, the adapter's
-        per-row acceptance, grammars advanced, finished rows freed) and hands each request that gained tokens or
-        finished to the output processor. rows: the program's rows in order; program: the chunk's step program
-        (None: a prefill); owners: the requests that held the rows when the program was dispatched (default: those
-        holding them now; a row whose request was preempted or freed since is skipped) -> (the loop steps the
-        program ran, (tokens the rows gained, verify steps they took, how many of those committed n tokens at
-        index n - 1))."""
-        tokens, num_generated, num_steps, done, hist, step, logprobs = jax.device_get(out)
-        now = time.perf_counter()
-        speculated = program is not None and program != PLAIN
-        # A short chain's acceptance counts as the whole tree's would (the adapter's estimates are the whole's).
-        scale = self.adapter.short_ratio() if program == SHORT and self.adapter is not None else 1.0
-        chunk_tokens = chunk_steps = 0
-        chunk_hist = np.zeros(hist.shape[1:], np.int64)
-        outputs = []
-        for k, row in enumerate(rows):
-            running = self._rows[row]
-            if owners is not None and running is not owners[k]:
-                continue
-            request, pending = running.request, running.pending
-            running.generated = int(num_generated[k])
-            # The readout's window starts at the row's length before the program, which is first_new: readouts land
-            # in dispatch order, so the tokens before it were handed out from the chunk or prefill before.
-            first_new = running.context_len + running.emitted
-            new = tokens[k, first_new:running.seq_len].tolist()
-            steps = int(num_steps[k]) - running.steps_seen
-            if program is not None and steps > 0:
-                chunk_tokens += len(new)
-                chunk_steps += steps
-                if speculated:  # hist is cumulative per row: observe this chunk's steps
-                    chunk_hist += hist[k] - running.hist_seen
-                    self.metrics.observe_acceptance(hist[k] - running.hist_seen)
-                    if self.adapter is not None:
-                        mine = self.adapter.acceptance if running.acceptance is None else running.acceptance
-                        running.acceptance = mine + self.adapter.smoothing * (len(new) / steps / scale - mine)
-                        running.measured_steps += steps
-            running.steps_seen, running.hist_seen = int(num_steps[k]), hist[k].copy()
-            if new and pending.matcher is not None:
-                advance([pending.matcher], np.asarray([new]), np.zeros(1, int), np.asarray([len(new)]))
-            if new:
-                running.emitted = running.generated
-                pending.generated += new
-            reason = None
-            if done[k]:
-                if request.cancelled is not None:
-                    reason = request.cancelled
-                else:
-                    reason = "stop" if pending.generated and pending.generated[-1] in running.stops else "length"
-                self._release(row)
-            if new or reason is not None:
-                outputs.append(RequestOutput(pending, new, reason,
-                                             None if logprobs is None else tuple(x[k] for x in logprobs)))
+        """The scheduler's update from a program's readout (``Scheduler.update_from_output``, waiting for it); the
+        requests that gained tokens or finished go to the output processor -> (the loop steps the program ran,
+        the chunk's (tokens, verify steps, acceptance histogram))."""
+        steps, stats, outputs, now = self.scheduler.update_from_output(rows, out, program=program, owners=owners)
         self.output_processor.process(outputs, now=now, chunk_seconds=0.0 if program is None else now - chunk_start)
-        self.metrics.running.set(self.num_running)
-        self.kv.observe_usage()
-        return self.runner.steps_ran(step), (chunk_tokens, chunk_steps, chunk_hist)
+        return steps, stats

@@ -69,7 +69,7 @@ def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(param
                        enable_prefix_caching=False, async_scheduling=async_scheduling)
     slots.warm_up()
     overlapped, preempted_in_flight = [], []
-    dispatch, preempt = slots._dispatch, slots._preempt
+    dispatch, preempt = slots._dispatch, slots.scheduler.preempt
 
     def watched_dispatch(running):
         overlapped.append(slots._flight is not None)
@@ -79,7 +79,7 @@ def test_a_pool_too_small_preempts_and_every_request_equals_generate_alone(param
         preempted_in_flight.append(slots._flight is not None)
         return preempt(row)
 
-    slots._dispatch, slots._preempt = watched_dispatch, watched_preempt
+    slots._dispatch, slots.scheduler.preempt = watched_dispatch, watched_preempt
     slots.start()
     try:
         requests = [dict(prompt_ids=p, max_tokens=n, seed=i) for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))]
@@ -219,13 +219,13 @@ def test_a_readout_goes_only_to_the_request_that_held_the_row_at_dispatch(params
     sinks = [Collector() for _ in budgets]
     for prompt, budget, sink in zip(PROMPTS[:2], budgets, sinks):
         slots.submit(Request(prompt_ids=prompt, max_tokens=budget, sink=sink))
-    slots._admit(slots._take_waiting())  # their first tokens
+    slots._admit(slots.scheduler.take_waiting())  # their first tokens
     slots._chunk()  # A: the first request's last two tokens; not read back
     assert slots._flight is not None and not sinks[0].finished.is_set()
     slots._chunk()  # B over both rows (the first finished on the device), then A read back: its row is free
     assert slots._flight is not None and sinks[0].finished.is_set() and slots.num_running == 1
     slots.submit(Request(prompt_ids=PROMPTS[2], max_tokens=budgets[2], sink=sinks[2]))
-    slots._admit(slots._take_waiting())  # into the first one's row; its prefill reads B back first
+    slots._admit(slots.scheduler.take_waiting())  # into the first one's row; its prefill reads B back first
     while slots.num_running:
         slots._chunk()
     alone = engine.generate(PROMPTS[:3], max_new_tokens=max(budgets)).token_ids  # greedy: a prefix per budget

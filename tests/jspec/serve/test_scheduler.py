@@ -63,9 +63,9 @@ def test_a_pool_too_small_preempts_and_recomputes_without_changing_a_request(eng
                            max_total_tokens=one_request + 16, async_scheduling=async_scheduling)
     slots.warm_up()
     overlapped, preempted_in_flight = [], []
-    dispatch, preempt = slots._dispatch, slots._preempt
+    dispatch, preempt = slots._dispatch, slots.scheduler.preempt
     slots._dispatch = lambda running: overlapped.append(slots._flight is not None) or dispatch(running)
-    slots._preempt = lambda row: preempted_in_flight.append(slots._flight is not None) or preempt(row)
+    slots.scheduler.preempt = lambda row: preempted_in_flight.append(slots._flight is not None) or preempt(row)
     served(slots, [dict(prompt_ids=p, max_tokens=n) for p, n in zip(PROMPTS, BUDGETS)])
     preempted = metric(slots, "jspec:num_preemptions_total")
     assert preempted > 0
@@ -142,13 +142,13 @@ def test_a_readout_goes_only_to_the_request_that_held_the_row_at_dispatch(engine
     sinks = [Collector() for _ in budgets]
     for prompt, budget, sink in zip(PROMPTS[:2], budgets, sinks):
         slots.submit(Request(prompt_ids=prompt, max_tokens=budget, sink=sink))
-    slots._admit(slots._take_waiting())
+    slots._admit(slots.scheduler.take_waiting())
     slots._chunk()  # A: the first request's last two tokens; not read back
     assert slots._flight is not None and not sinks[0].finished.is_set()
     slots._chunk()  # B over both rows, then A read back: the first request's row is free
     assert slots._flight is not None and sinks[0].finished.is_set() and slots.num_running == 1
     slots.submit(Request(prompt_ids=PROMPTS[2], max_tokens=budgets[2], sink=sinks[2]))
-    slots._admit(slots._take_waiting())  # into the first one's row; its prefill reads B back first
+    slots._admit(slots.scheduler.take_waiting())  # into the first one's row; its prefill reads B back first
     while slots.num_running:
         slots._chunk()
     for prompt, budget, sink in zip(PROMPTS[:3], budgets, sinks):
@@ -196,14 +196,14 @@ def test_a_cancelled_request_frees_its_row_and_the_queue_is_bounded(engine):
     first = slots.submit(Request([1, 2, 3], 60, running))
     with pytest.raises(QueueFull):  # the first one still waits
         slots.submit(Request([1, 2, 3], 60, Collector()))
-    slots._admit(slots._take_waiting())  # the only row
+    slots._admit(slots.scheduler.take_waiting())  # the only row
     slots._chunk()
     slots.submit(Request([4, 5], 6, waiting))  # waits for the row
     first.cancel()
     for _ in range(20):
         if slots.num_running:
             slots._chunk()
-        slots._admit(slots._take_waiting())
+        slots._admit(slots.scheduler.take_waiting())
         if waiting.finished.is_set():
             break
     slots._land()
