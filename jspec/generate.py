@@ -47,31 +47,58 @@ class GenerateResult(NamedTuple):
                                             # setup.logprobs
 
 
+class CachedPrefix(NamedTuple):
+    """What a prefill continues from (the server's prefix-cache hits and prompt pieces): ``view``, the rows' state as
+    gathered from the server's KV store (``jspec.serve.kv_store.gather_view``: the target's K/V still in their pages,
+    holding each row's first ``cached_lens[b]`` positions; the token buffer; the drafter's state); cached_lens:
+    i32[B]."""
+
+    view: DecodeState
+    cached_lens: jax.Array
+
+
 def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, inputs: StepInputs, *,
-            setup: GenerateSetup) -> DecodeState:
+            setup: GenerateSetup, cached: CachedPrefix | None = None) -> DecodeState:
     """Runs the target (then the drafter) over the prompts, samples each first token (with each row's key at its
-    first new position, ``keys_at(inputs.keys, prompt_lens)``): the loop's first state."""
-    batch, prompt_width = prompt_ids.shape
+    first new position, ``keys_at(inputs.keys, prompt_lens)``): the loop's first state.
+
+    prompt_ids: i32[B, W] right-padded, each prompt's tokens from its cached length on; prompt_lens: i32[B] whole
+    prompts. cached: None for fresh prompts (cached length 0), else what they continue from: the target runs on the
+    uncached tokens only, attending the cached K/V where they lie, and the drafter continues from its own state
+    (``Drafter.prefill_cached``); positions past a row's pages may take the padding (the view is W slots longer)."""
+    batch, width = prompt_ids.shape
     cfg = setup.target
-    # The prompt attends within itself, so it runs on a cache of its own width, padded to the loop's afterwards:
-    # attention over all cache_slots would score every prompt token against slots nothing wrote (on the bundled
-    # model's 186-token prompt in a 512-slot cache, about a quarter of the prefill's FLOPs).
-    cache = KVCache.zeros(cfg.num_layers, batch, prompt_width, cfg.num_kv_heads, cfg.head_dim, setup.jnp_dtype,
-                          per_layer=True)
-    cache = constrain(cache, KV_CACHE)  # on a mesh: rows over "data", KV heads over "model"
-    positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
-    zeros = jnp.zeros((batch,), jnp.int32)
-    out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, zeros,
-                                     logits_index=(prompt_lens - 1)[:, None], tap_layers=setup.tap_layers)
-    out = out._replace(cache=constrain(pad_slots(out.cache, setup.cache_slots), KV_CACHE))
+    if cached is None:
+        # The prompt attends within itself, so it runs on a cache of its own width, padded to the loop's
+        # afterwards: attention over all cache_slots would score every prompt token against slots nothing wrote
+        # (on the bundled model's 186-token prompt in a 512-slot cache, about a quarter of the prefill's FLOPs).
+        cache = KVCache.zeros(cfg.num_layers, batch, width, cfg.num_kv_heads, cfg.head_dim, setup.jnp_dtype,
+                              per_layer=True)
+        cache = constrain(cache, KV_CACHE)  # on a mesh: rows over "data", KV heads over "model"
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+        zeros = jnp.zeros((batch,), jnp.int32)
+        start, last, context = zeros, prompt_lens - 1, prompt_ids  # context: the tokens the processors count
+    else:
+        if setup.capture_layers:
+            raise ValueError("a prefill from a cached prefix captures no hidden states (capture_layers is set)")
+        cache, start = cached.view.cache, cached.cached_lens
+        last = prompt_lens - start - 1
+        positions = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        tokens = context = cached.view.tokens.at[jnp.arange(batch)[:, None], positions].set(prompt_ids, mode="drop")
+        zeros = jnp.zeros((batch,), jnp.int32)
+    out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, start,
+                                     logits_index=last[:, None], tap_layers=setup.tap_layers)
+    if cached is None:
+        out = out._replace(cache=constrain(pad_slots(out.cache, setup.cache_slots), KV_CACHE))
     first_logits, counts = out.logits, None
     if setup.logits_processors:
-        counts = context_output_counts(prompt_ids, inputs.processors.output_start, prompt_lens, cfg.vocab_size)
+        counts = context_output_counts(context, inputs.processors.output_start, prompt_lens, cfg.vocab_size)
         first_logits = process(first_logits, inputs.processors, counts[:, None], jnp.zeros((batch, 1), jnp.int32),
                                inputs.stop_ids)
     first_logits = apply_token_bitmask(first_logits, inputs.token_bitmask)
     first = sample_tokens(first_logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))
-    tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :prompt_width].set(prompt_ids)
+    if cached is None:
+        tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :width].set(prompt_ids)
     hidden = None
     if setup.capture_layers:
         hidden = jnp.zeros((len(setup.capture_layers), batch, setup.max_seq_len, cfg.hidden_size), setup.jnp_dtype)
@@ -79,17 +106,21 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                         done=jnp.zeros((batch,), bool), num_steps=zeros,
                         accepted_hist=jnp.zeros((batch, setup.tokens_per_step), jnp.int32),
-                        step=jnp.zeros((), jnp.int32), hidden_states=hidden, output_counts=counts)
+                        step=jnp.zeros((), jnp.int32) if cached is None else cached.view.step,
+                        hidden_states=hidden, output_counts=counts)
     state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens,
                                      inputs.stop_ids, counts_as_step=False)
     if setup.logprobs is not None:
-        buffers = Logprobs.zeros(batch, setup.max_seq_len, setup.logprobs)
+        buffers = Logprobs.zeros(batch, setup.max_seq_len, setup.logprobs) if cached is None else cached.view.logprobs
         recorded = recorded_logits(out.logits, first_logits, inputs.sampling, setup.logprobs_mode)
         state = state._replace(logprobs=record(buffers, recorded, first[:, None], prompt_lens, committed))
     if setup.drafter is not None:
-        draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first,
-                                                                          constrain(setup.drafter_taps(out.taps),
-                                                                                    TAPS)))
+        taps = constrain(setup.drafter_taps(out.taps), TAPS)
+        if cached is None:
+            draft = setup.drafter.prefill(params_t, params_d, PrefillContext(prompt_ids, prompt_lens, first, taps))
+        else:
+            draft = setup.drafter.prefill_cached(params_t, params_d, cached.view.draft,
+                                                 PrefillContext(tokens, prompt_lens, first, taps), start)
         state = state._replace(draft=draft)
     return shard_state(state)
 

@@ -25,19 +25,17 @@ import jax
 import jax.numpy as jnp
 
 from jspec.compile_options import setup_jit
-from jspec.generate import run_loop, shard_state
+from jspec.generate import CachedPrefix, prefill, run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
-from jspec.commit import commit_tokens
-from jspec.drafters.base import DraftTree, PrefillContext
-from jspec.logits_processors import context_output_counts, process
-from jspec.logprobs import Logprobs, record, recorded_logits
-from jspec.sampling import SamplingArrays, keys_at, sample_tokens
+from jspec.drafters.base import DraftTree
+from jspec.logprobs import Logprobs
+from jspec.sampling import SamplingArrays
 from jspec.serve.kv_store import PagedLayout, Store, api_feature_leaves, gather_view, scatter_view
 from jspec.serve.programs import start_state
-from jspec.sharding import TAPS, constrain, traced_on
+from jspec.sharding import traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs, propose, verify_proposal
-from jspec.structured_outputs.bitmask import apply_token_bitmask
+
 
 def without_api_features(setup: GenerateSetup) -> GenerateSetup:
     """``setup`` recording no log-probabilities and with no logits processors."""
@@ -123,9 +121,9 @@ def prefill_cached_rows(params_t, params_d, store: Store, suffix_ids: jax.Array,
                         token_bitmask: jax.Array | None = None, *, layout: PagedLayout, setup: GenerateSetup,
                         seq_len: int) -> tuple[Store, Readout]:
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
-    (a prefix-cache hit): the target runs on the rest of each prompt only, attending the cached K/V in their pages
-    (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) prefills over the whole
-    prompt. The cached pages are read, never written (the write-back starts at the page of position cached_lens[b],
+    (a prefix-cache hit), by the offline engine's prefill from a cached prefix (``jspec.generate.prefill``): the
+    target runs on the rest of each prompt only, attending the cached K/V in their pages
+    (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) continues from its state. The cached pages are read, never written (the write-back starts at the page of position cached_lens[b],
     a whole page), so rows sharing them keep them bit for bit. It also prefills a prompt's pieces (chunked
     prefill): cached_lens[b] the tokens its earlier pieces put in its pages, prompt_lens[b] where this piece ends.
     -> (store, readout).
@@ -137,39 +135,16 @@ def prefill_cached_rows(params_t, params_d, store: Store, suffix_ids: jax.Array,
     if not continues_from_cache(setup):
         raise ValueError(f"prefill_cached_rows: the drafter reads target layers {setup.drafter.tap_layers} and "
                          f"does not continue from a cached prefix")
-    batch, width = suffix_ids.shape
+    width = suffix_ids.shape[1]
     seq_len += width
     page_table = jnp.pad(page_table, ((0, 0), (0, max(0, layout.pages_in_view(seq_len) - page_table.shape[1]))))
-    small = setup.with_view_len(seq_len)
     with traced_on(setup.mesh):
         view, _ = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
-        rows = jnp.arange(batch)[:, None]
-        positions = cached_lens[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
-        tokens = view.tokens.at[rows, positions].set(suffix_ids, mode="drop")
-        out = small.target_model().apply({"params": params_t}, suffix_ids, positions, view.cache, cached_lens,
-                                         logits_index=(prompt_lens - cached_lens - 1)[:, None],
-                                         tap_layers=small.tap_layers)
-        keys = jax.random.wrap_key_data(key_data)
-        first_logits, counts = out.logits, None
-        zeros = jnp.zeros((batch,), jnp.int32)
-        if small.logits_processors:
-            counts = context_output_counts(tokens, processors.output_start, prompt_lens, small.target.vocab_size)
-            first_logits = process(first_logits, processors, counts[:, None], zeros[:, None], stop_ids)
-        first_logits = apply_token_bitmask(first_logits, token_bitmask)
-        first = sample_tokens(first_logits[:, 0], sampling, keys_at(keys, prompt_lens))
-        state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
-                            done=jnp.zeros((batch,), bool), num_steps=zeros,
-                            accepted_hist=jnp.zeros_like(view.accepted_hist), step=view.step, output_counts=counts)
-        state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), max_new_tokens, stop_ids,
-                                         counts_as_step=False)
-        recorded = recorded_logits(out.logits, first_logits, sampling, small.logprobs_mode)
-        state = state._replace(logprobs=record(view.logprobs, recorded, first[:, None], prompt_lens, committed))
-        if small.drafter is not None:
-            taps = constrain(small.drafter_taps(out.taps), TAPS) if small.drafter.tap_layers else None
-            state = state._replace(draft=small.drafter.prefill_cached(
-                params_t, params_d, view.draft, PrefillContext(tokens, prompt_lens, first, taps), cached_lens))
-        inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys, processors)
-        state = shard_state(state)
+        inputs = StepInputs(max_new_tokens, stop_ids, sampling, jax.random.wrap_key_data(key_data), processors,
+                            token_bitmask)
+        state = prefill(params_t, params_d, suffix_ids, prompt_lens, inputs, setup=setup.with_view_len(seq_len),
+                        cached=CachedPrefix(view, cached_lens))
+        inputs = inputs._replace(token_bitmask=None)  # a step's masks are its own, never stored
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=cached_lens,
                              write_pages=prefill_pages(layout, width)), _readout(state, prompt_lens, 1))
 
