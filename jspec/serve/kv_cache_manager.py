@@ -30,9 +30,9 @@ class KVCacheManager:
 
     def allocate(self, context: list[int], need: int) -> Allocation | None:
         """Pages for a request of ``context`` tokens (``need`` at most), reusing cached pages of all but its last
-        token; a hit is cut by whole pages while the rest of the prompt, padded to its width bucket, would run past
-        ``max_seq_len`` (the cached prefill's context), or while the cached prefill of that width is not compiled
-        yet (asked for; a request without a hit prefills on any compiled width). None: the pool is full."""
+        token; a hit is cut by whole pages while no compiled cached prefill runs the rest of the prompt within
+        ``max_seq_len`` (the cached prefill's context: ``ModelRunner.cached_prefill_width``, which asks for the
+        rest's own width; a request without a hit prefills on any compiled width). None: the pool is full."""
         config = self.config
         limit = len(context) - 1
         while True:
@@ -42,7 +42,7 @@ class KVCacheManager:
             if allocation is None or not allocation.cached_tokens:
                 break
             width = prompt_bucket(len(context) - allocation.cached_tokens, config.max_prompt_width, half_steps=False)
-            if allocation.cached_tokens + width <= config.max_seq_len and self.runner.cached_prefill_ready(width):
+            if self.runner.cached_prefill_width(width, allocation.cached_tokens) is not None:
                 break
             self.blocks.free(allocation.pages)
             limit = allocation.cached_tokens - config.block_size

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,9 @@ from jspec.structured_outputs.tree_masks import constrain_proposal, root_bitmask
 logger = logging.getLogger("jspec.serve")
 
 CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
+# The uncached rest of a prefix-cache hit (a shared system prompt's user turn) that the cached prefill compiled at
+# warm-up holds: a first burst of such hits is served from the cache while the rests' own widths compile.
+CACHED_STAND_IN = 64
 
 
 class ModelRunner:
@@ -106,7 +109,7 @@ class ModelRunner:
         """Runs ``plan`` on the prefill program of its batch and width bucket (or the compiled one standing in,
         :meth:`prefill_program`) -> its readout (in flight)."""
         program = "prefill" if plan.cached is None else "prefill_cached"
-        size, width = self.prefill_program(program, len(plan.items), plan.width)
+        size, width = self.prefill_program(program, len(plan.items), plan.width, self.widest_cached(plan.cached))
         assert size >= len(plan.items), (program, size, len(plan.items))  # callers prefill in parts of that size
         arrays = self.prefill_arrays(list(plan.items), width, size, list(plan.rows), plan.history, plan.matchers)
         if plan.cached is not None:
@@ -133,12 +136,16 @@ class ModelRunner:
         free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
         return max(int(free // per_slot), layout.pages_per_row * self.block_size)
 
-    def cached_prefill_ready(self, width: int) -> bool:
-        """Whether a cached prefill of one prompt at ``width`` has a compiled program (else it is asked for)."""
-        if any(key[0] == "prefill_cached" and key[2] == width for key in self.programs.keys()):
-            return True
-        self.programs.request(("prefill_cached", 1, width))
-        return False
+    def cached_prefill_width(self, width: int, cached_tokens: int) -> int | None:
+        """The width of the compiled cached prefill a prompt of uncached width bucket ``width`` after
+        ``cached_tokens`` cached ones runs on: its own, else (that asked for on the compiling thread) the narrowest
+        compiled one wider (its padded positions must stay in the context: ``cached_tokens`` + it <=
+        ``max_seq_len``); None: none yet."""
+        widths = [key[2] for key in self.programs.keys() if key[0] == "prefill_cached"]
+        if width not in widths:
+            self.programs.request(("prefill_cached", 1, width))
+        fitting = [w for w in widths if width <= w <= self.max_seq_len - cached_tokens]
+        return min(fitting, default=None)
 
     def score_prompt(self, prompt_ids: list[int], num_top: int) -> SequenceLogprobs:
         """A prompt's tokens 1 .. P - 1 scored by the target (``jspec.prompt_logprobs``), their num_top most likely
@@ -319,13 +326,16 @@ class ModelRunner:
     def needed_keys(self, calibration_prompt: list[int]) -> list[tuple]:
         """The programs warm-up compiles with ``precompile="needed"``: those every request fits (one prompt at the
         widest width; the step programs at the longest context, fewest and most rows; with chunked prefill, a
-        cached prefill of one prompt at every width: a wider one cannot stand in, its padded positions must stay
-        in the context, and a prefix-cache hit is cut to a compiled width: the scheduler's ``_allocate``), and those
-        warm-up runs (with load adaptation, the cost table's: every step program and occupancy at the longest context,
+        cached prefill of one prompt at every width: its pieces run on them; else, with prefix caching, one at
+        :data:`CACHED_STAND_IN` tokens, which a hit whose uncached rest is no wider runs on while its own width
+        compiles: a prefix-cache hit is cut to a compiled width, ``KVCacheManager.allocate``), and those warm-up
+        runs (with load adaptation, the cost table's: every step program and occupancy at the longest context,
         the calibration prompt's prefills)."""
         keys = [("prefill", 1, self.widths[-1])]
-        if self.piece_width:  # a prompt's pieces (a prefix-cache hit is cut to a compiled width: _allocate)
+        if self.piece_width:
             keys += [("prefill_cached", 1, width) for width in self.widths]
+        elif self.prefix_caching:
+            keys.append(("prefill_cached", 1, prompt_bucket(CACHED_STAND_IN, self.max_prompt_width, half_steps=False)))
         if self.setup.logprobs is not None:
             keys.append(("score", prompt_buckets(self.max_prompt_width, half_steps=False)[-1]))
         top = self.seq_buckets[-1]
@@ -379,29 +389,35 @@ class ModelRunner:
                 if key[:2] == ("step", program) and key[2] >= rows and key[3] >= seq_len]
         return min(held, key=lambda bucket: (bucket[0] * bucket[1], bucket[0]))
 
-    def prefill_parts(self, program: str, group: list, width: int) -> Iterator[list]:
+    def widest_cached(self, cached: Sequence[int] | None) -> int | None:
+        """The widest cached prefill prompts with ``cached`` tokens cached may run on (None: fresh prompts)."""
+        return None if cached is None else self.max_seq_len - max(cached)
+
+    def prefill_parts(self, program: str, group: list, width: int, max_width: int | None = None) -> Iterator[list]:
         """``group`` (prompts of width bucket ``width``) in the parts one prefill program call takes each: as many
         as its batch bucket holds (at most ``max_num_batched_tokens`` prompt slots), or the largest compiled
-        program's (:meth:`prefill_program`)."""
+        program's (:meth:`prefill_program`; ``max_width`` as there)."""
         most = self.prefill_batches(width)[-1]
         while group:
-            size, _ = self.prefill_program(program, len(group), width)
+            size, _ = self.prefill_program(program, len(group), width, max_width)
             part, group = group[:min(size, most)], group[min(size, most):]
             yield part
 
-    def prefill_program(self, program: str, count: int, width: int) -> tuple[int, int]:
+    def prefill_program(self, program: str, count: int, width: int,
+                        max_width: int | None = None) -> tuple[int, int]:
         """(batch, width) of the compiled prefill program (``program``: "prefill" or "prefill_cached") that
         ``count`` prompts of width bucket ``width`` run on: its own bucket's, else (that asked for on the
         compiling thread) the cheapest compiled one of a batch and width at least theirs, else the one of the
-        largest batch (the caller prefills them in parts). A cached prefill keeps its width (its padded
-        positions stay in the context, the scheduler's ``_allocate``)."""
+        largest batch (the caller prefills them in parts). A cached prefill's width stays at most ``max_width``
+        (:meth:`widest_cached`: its padded positions stay in the context; the KV cache manager admitted a hit only
+        where one fits, :meth:`cached_prefill_width`)."""
         sizes = self.prefill_batches(width)
         size = next((n for n in sizes if n >= count), sizes[-1])
         if (program, size, width) in self.programs:
             return size, width
         self.programs.request((program, size, width))
         held = [key[1:] for key in self.programs.keys() if key[0] == program
-                and (key[2] == width if program == "prefill_cached" else key[2] >= width)]
+                and width <= key[2] <= (max_width if program == "prefill_cached" else key[2])]
         fits = [bucket for bucket in held if bucket[0] >= min(count, size)]
         if fits:
             return min(fits, key=lambda bucket: (bucket[0] * bucket[1], bucket[1]))

@@ -305,7 +305,8 @@ class SlotEngine:
             groups[width, running.cached > 0].append((row, running))
         start = time.perf_counter()
         for (width, hit), group in groups.items():
-            for part in self.runner.prefill_parts("prefill_cached" if hit else "prefill", group, width):
+            widest = self.runner.widest_cached([r.cached for _, r in group] if hit else None)
+            for part in self.runner.prefill_parts("prefill_cached" if hit else "prefill", group, width, widest):
                 items = [(r.pending.context[r.cached:], dataclasses.replace(r.request.sampling_params(),
                                                                             max_new_tokens=r.pending.budget))
                          for _, r in part]

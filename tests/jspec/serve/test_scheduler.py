@@ -11,6 +11,8 @@ import re
 
 import pytest
 
+from jspec.batching import prompt_bucket
+from jspec.serve.model_runner import CACHED_STAND_IN
 from jspec.serve.requests import NotAccepting, QueueFull, Request
 from tests import spec_fixtures as fx
 from tests.jspec.serve.host_programs import HostSlotEngine
@@ -108,6 +110,31 @@ def test_a_shared_prefix_is_computed_once(engine):
     assert metric(slots, "jspec:prefix_cache_hits_total") == 4 * 40
     assert metric(slots, "jspec:prefix_cache_queries_total") == 5 * 41  # every prompt but its last token
     assert sorted(n for lens in cached if lens for n in lens) == [40] * 4
+    assert slots.blocks.num_used_pages == 0
+
+
+def test_a_burst_of_prefix_hits_runs_on_the_warm_cached_prefill_while_its_own_width_compiles(engine):
+    """precompile="needed" with prefix caching: warm-up compiles one cached prefill, CACHED_STAND_IN tokens wide.
+    A burst of requests sharing the first one's cached prefix, whose short rests' own width is still compiling
+    (slowly, off the scheduler), hits the cache on it at once rather than being admitted without its hit."""
+    slots = HostSlotEngine(engine, **{**PAGED, "enable_prefix_caching": True, "max_seq_len": 2 * MAX_SEQ_LEN},
+                           steps_per_chunk=2, max_num_seqs=4, row_buckets=(4,))
+    slots.warm_up()
+    stand_in = prompt_bucket(CACHED_STAND_IN, slots.max_prompt_width, half_steps=False)
+    assert [key for key in slots.runner.programs.keys() if key[0] == "prefill_cached"] == [
+        ("prefill_cached", 1, stand_in)]
+    slots.runner.compile_seconds = 2.0  # from now on
+    prefix = [(7 * i) % 60 + 1 for i in range(40)]
+    requests = [dict(prompt_ids=prefix + [i + 1, 2 * i + 3], max_tokens=10 + i) for i in range(5)]
+    slots.start()
+    try:
+        sinks = serve_all(slots, requests[:1]) + serve_all(slots, requests[1:])
+    finally:
+        slots.shutdown(10)
+    for request, sink in zip(requests, sinks):
+        assert sink.tokens == slots.expected(request["prompt_ids"], request["max_tokens"]), request
+    assert metric(slots, "jspec:prefix_cache_hits_total") == 4 * 40
+    assert ("prefill_cached", 1, stand_in) in slots.runner.programs.keys()
     assert slots.blocks.num_used_pages == 0
 
 
