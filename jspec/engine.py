@@ -187,19 +187,7 @@ class SpecEngine:
             raise ValueError(f"spec={spec!r}: expected a jspec.SpecConfig, 'auto' or None")
         if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
             raise ValueError(f"drafter={drafter!r}: expected None, a drafter name or a converted drafter directory")
-        if mesh is None and tensor_parallel_size * data_parallel_size != 1:
-            mesh = make_mesh(tensor_parallel_size, data_parallel_size)
-        elif mesh is not None and (tensor_parallel_size, data_parallel_size) != (1, 1):
-            raise ValueError(f"mesh={mesh} and tensor_parallel_size={tensor_parallel_size}/data_parallel_size="
-                             f"{data_parallel_size}: pass a mesh or the sizes, not both")
-        shardings = None
-        if mesh is not None:
-            tensor_parallel_size = mesh_sizes(mesh)[1]
-
-            def shardings(config, abstract):
-                check_tensor_parallel(config, tensor_parallel_size)
-                return named(mesh, param_specs(abstract, config, tensor_parallel_size))
-
+        mesh, shardings = _placement(mesh, tensor_parallel_size, data_parallel_size)
         if quantization is None and not keep_floats:  # a converted quantized checkpoint names its scheme
             quantization = _stored_quantization(target_dir)
         config, params, dtype = load_llama(target_dir, dtype if dtype is not None else default_dtype(), shardings)
@@ -299,7 +287,7 @@ class SpecEngine:
         texts = None
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in token_ids]
-        stats = self._stats(result, batch.batch_size, run_seconds, compile_seconds)
+        stats = generate_stats(result, batch.batch_size, run_seconds, compile_seconds)
         hidden = None
         if layers:
             states = to_host(result.hidden_states)
@@ -503,22 +491,45 @@ class SpecEngine:
         """Programs compiled so far (one per bucket seen)."""
         return len(self._compiled)
 
-    def _stats(self, result: GenerateResult, batch_size: int, run_seconds: float,
-               compile_seconds: float) -> GenerateStats:
-        num_generated = to_host(result.num_generated)[:batch_size]
-        num_steps = to_host(result.num_steps)[:batch_size]
-        hist = to_host(result.accepted_hist)[:batch_size].sum(axis=0)
-        total_steps = int(num_steps.sum())
-        from_steps = int(np.maximum(num_generated - 1, 0).sum())  # the prefill's token is not a step's
-        acceptance = from_steps / total_steps if total_steps else 1.0
-        per_position = [float(hist[i + 1:].sum() / total_steps) if total_steps else 0.0
-                        for i in range(len(hist) - 1)]
-        total_new = int(num_generated.sum())
-        return GenerateStats(acceptance_length=acceptance,
-                             tokens_per_second=total_new / run_seconds if run_seconds > 0 else 0.0,
-                             num_verify_steps=total_steps, accepted_per_position=per_position,
-                             num_generated_tokens=total_new, run_seconds=run_seconds,
-                             compile_seconds=compile_seconds)
+
+
+def generate_stats(result: GenerateResult, batch_size: int, run_seconds: float,
+                   compile_seconds: float) -> GenerateStats:
+    """The :class:`GenerateStats` of a ``generate`` call's first ``batch_size`` rows."""
+    num_generated = to_host(result.num_generated)[:batch_size]
+    num_steps = to_host(result.num_steps)[:batch_size]
+    hist = to_host(result.accepted_hist)[:batch_size].sum(axis=0)
+    total_steps = int(num_steps.sum())
+    from_steps = int(np.maximum(num_generated - 1, 0).sum())  # the prefill's token is not a step's
+    acceptance = from_steps / total_steps if total_steps else 1.0
+    per_position = [float(hist[i + 1:].sum() / total_steps) if total_steps else 0.0
+                    for i in range(len(hist) - 1)]
+    total_new = int(num_generated.sum())
+    return GenerateStats(acceptance_length=acceptance,
+                         tokens_per_second=total_new / run_seconds if run_seconds > 0 else 0.0,
+                         num_verify_steps=total_steps, accepted_per_position=per_position,
+                         num_generated_tokens=total_new, run_seconds=run_seconds,
+                         compile_seconds=compile_seconds)
+
+
+def _placement(mesh: jax.sharding.Mesh | None, tensor_parallel_size: int,
+               data_parallel_size: int) -> tuple[jax.sharding.Mesh | None, Callable | None]:
+    """(the mesh ``from_pretrained`` loads onto, the target's shardings over it as ``load_llama`` takes them)
+    from a mesh or vLLM's sizes (one device: (None, None))."""
+    if mesh is None and tensor_parallel_size * data_parallel_size != 1:
+        mesh = make_mesh(tensor_parallel_size, data_parallel_size)
+    elif mesh is not None and (tensor_parallel_size, data_parallel_size) != (1, 1):
+        raise ValueError(f"mesh={mesh} and tensor_parallel_size={tensor_parallel_size}/data_parallel_size="
+                         f"{data_parallel_size}: pass a mesh or the sizes, not both")
+    if mesh is None:
+        return None, None
+    model_size = mesh_sizes(mesh)[1]
+
+    def shardings(config, abstract):
+        check_tensor_parallel(config, model_size)
+        return named(mesh, param_specs(abstract, config, model_size))
+
+    return mesh, shardings
 
 
 def _stored_quantization(model_dir: str) -> QuantizationConfig | None:
