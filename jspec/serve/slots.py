@@ -103,7 +103,6 @@ class SlotEngine:
             "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
         self.metrics.watch_programs(self.runner.programs)
         self.scheduler = Scheduler(self.config, self.setup, self.metrics, self.runner)
-        self._waiting, self._rows, self._lock = self.scheduler.waiting, self.scheduler.rows, self.scheduler.lock
         self._accepting = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -141,6 +140,18 @@ class SlotEngine:
     @property
     def num_running(self) -> int:
         return self.scheduler.num_running
+
+    @property
+    def _waiting(self):
+        return self.scheduler.waiting
+
+    @property
+    def _rows(self) -> list[Running | None]:
+        return self.scheduler.rows
+
+    @property
+    def _lock(self) -> threading.Condition:
+        return self.scheduler.lock
 
     @property
     def adapter(self) -> LoadAdapter | None:

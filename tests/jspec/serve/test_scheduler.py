@@ -87,6 +87,20 @@ def test_pages_hold_more_requests_than_static_slots_would(engine):
     assert max(seen) >= 6, seen
 
 
+def serve_one_then_four_sharing_its_prefix(slots: HostSlotEngine) -> None:
+    """Serves one request, then four at once sharing its 40-token prefix (five pages of 8), each with its own
+    2-token rest; each must return what it returns alone."""
+    prefix = [(7 * i) % 60 + 1 for i in range(40)]
+    requests = [dict(prompt_ids=prefix + [i + 1, 2 * i + 3], max_tokens=10 + i) for i in range(5)]
+    slots.start()
+    try:
+        sinks = serve_all(slots, requests[:1]) + serve_all(slots, requests[1:])
+    finally:
+        slots.shutdown(10)
+    for request, sink in zip(requests, sinks):
+        assert sink.tokens == slots.expected(request["prompt_ids"], request["max_tokens"]), request
+
+
 def test_a_shared_prefix_is_computed_once(engine):
     """Requests sharing a 40-token prefix (five pages of 8): after the first, every later one finds its five whole
     pages in the cache (hits counted in tokens, as vLLM counts them), prefills only its rest on them, and still
@@ -98,15 +112,7 @@ def test_a_shared_prefix_is_computed_once(engine):
     prefill = slots._prefill
     slots._prefill = lambda items, width, rows, cached_lens, lengths: cached.append(cached_lens) or prefill(
         items, width, rows, cached_lens, lengths)
-    prefix = [(7 * i) % 60 + 1 for i in range(40)]
-    requests = [dict(prompt_ids=prefix + [i + 1, 2 * i + 3], max_tokens=10 + i) for i in range(5)]
-    slots.start()
-    try:
-        sinks = serve_all(slots, requests[:1]) + serve_all(slots, requests[1:])
-    finally:
-        slots.shutdown(10)
-    for request, sink in zip(requests, sinks):
-        assert sink.tokens == slots.expected(request["prompt_ids"], request["max_tokens"]), request
+    serve_one_then_four_sharing_its_prefix(slots)
     assert metric(slots, "jspec:prefix_cache_hits_total") == 4 * 40
     assert metric(slots, "jspec:prefix_cache_queries_total") == 5 * 41  # every prompt but its last token
     assert sorted(n for lens in cached if lens for n in lens) == [40] * 4
@@ -124,15 +130,7 @@ def test_a_burst_of_prefix_hits_runs_on_the_warm_cached_prefill_while_its_own_wi
     assert [key for key in slots.runner.programs.keys() if key[0] == "prefill_cached"] == [
         ("prefill_cached", 1, stand_in)]
     slots.runner.compile_seconds = 2.0  # from now on
-    prefix = [(7 * i) % 60 + 1 for i in range(40)]
-    requests = [dict(prompt_ids=prefix + [i + 1, 2 * i + 3], max_tokens=10 + i) for i in range(5)]
-    slots.start()
-    try:
-        sinks = serve_all(slots, requests[:1]) + serve_all(slots, requests[1:])
-    finally:
-        slots.shutdown(10)
-    for request, sink in zip(requests, sinks):
-        assert sink.tokens == slots.expected(request["prompt_ids"], request["max_tokens"]), request
+    serve_one_then_four_sharing_its_prefix(slots)
     assert metric(slots, "jspec:prefix_cache_hits_total") == 4 * 40
     assert ("prefill_cached", 1, stand_in) in slots.runner.programs.keys()
     assert slots.blocks.num_used_pages == 0
