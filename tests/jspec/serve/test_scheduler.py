@@ -129,7 +129,7 @@ def test_a_burst_of_prefix_hits_runs_on_the_warm_cached_prefill_while_its_own_wi
     stand_in = prompt_bucket(CACHED_STAND_IN, slots.max_prompt_width, half_steps=False)
     assert [key for key in slots.runner.programs.keys() if key[0] == "prefill_cached"] == [
         ("prefill_cached", 1, stand_in)]
-    slots.runner.compile_seconds = 2.0  # from now on
+    slots.runner.compile_seconds = 0.5  # from now on
     serve_one_then_four_sharing_its_prefix(slots)
     assert metric(slots, "jspec:prefix_cache_hits_total") == 4 * 40
     assert ("prefill_cached", 1, stand_in) in slots.runner.programs.keys()
