@@ -56,33 +56,41 @@ def pytest_xdist_auto_num_workers(config):
 
 
 # The modules of each tier by their worker seconds, longest first (summed --durations=0 on the 2-core CI machine:
-# the default tier's of a cold run on 2026-11-27, the slow tier's earlier), run in that order: with --dist loadscope
-# each worker takes the next module when it is free, so the long ones start first and the short ones fill the end
-# instead of one worker idling while the other finishes a long module it was handed last.
+# the default tier's of a cold run at b54fa32, the slow tier's earlier), run in that order: with --dist loadscope
+# and --no-loadscope-reorder (pyproject; xdist otherwise reorders modules by their number of tests) each worker
+# takes the next module when it is free, so the long ones start first and the short ones fill the end instead of
+# one worker idling while the other finishes a long module it was handed last.
 DEFAULT_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/jspec/serve/test_slots.py",
-                      "tests/jspec/test_logprobs.py", "tests/jspec/test_dflash.py", "tests/jspec/test_multihost.py",
-                      "tests/jspec/test_python_api.py", "tests/jspec/test_logits_processors.py",
-                      "tests/pallas_kernels/test_tree_verify.py", "tests/jspec/test_hybrid.py",
-                      "tests/jspec/test_ngram.py", "tests/jspec/test_quantized_engine.py",
-                      "tests/jspec/test_bf16_numerics.py", "tests/jspec/tools/test_cli_process.py",
-                      "tests/jspec/train/test_train_drafter.py", "tests/jspec/tools/test_cli.py",
-                      "tests/jspec/test_spec_engine.py", "tests/jspec/tools/test_tune_cmd.py",
-                      "tests/jspec/test_sampling.py", "tests/jspec/test_spec_sampling.py",
-                      "tests/jspec/test_generate_program.py", "tests/models/test_llama_vs_hf.py",
-                      "tests/jspec/test_pard.py", "tests/jspec/train/test_ttt.py",
-                      "tests/jspec/train/test_train_target.py", "tests/models/test_eagle3_layouts.py",
+                      "tests/pallas_kernels/test_tree_verify.py", "tests/jspec/test_logprobs.py",
+                      "tests/jspec/test_ngram.py", "tests/jspec/test_multihost.py", "tests/jspec/test_dflash.py",
+                      "tests/jspec/test_quantized_engine.py", "tests/jspec/test_spec_engine.py",
+                      "tests/jspec/test_logits_processors.py", "tests/jspec/tools/test_cli.py",
+                      "tests/jspec/test_hybrid.py", "tests/jspec/tools/test_cli_process.py",
+                      "tests/models/test_llama_vs_hf.py", "tests/models/test_eagle3_layouts.py",
+                      "tests/jspec/test_python_api.py", "tests/jspec/train/test_train_drafter.py",
+                      "tests/jspec/tools/test_tune_cmd.py", "tests/jspec/test_spec_sampling.py",
+                      "tests/jspec/test_tree_selection.py", "tests/jspec/test_sampling.py",
+                      "tests/jspec/test_bf16_numerics.py", "tests/jspec/test_pard.py",
                       "tests/models/test_quantization.py", "tests/jspec/serve/test_paged.py",
-                      "tests/jspec/test_tree_selection.py", "tests/jspec/test_draft_model.py",
-                      "tests/pallas_kernels/test_tree_build.py", "tests/pallas_kernels/test_tree_attention.py",
+                      "tests/jspec/serve/test_paged_scheduler.py", "tests/jspec/test_generate_program.py",
+                      "tests/jspec/train/test_train_target.py", "tests/jspec/train/test_ttt.py",
+                      "tests/pallas_kernels/test_tree_attention.py", "tests/pallas_kernels/test_tree_build.py",
+                      "tests/jspec/test_capture_hidden_states.py", "tests/jspec/test_draft_model.py",
+                      "tests/models/test_checkpoint.py", "tests/models/test_paged_kv.py",
+                      "tests/jspec/test_user_drafters.py", "tests/models/test_mtp.py",
+                      "tests/models/test_shipped_targets.py", "tests/models/test_quantized_checkpoints.py",
                       "tests/jspec/structured_outputs/test_structured_generation.py",
-                      "tests/jspec/test_user_drafters.py", "tests/models/test_paged_kv.py",
-                      "tests/jspec/test_engine_vs_hf.py", "tests/models/test_checkpoint.py",
-                      "tests/jspec/test_capture_hidden_states.py", "tests/jspec/serve/test_paged_scheduler.py",
-                      "tests/models/test_mtp.py", "tests/models/test_quantized_checkpoints.py",
-                      "tests/jspec/test_sharded_kernels.py", "tests/models/test_shipped_targets.py",
-                      "tests/models/test_attention.py", "tests/jspec/test_auto.py",
-                      "tests/jspec/test_per_request_seeds.py", "tests/jspec/serve/test_scheduler.py",
-                      "tests/models/test_eagle3.py", "tests/jspec/test_mtp.py")
+                      "tests/jspec/train/test_pard.py", "tests/jspec/test_sharded_kernels.py",
+                      "tests/jspec/test_auto.py", "tests/models/test_eagle3.py",
+                      "tests/jspec/serve/test_scheduler.py", "tests/jspec/test_engine_vs_hf.py",
+                      "tests/jspec/test_per_request_seeds.py", "tests/models/test_attention.py",
+                      "tests/jspec/serve/test_kv_store.py", "tests/jspec/test_compile_options.py",
+                      "tests/jspec/test_mtp.py", "tests/models/test_dflash.py", "tests/jspec/test_commit.py",
+                      "tests/jspec/test_sharded_params.py", "tests/jspec/test_attention.py",
+                      "tests/jspec/tools/test_bench_serve.py", "tests/models/test_mtp_checkpoint.py",
+                      "tests/test_import_direction.py", "tests/jspec/test_chat.py",
+                      "tests/jspec/tools/test_roofline_floor.py", "tests/jspec/tools/test_kernel_sweep.py",
+                      "tests/pallas_kernels/test_paged_tree_attention.py", "tests/jspec/test_accept.py")
 SLOW_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/models/test_mtp_checkpoint.py",
                    "tests/jspec/serve/test_slots.py", "tests/jspec/test_logprobs.py", "tests/jspec/test_spec_engine.py",
                    "tests/pallas_kernels/test_tree_verify.py", "tests/models/test_eagle3_layouts.py",
