@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jspec.logits_processors import add_committed
+from jspec.features import with_committed
 from jspec.state import DecodeState
 
 
@@ -50,9 +50,7 @@ def commit_tokens(state: DecodeState, new_tokens: jax.Array, num_new: jax.Array,
         num_steps = num_steps + active.astype(jnp.int32)
         bucket = jnp.clip(n - 1, 0, hist.shape[1] - 1)
         hist = hist.at[jnp.arange(batch), bucket].add((active & (n > 0)).astype(jnp.int32))
-    counts = state.output_counts
-    if counts is not None:
-        counts = add_committed(counts, new_tokens, n)
     state = state._replace(tokens=tokens, seq_len=state.seq_len + n, num_generated=num_generated, done=done,
-                           num_steps=num_steps, accepted_hist=hist, output_counts=counts)
+                           num_steps=num_steps, accepted_hist=hist,
+                           features=with_committed(state.features, new_tokens, n))
     return state, n

@@ -24,12 +24,13 @@ from jspec.commit import commit_tokens
 from jspec.compile_options import setup_jit
 from jspec.drafters.base import PrefillContext
 from jspec.generate_setup import GenerateSetup
-from jspec.logits_processors import ProcessorArrays, context_output_counts, process
-from jspec.logprobs import Logprobs, record, recorded_logits
+from jspec.features import FeatureInputs, prefill_features, prompt_counts, shaped_logits, with_captured, \
+    with_logprobs, write_hidden_states
+from jspec.logits_processors import ProcessorArrays
+from jspec.logprobs import Logprobs, recorded_logits
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
 from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
-from jspec.state import DecodeState, write_hidden_states
-from jspec.structured_outputs.bitmask import apply_token_bitmask
+from jspec.state import DecodeState
 from jspec.step import StepInputs, last_tokens, plain_step, root_step, spec_step
 from models.attention import KVCache, pad_slots
 from models.llama import unstack_layers
@@ -90,30 +91,26 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
                                      logits_index=last[:, None], tap_layers=setup.tap_layers)
     if cached is None:
         out = out._replace(cache=constrain(pad_slots(out.cache, setup.cache_slots), KV_CACHE))
-    first_logits, counts = out.logits, None
-    if setup.logits_processors:
-        counts = context_output_counts(context, inputs.processors.output_start, prompt_lens, cfg.vocab_size)
-        first_logits = process(first_logits, inputs.processors, counts[:, None], jnp.zeros((batch, 1), jnp.int32),
-                               inputs.stop_ids)
-    first_logits = apply_token_bitmask(first_logits, inputs.token_bitmask)
+    counts = prompt_counts(inputs.features, context, prompt_lens, cfg.vocab_size)
+
+    def history():
+        return counts[:, None], jnp.zeros((batch, 1), jnp.int32)
+
+    first_logits = shaped_logits(out.logits, inputs.features, history, inputs.stop_ids)
     first = sample_tokens(first_logits[:, 0], inputs.sampling, keys_at(inputs.keys, prompt_lens))
     if cached is None:
         tokens = jnp.zeros((batch, setup.max_seq_len), jnp.int32).at[:, :width].set(prompt_ids)
-    hidden = None
-    if setup.capture_layers:
-        hidden = jnp.zeros((len(setup.capture_layers), batch, setup.max_seq_len, cfg.hidden_size), setup.jnp_dtype)
-        hidden = write_hidden_states(hidden, setup.captured_taps(out.taps), zeros, prompt_lens)
+    features = prefill_features(setup, batch, counts, None if cached is None else cached.view.features)
+    features = with_captured(features, lambda: setup.captured_taps(out.taps), zeros, prompt_lens)
     state = DecodeState(tokens=tokens, seq_len=prompt_lens, cache=out.cache, num_generated=zeros,
                         done=jnp.zeros((batch,), bool), num_steps=zeros,
                         accepted_hist=jnp.zeros((batch, setup.tokens_per_step), jnp.int32),
-                        step=jnp.zeros((), jnp.int32) if cached is None else cached.view.step,
-                        hidden_states=hidden, output_counts=counts)
+                        step=jnp.zeros((), jnp.int32) if cached is None else cached.view.step, features=features)
     state, committed = commit_tokens(state, first[:, None], jnp.ones_like(zeros), inputs.max_new_tokens,
                                      inputs.stop_ids, counts_as_step=False)
-    if setup.logprobs is not None:
-        buffers = Logprobs.zeros(batch, setup.max_seq_len, setup.logprobs) if cached is None else cached.view.logprobs
-        recorded = recorded_logits(out.logits, first_logits, inputs.sampling, setup.logprobs_mode)
-        state = state._replace(logprobs=record(buffers, recorded, first[:, None], prompt_lens, committed))
+    state = state._replace(features=with_logprobs(
+        state.features, lambda: recorded_logits(out.logits, first_logits, inputs.sampling, setup.logprobs_mode),
+        first[:, None], prompt_lens, committed))
     if setup.drafter is not None:
         taps = constrain(setup.drafter_taps(out.taps), TAPS)
         if cached is None:
@@ -129,9 +126,11 @@ def shard_state(state: DecodeState) -> DecodeState:
     """On a mesh: the state's per-sequence arrays split by rows over "data", the target cache also by KV heads over
     "model", captured hidden states by rows (axis 1) (the drafter's state is left to the partitioner). Identity on
     one device."""
-    cache, draft, hidden = state.cache, state.draft, state.hidden_states
-    state = constrain_rows(state._replace(cache=None, draft=None, hidden_states=None))
-    return state._replace(cache=constrain_cache(cache), draft=draft, hidden_states=constrain(hidden, TAPS))
+    cache, draft, features = state.cache, state.draft, state.features
+    state = constrain_rows(state._replace(cache=None, draft=None, features=features._replace(hidden_states=None)))
+    hidden = constrain(features.hidden_states, TAPS)
+    return state._replace(cache=constrain_cache(cache), draft=draft,
+                          features=state.features._replace(hidden_states=hidden))
 
 
 def constrain_cache(cache: KVCache) -> KVCache:
@@ -155,8 +154,8 @@ def _start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, ke
     and prefills.
     """
     params_t = unstack_layers(params_t, setup.target)
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, row_keys(key, prompt_ids.shape[0]), processors,
-                        token_bitmask)
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, row_keys(key, prompt_ids.shape[0]),
+                        FeatureInputs(processors, token_bitmask))
     state = prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup)
     return params_t, state, inputs
 
@@ -209,7 +208,7 @@ def generate(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, 
         if setup.capture_layers:
             state = capture_last_token(params_t, state, setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist,
-                          state.hidden_states, state.logprobs)
+                          state.features.hidden_states, state.features.logprobs)
 
 
 def capture_last_token(params_t, state: DecodeState, *, setup: GenerateSetup) -> DecodeState:
@@ -218,8 +217,8 @@ def capture_last_token(params_t, state: DecodeState, *, setup: GenerateSetup) ->
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, last_tokens(state)[:, None], cache_len[:, None],
                                      state.cache, cache_len, tap_layers=setup.capture_layers)
-    hidden = write_hidden_states(state.hidden_states, out.taps, cache_len, jnp.ones_like(cache_len))
-    return state._replace(hidden_states=constrain(hidden, TAPS))
+    hidden = write_hidden_states(state.features.hidden_states, out.taps, cache_len, jnp.ones_like(cache_len))
+    return state._replace(features=state.features._replace(hidden_states=constrain(hidden, TAPS)))
 
 
 @functools.partial(setup_jit, static_argnames=("setup",))
@@ -228,7 +227,7 @@ def generate_start(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.A
                    processors: ProcessorArrays | None = None, token_bitmask: jax.Array | None = None, *,
                    setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Streaming, part 1: prefill only -> (state, inputs) to pass to :func:`generate_continue`. token_bitmask:
-    the tokens each row's first new token may be (``StepInputs.token_bitmask``, node 0 read), or None."""
+    the tokens each row's first new token may be (``FeatureInputs.token_bitmask``, node 0 read), or None."""
     with traced_on(setup.mesh):
         _, state, inputs = _start(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
                                   sampling, processors, token_bitmask, setup=setup)

@@ -31,16 +31,16 @@ class GenerateSetup:
     step (benchmarks only); mesh: the ("data", "model") device mesh the program is split over
 (``jspec.sharding``), None on one device. The drafter's ``max_seq_len`` is kept equal to the setup's (:meth:`with_max_seq_len`).
     capture_layers: target layers whose residual-stream states ``generate`` keeps for every token (prompt and
-    generated) in ``DecodeState.hidden_states`` (:func:`check_capture_layers`); () keeps none.
+    generated) in ``FeatureState.hidden_states`` (:func:`check_capture_layers`); () keeps none.
     compiler_options: XLA options as ((name, value), ...) that every program of this setup compiles with; None
     (the default): chosen per backend and step kind by ``jspec.compile_options.program_options``.
     logprobs: None (none recorded), or K >= 0: every generated token's log-probability and the K most likely
-    tokens at its position are kept in ``DecodeState.logprobs`` (``jspec.logprobs``); logprobs_mode: vLLM's
+    tokens at its position are kept in ``FeatureState.logprobs`` (``jspec.logprobs``); logprobs_mode: vLLM's
     "raw_logprobs" (the target's) or "processed_logprobs" (``jspec.logprobs.recorded_logits``).
     max_position: None (positions reach max_seq_len - 1), or the bound positions stay below in a program whose
     buffers run past its context (:meth:`with_view_len`); the model's limit is checked against it.
     logits_processors: the target's logits pass through ``jspec.logits_processors`` (penalties, logit_bias,
-    min_tokens) with the per-row parameters in ``StepInputs.processors``.
+    min_tokens) with the per-row parameters in ``FeatureInputs.processors``.
     """
 
     target: ModelConfig

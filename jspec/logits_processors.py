@@ -5,7 +5,7 @@ verified tree).
 
 A penalty depends on the tokens before the position it scores. In a draft tree node n's history is the committed
 sequence and then the drafts on the path from the root to n (n included), so each node is processed with its own
-counts: the committed output's (``DecodeState.output_counts``, kept at every commit) plus its path's, read off the
+counts: the committed output's (``FeatureState.output_counts``, kept at every commit) plus its path's, read off the
 tree mask (mask[n, m]: m is n or an ancestor of n; the root is committed already). The verifier then compares each
 draft with the processed distribution at its parent, which is exactly what plain decoding with the same
 processors draws from at that position: greedy output equals plain decoding's, sampled output follows the

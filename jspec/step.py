@@ -22,13 +22,13 @@ from jspec.commit import commit_tokens
 from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree
 from jspec.kv_cache import commit_path
-from jspec.logits_processors import ProcessorArrays, path_counts, process
-from jspec.logprobs import record, recorded_logits
+from jspec.features import FeatureInputs, shaped_logits, with_captured, with_logprobs
+from jspec.logits_processors import path_counts
+from jspec.logprobs import recorded_logits
 from jspec.sampling import SamplingArrays, fold_rows, keys_at, sample_tokens
 from jspec.sharding import TAPS, constrain
-from jspec.structured_outputs.bitmask import apply_token_bitmask
 from jspec.generate_setup import GenerateSetup
-from jspec.state import DecodeState, write_hidden_states
+from jspec.state import DecodeState
 
 
 class StepInputs(NamedTuple):
@@ -39,10 +39,11 @@ class StepInputs(NamedTuple):
     sampling: SamplingArrays
     keys: jax.Array            # key[B] each row's base key; a step's key is keys_at(keys, seq_len): the row's own
                                # position, never its slot or the loop's step count
-    processors: ProcessorArrays | None = None  # the logits processors' per-row parameters (setup.logits_processors)
-    token_bitmask: jax.Array | None = None     # i32[B, N, ceil(V / 32)] structured outputs' allowed tokens at each of
-                                               # a step's N nodes (bit v % 32 of word v // 32; node 0 the root),
-                                               # None: no grammar (jspec.structured_outputs)
+    features: FeatureInputs = FeatureInputs()  # the optional features' inputs (jspec.features), each None when off
+
+    def with_token_bitmask(self, token_bitmask: jax.Array | None) -> "StepInputs":
+        """These inputs with a grammar's masks (``FeatureInputs.token_bitmask``), or None for none."""
+        return self._replace(features=self.features._replace(token_bitmask=token_bitmask))
 
 
 def last_tokens(state: DecodeState) -> jax.Array:
@@ -61,24 +62,25 @@ def plain_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, se
     state, committed = commit_tokens(state, next_token[:, None], jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
-    logprobs = record(state.logprobs, recorded, next_token[:, None], cache_len + 1, committed)
-    return state._replace(step=state.step + 1, logprobs=logprobs)
+    features = with_logprobs(state.features, lambda: recorded, next_token[:, None], cache_len + 1, committed)
+    return state._replace(step=state.step + 1, features=features)
 
 
 def capture_committed(state: DecodeState, taps: jax.Array | None, cache_len: jax.Array, committed: jax.Array, *,
                       setup: GenerateSetup, path: jax.Array | None = None) -> DecodeState:
     """Writes the capture layers' states of a step's first ``committed[b]`` path nodes into
-    ``state.hidden_states``, node n at position cache_len[b] + n; identity when not capturing. A done row commits 0.
+    ``state.features.hidden_states``, node n at position cache_len[b] + n; identity when not capturing. A done row
+    commits 0.
 
     taps: the target's [len(setup.tap_layers), B, N, H]; path: i32[B, D + 1] the accepted path's node ids (root
     first, -1 padded), or None when the N nodes are the path."""
-    if not setup.capture_layers:
-        return state
-    states = setup.captured_taps(taps)
-    if path is not None:
-        states = jnp.take_along_axis(states, jnp.maximum(path, 0)[None, :, :, None], axis=2)
-    hidden = write_hidden_states(state.hidden_states, states, cache_len, committed)
-    return state._replace(hidden_states=hidden)
+    def states():
+        captured = setup.captured_taps(taps)
+        if path is None:
+            return captured
+        return jnp.take_along_axis(captured, jnp.maximum(path, 0)[None, :, :, None], axis=2)
+
+    return state._replace(features=with_captured(state.features, states, cache_len, committed))
 
 
 def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInputs, keys: jax.Array, *,
@@ -89,11 +91,10 @@ def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInput
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, token[:, None], cache_len[:, None], state.cache,
                                      cache_len, tap_layers=setup.tap_layers)
-    logits = out.logits
-    if inputs.processors is not None:
-        logits = process(logits, inputs.processors, state.output_counts[:, None], state.num_generated[:, None],
-                         inputs.stop_ids)
-    logits = apply_token_bitmask(logits, inputs.token_bitmask)
+    def history():
+        return state.features.output_counts[:, None], state.num_generated[:, None]
+
+    logits = shaped_logits(out.logits, inputs.features, history, inputs.stop_ids)
     recorded = recorded_logits(out.logits, logits, inputs.sampling, setup.logprobs_mode)
     return out, sample_tokens(logits[:, 0], inputs.sampling, keys), recorded
 
@@ -190,23 +191,23 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
     cache_len = state.cache_len
     out = setup.target_model().apply({"params": params_t}, tree.tokens, tree.positions, state.cache, cache_len,
                                      local_mask=tree.mask, tap_layers=setup.tap_layers)
-    logits = out.logits
-    if inputs.processors is not None:  # each node with its own history: the committed output, then its path
+    def history():  # each node's own: the committed output, then its path
         def counts():
-            return state.output_counts[:, None] + path_counts(tree.tokens, tree.mask, logits.shape[-1])
+            return state.features.output_counts[:, None] + path_counts(tree.tokens, tree.mask, out.logits.shape[-1])
 
-        generated = state.num_generated[:, None] + tree.positions - cache_len[:, None]
-        logits = process(logits, inputs.processors, counts, generated, inputs.stop_ids)
-    logits = apply_token_bitmask(logits, inputs.token_bitmask)
+        return counts, state.num_generated[:, None] + tree.positions - cache_len[:, None]
+
+    logits = shaped_logits(out.logits, inputs.features, history, inputs.stop_ids)
     verified = accept_tree(tree, logits, inputs.sampling, keys,
                            max_depth=setup.spec.max_depth if max_depth is None else max_depth,
                            force_accept=setup.force_accept, kernels=setup.spec.kernels)
     new_tokens, num_new = path_tokens(tree.tokens, verified)
     state, committed = commit_tokens(state, new_tokens, num_new, inputs.max_new_tokens, inputs.stop_ids)
-    if state.logprobs is not None:  # new token i was drawn from the distribution at path node i (the root first)
+    def path_logits():  # new token i was drawn from the distribution at path node i (the root first)
         source = recorded_logits(out.logits, logits, inputs.sampling, setup.logprobs_mode)
-        path_logits = jnp.take_along_axis(source, jnp.maximum(verified.accept_index, 0)[..., None], axis=1)
-        state = state._replace(logprobs=record(state.logprobs, path_logits, new_tokens, cache_len + 1, committed))
+        return jnp.take_along_axis(source, jnp.maximum(verified.accept_index, 0)[..., None], axis=1)
+
+    state = state._replace(features=with_logprobs(state.features, path_logits, new_tokens, cache_len + 1, committed))
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
                                        CommitContext(new_tokens, committed, verified.accept_index,
                                                      constrain(setup.drafter_taps(out.taps), TAPS),
@@ -250,7 +251,8 @@ def _root_and_commit(params_t, params_d, state: DecodeState, draft_state, root: 
                                      inputs.stop_ids)
     accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
     state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
-    state = state._replace(logprobs=record(state.logprobs, recorded, token[:, None], cache_len + 1, committed))
+    state = state._replace(features=with_logprobs(state.features, lambda: recorded, token[:, None], cache_len + 1,
+                                                  committed))
     taps = constrain(setup.drafter_taps(out.taps), TAPS)
     if taps is not None and num_nodes > 1:
         taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))

@@ -282,4 +282,4 @@ def api_feature_leaves(layout: PagedLayout) -> frozenset[int]:
     """Indices of the leaves only the API features use: the log-probability buffers, the output token counts and
     the logits processors' parameters (empty for a setup without them)."""
     state, inputs = jax.tree.unflatten(layout.treedef, list(range(len(layout.leaves))))
-    return frozenset(jax.tree.leaves((state.logprobs, state.output_counts, inputs.processors)))
+    return frozenset(jax.tree.leaves((state.features.api_parts(), inputs.features.api_parts())))

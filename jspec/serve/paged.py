@@ -28,6 +28,7 @@ from jspec.compile_options import setup_jit
 from jspec.generate import CachedPrefix, prefill, run_loop, shard_state
 from jspec.generate_setup import GenerateSetup
 from jspec.drafters.base import DraftTree
+from jspec.features import FeatureInputs
 from jspec.logprobs import Logprobs
 from jspec.sampling import SamplingArrays
 from jspec.serve.kv_store import PagedLayout, Store, api_feature_leaves, gather_view, scatter_view
@@ -61,10 +62,10 @@ class Readout(NamedTuple):
 def _readout(state: DecodeState, since: jax.Array, width: int) -> Readout:
     """state's readout; since: i32[R] each row's length before the program, width: W (:class:`Readout`)."""
     logprobs = None
-    if state.logprobs is not None:
+    if state.features.logprobs is not None:
         slots = jnp.minimum(since[:, None] + jnp.arange(width)[None], state.tokens.shape[1] - 1)
         logprobs = Logprobs(*(jnp.take_along_axis(x, slots.reshape(slots.shape + (1,) * (x.ndim - 2)), axis=1)
-                              for x in state.logprobs))
+                              for x in state.features.logprobs))
     return Readout(state.tokens, state.num_generated, state.num_steps, state.done, state.accepted_hist, state.step,
                    logprobs)
 
@@ -86,7 +87,7 @@ def prefill_rows(params_t, params_d, store: Store, prompt_ids: jax.Array, prompt
         key = jax.random.wrap_key_data(key_data)
         state, inputs = start_state(params_t, params_d, prompt_ids, prompt_lens, key, max_new_tokens, stop_ids,
                                     sampling, processors, token_bitmask, setup=setup.with_max_seq_len(seq_len))
-        inputs = inputs._replace(token_bitmask=None)  # a step's masks are its own, never stored
+        inputs = inputs.with_token_bitmask(None)  # a step's masks are its own, never stored
         state = state._replace(step=store[0].step)
         since = jnp.zeros_like(prompt_lens)
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
@@ -140,11 +141,11 @@ def prefill_cached_rows(params_t, params_d, store: Store, suffix_ids: jax.Array,
     page_table = jnp.pad(page_table, ((0, 0), (0, max(0, layout.pages_in_view(seq_len) - page_table.shape[1]))))
     with traced_on(setup.mesh):
         view, _ = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
-        inputs = StepInputs(max_new_tokens, stop_ids, sampling, jax.random.wrap_key_data(key_data), processors,
-                            token_bitmask)
+        inputs = StepInputs(max_new_tokens, stop_ids, sampling, jax.random.wrap_key_data(key_data),
+                            FeatureInputs(processors, token_bitmask))
         state = prefill(params_t, params_d, suffix_ids, prompt_lens, inputs, setup=setup.with_view_len(seq_len),
                         cached=CachedPrefix(view, cached_lens))
-        inputs = inputs._replace(token_bitmask=None)  # a step's masks are its own, never stored
+        inputs = inputs.with_token_bitmask(None)  # a step's masks are its own, never stored
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=cached_lens,
                              write_pages=prefill_pages(layout, width)), _readout(state, prompt_lens, 1))
 
@@ -194,14 +195,15 @@ def step_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: 
         if not api_features:
             unchanged, loop_setup = api_feature_leaves(layout), without_api_features(setup)
             gathered = state
-            state = state._replace(logprobs=None, output_counts=None)
-            loop_inputs = inputs._replace(processors=None)
-        state = run_loop(params_t, params_d, state, loop_inputs._replace(token_bitmask=token_bitmask),
+            state = state._replace(features=state.features.without_api())
+            loop_inputs = inputs._replace(features=inputs.features.without_api())
+        state = run_loop(params_t, params_d, state, loop_inputs.with_token_bitmask(token_bitmask),
                          setup=loop_setup.with_max_seq_len(seq_len), max_steps=max_steps, speculate=speculate,
                          short_nodes=short_nodes)
         readout = _readout(state, entry_len, chunk_steps * setup.tokens_per_step)
         if not api_features:  # the tree as stored; these leaves are not written back
-            state = state._replace(logprobs=gathered.logprobs, output_counts=gathered.output_counts)
+            state = state._replace(features=gathered.features._replace(
+                hidden_states=state.features.hidden_states))
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
                              write_pages=write_pages, unchanged=unchanged), readout)
 
@@ -231,6 +233,6 @@ def verify_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table
         since = jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
         state = verify_proposal(params_t, params_d, state, draft_state, tree,
-                                inputs._replace(token_bitmask=token_bitmask), setup=setup.with_max_seq_len(seq_len))
+                                inputs.with_token_bitmask(token_bitmask), setup=setup.with_max_seq_len(seq_len))
         return (scatter_view(layout, store, (shard_state(state), inputs), row_ids, page_table, seq_len, since=since,
                              write_pages=write_pages), _readout(state, entry_len, setup.tokens_per_step))

@@ -18,6 +18,7 @@ import numpy as np
 
 from jspec.compile_options import setup_jit
 from jspec.config import SamplingParams
+from jspec.features import FeatureInputs
 from jspec.generate import prefill
 from jspec.generate_setup import GenerateSetup
 from jspec.logits_processors import host_arrays
@@ -31,8 +32,8 @@ def start_state(params_t, params_d, prompt_ids, prompt_lens, keys, max_new_token
                 processors=None, token_bitmask=None, *, setup: GenerateSetup) -> tuple[DecodeState, StepInputs]:
     """Prefilled rows of the slot engine -> (state, inputs): keys is one key per row; processors: the logits
     processors' arrays (``setup.logits_processors``) or None; token_bitmask: the first tokens' grammar masks
-    (``StepInputs.token_bitmask``) or None."""
-    inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys, processors, token_bitmask)
+    (``FeatureInputs.token_bitmask``) or None."""
+    inputs = StepInputs(max_new_tokens, stop_ids, sampling, keys, FeatureInputs(processors, token_bitmask))
     return prefill(params_t, params_d, prompt_ids, prompt_lens, inputs, setup=setup), inputs
 
 

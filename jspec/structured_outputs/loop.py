@@ -44,12 +44,12 @@ def generate_structured(args: tuple, matchers: list, *, setup: GenerateSetup,
             break
         running = [None if finished else matcher for matcher, finished in zip(matchers, done)]
         if setup.drafter is None:
-            inputs = inputs._replace(token_bitmask=device(root_bitmask(running, vocab)))
+            inputs = inputs.with_token_bitmask(device(root_bitmask(running, vocab)))
             state = generate_continue(params_t, params_d, state, inputs, one_step, setup=setup)
             continue
-        state, tree = propose_tree(params_t, params_d, state, inputs._replace(token_bitmask=None), setup=setup)
+        state, tree = propose_tree(params_t, params_d, state, inputs.with_token_bitmask(None), setup=setup)
         tree, bitmask = constrain_proposal(running, tree, vocab, greedy=all_greedy)
-        state = verify_tree(params_t, params_d, state, tree, inputs._replace(token_bitmask=device(bitmask)),
+        state = verify_tree(params_t, params_d, state, tree, inputs.with_token_bitmask(device(bitmask)),
                             setup=setup)
     return GenerateResult(state.tokens, state.num_generated, state.num_steps, state.accepted_hist, None,
-                          state.logprobs)
+                          state.features.logprobs)

@@ -78,7 +78,7 @@ def test_the_api_features_add_their_own_pools(params_t):
     assert sorted(logprobs.buffers) == [((), "float32"), ((20,), "float32"), ((20,), "int32")]
     assert {pool.name for pool in layout.pools} == {TARGET_KV, "tokens", "EAGLE-3 K/V", "log-probabilities"}
     state, inputs = jax.tree.unflatten(layout.treedef, list(layout.leaves))
-    assert state.output_counts.kind == kv_store.ROW and inputs.processors.logit_bias.kind == kv_store.ROW
+    assert state.features.output_counts.kind == kv_store.ROW and inputs.features.processors.logit_bias.kind == kv_store.ROW
 
 
 def test_the_store_has_the_states_type(params_t):
