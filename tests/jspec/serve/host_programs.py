@@ -13,6 +13,7 @@ null page (a reservation short of what the chunk commits) and lose it, these rai
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -139,21 +140,32 @@ class _Lowered:
         time.sleep(runner.compile_seconds)
         host = runner.host
         if kind in ("prefill", "prefill_cached"):
-            return lambda params_t, params_d, store, *arrays: host.prefill(kind == "prefill_cached", store, *arrays)
-        if kind in ("step", "step_lean"):
-            return lambda params_t, params_d, store, *arrays: host.step_rows(store, *arrays)
-        raise NotImplementedError(f"no host form of the {kind!r} program")
+            run = functools.partial(host.prefill, kind == "prefill_cached")
+        elif kind in ("step", "step_lean"):
+            run = host.step_rows
+        else:
+            run = None  # compiled at warm-up (a prompt's log-probabilities), never run by these tests
+
+        def program(params_t, params_d, store, *arrays):
+            runner.calls.append(self.key)
+            if run is None:
+                raise NotImplementedError(f"no host form of the {kind!r} program")
+            return run(store, *arrays)
+
+        return program
 
 
 class HostRunner(ModelRunner):
     """A :class:`ModelRunner` whose programs are :class:`HostPrograms`' (no device store is built); compile_seconds:
-    how long each one takes to "compile" (on the thread that compiles it, recorded in ``compile_threads``)."""
+    how long each one takes to "compile" (on the thread that compiles it, recorded in ``compile_threads``); calls:
+    the key of each program run, in order."""
 
     compile_seconds = 0.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.compile_threads: list[str] = []
+        self.calls: list[tuple] = []
         self.host: HostPrograms | None = None
 
     def allocate(self, blocks) -> None:

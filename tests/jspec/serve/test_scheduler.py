@@ -238,3 +238,32 @@ def test_a_cancelled_request_frees_its_row_and_the_queue_is_bounded(engine):
     slots.shutdown(1)
     with pytest.raises(NotAccepting):
         slots.submit(Request([1, 2], 4, Collector()))
+
+
+def test_chunks_whose_requests_use_no_api_feature_run_the_lean_step(engine):
+    """A server offering log-probabilities and logits processors: while no running request uses them, chunks run
+    the step program without them ("step_lean"), compiled on first use off the scheduler (the full one serves
+    meanwhile); a chunk with a request that uses a processor runs the full one. (Their values under real programs:
+    test_slots' slow test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them, test_app's served
+    requests.)"""
+    slots = HostSlotEngine(engine, **PAGED, steps_per_chunk=2, max_num_seqs=4, row_buckets=(4,), max_logprobs=5,
+                           logits_processors=True)
+    slots.warm_up()
+    calls = slots.runner.calls
+    plain = [dict(prompt_ids=p, max_tokens=n) for p, n in zip(PROMPTS[:3], BUDGETS[:3])]
+    slots.start()
+    try:
+        serve_all(slots, plain)
+        assert slots.runner.programs.wait_idle(60)
+        assert "step_lean" in [key[0] for key in slots.runner.programs.compiled_on_demand]
+        before = len(calls)
+        serve_all(slots, plain)
+        lean_chunks = [key[0] for key in calls[before:] if key[0].startswith("step")]
+        before = len(calls)
+        penalised = serve_all(slots, [dict(plain[0], processors={"presence_penalty": 0.5}), plain[1]])
+        full_chunks = [key[0] for key in calls[before:] if key[0].startswith("step")]
+    finally:
+        slots.shutdown(10)
+    assert lean_chunks and set(lean_chunks) == {"step_lean"}
+    assert full_chunks and set(full_chunks) == {"step"}
+    assert [sink.tokens for sink in penalised] == [slots.expected(r["prompt_ids"], r["max_tokens"]) for r in plain[:2]]

@@ -295,6 +295,10 @@ def test_a_missing_bucket_runs_on_a_larger_one_while_it_compiles_off_the_schedul
     assert threads and set(threads) == {"jspec-compile"}, threads
 
 
+# slow: the lean step's routing under real programs, their tokens and log-probabilities equal to generate's;
+# default tier: test_scheduler's test_chunks_whose_requests_use_no_api_feature_run_the_lean_step (the routing),
+# test_app's served requests and log-probabilities (its server offers the features, its requests mostly use none)
+@pytest.mark.slow
 def test_chunks_whose_requests_use_no_api_feature_run_the_programs_without_them(params_t):
     """A server offering log-probabilities and logits processors: chunks of requests using neither run the step
     program compiled without them (on first use, off the scheduler; the one with them serves meanwhile), with
