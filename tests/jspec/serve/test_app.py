@@ -1,5 +1,6 @@
 """The HTTP server (jspec.serve.app) in-process, on the bundled code model: OpenAI's client against it, requests
-equal to ``engine.generate`` alone (greedy, and sampled among others), nothing compiled under load, OpenAI-shaped
+equal to offline generate alone (greedy: plain decoding's, which speculation keeps; sampled among others: the
+same engine's), nothing compiled under load, OpenAI-shaped
 errors for bad input, 503 when full, a client that leaves frees its slot, and fuzzed bodies never break it."""
 
 import json
@@ -64,6 +65,9 @@ class Server:
         # at the default size that copy made each served chunk cost about 20 plain ones.
         slot_kwargs.setdefault("max_total_tokens", max(POOL_TOKENS, 2 * max_batch_size * max_seq_len))
         self.slots = SlotEngine(self.engine, max_seq_len=max_seq_len, **slot_kwargs)
+        # What a greedy request returns: plain decoding's tokens, which speculation keeps (offline, test_spec_engine
+        # and every drafter's tests); its programs compile in a third of a speculative one's time.
+        self.plain = self.engine.plain()
         self.slots.warm_up(self.engine.tokenizer.encode(CALIBRATION_PROMPT).ids)
         self.served_compiles: list[str] = []  # programs the scheduler thread compiled after warm-up: none, ever
         jax.monitoring.register_event_duration_secs_listener(self._listen)
@@ -136,7 +140,7 @@ def test_completion_stream_equals_whole_with_usage(server):
     chunks = list(server.client.completions.create(model=NAME, prompt="def fibonacci(n):", max_tokens=24,
                                                    stream=True, stream_options={"include_usage": True}))
     choice = whole.choices[0]
-    expect = server.engine.generate(["def fibonacci(n):"], max_new_tokens=24)
+    expect = server.plain.generate(["def fibonacci(n):"], max_new_tokens=24)
     assert choice.text == expect.texts[0] and choice.finish_reason == "length"
     prompt_tokens = len(server.engine.tokenizer.encode("def fibonacci(n):").ids)
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) == (
@@ -159,7 +163,7 @@ def test_chat_stream_equals_whole(server, tokenizer):
     prompt = tokenizer.encode("system: You write Python.\nuser: Write a function that adds two numbers.\n"
                               "assistant:").ids
     assert whole.usage.prompt_tokens == len(prompt)
-    assert whole.choices[0].message.content == server.engine.generate([prompt], max_new_tokens=20).texts[0]
+    assert whole.choices[0].message.content == server.plain.generate([prompt], max_new_tokens=20).texts[0]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "length"
@@ -236,7 +240,7 @@ def test_penalties_and_logit_bias_equal_offline_plain_decoding(server):
     offline = server.engine.plain().generate([prompt], max_new_tokens=32, **processors)
     assert served.choices[0].token_ids == offline.token_ids[0]
     # without them: greedy speculative = plain, on the program test_completion_stream_equals_whole_with_usage compiled
-    assert offline.token_ids[0] != server.engine.generate([prompt], max_new_tokens=32).token_ids[0]
+    assert offline.token_ids[0] != server.plain.generate([prompt], max_new_tokens=32).token_ids[0]
 
 
 def test_chat_logprobs_and_top_logprobs(server, tokenizer):
@@ -283,7 +287,7 @@ def test_stop_strings_cut_the_text_and_end_the_request(server):
 
 def test_stop_token_ids_and_return_token_ids(server, tokenizer):
     ids = prompt_ids(tokenizer, 12)
-    expect = server.engine.generate([ids], max_new_tokens=30).token_ids[0]
+    expect = server.plain.generate([ids], max_new_tokens=30).token_ids[0]
     stop_id = expect[5]
     out = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 30, "stop_token_ids": [stop_id],
                                                     "return_token_ids": True}).json()
@@ -309,7 +313,7 @@ def test_a_shared_prefix_is_found_in_the_cache_and_changes_nothing(server, token
     for ids in prompts:
         out = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 16,
                                                         "return_token_ids": True}).json()
-        assert out["choices"][0]["token_ids"] == server.engine.generate([ids], max_new_tokens=16).token_ids[0]
+        assert out["choices"][0]["token_ids"] == server.plain.generate([ids], max_new_tokens=16).token_ids[0]
     reused = 32 if server.engine.setup.drafter.tap_layers else 48
     assert server.metric("jspec:prefix_cache_hits_total") - hits >= reused
 
@@ -350,7 +354,7 @@ def test_every_step_program_in_turn_keeps_greedy_output(server, tokenizer):
             ids = prompt_ids(tokenizer, 10, offset=offset)
             out = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 32,
                                                             "return_token_ids": True}).json()
-            assert out["choices"][0]["token_ids"] == server.engine.generate([ids], max_new_tokens=32).token_ids[0]
+            assert out["choices"][0]["token_ids"] == server.plain.generate([ids], max_new_tokens=32).token_ids[0]
     finally:
         slots.adapter = adapter
     assert all(server.metric(label % program) > count for program, count in before.items())
@@ -374,7 +378,7 @@ def test_32_concurrent_greedy_requests_equal_generate_alone_and_the_scheduler_co
     rng = random.Random(0)
     cases = [(prompt_ids(tokenizer, rng.choice([1, 3, 7, 12, 16, 20, 27, 31]), offset=rng.randrange(40)),
               rng.choice([1, 5, 16, 33, 47])) for _ in range(32)]
-    expected = [server.engine.generate([ids], max_new_tokens=n).token_ids[0] for ids, n in cases]
+    expected = [server.plain.generate([ids], max_new_tokens=n).token_ids[0] for ids, n in cases]
     compiles = []
     listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
     jax.monitoring.register_event_duration_secs_listener(listener)
@@ -772,7 +776,7 @@ def test_structured_outputs_through_the_client_equal_offline(structured_server, 
         thread.start()
     for thread in threads:
         thread.join(120)
-    engine = server.engine
+    engine = server.plain
     # JSON's default whitespace is free (vLLM's): this small model indents until max_tokens, the same as offline
     text = answers["json"].choices[0].message.content
     assert text.startswith("{") and text == engine.generate([chat_prompt], max_new_tokens=40,
