@@ -2,14 +2,11 @@
 them (:class:`FeatureState`, ``DecodeState.features``) and what each call gives them (:class:`FeatureInputs`,
 ``StepInputs.features``).
 
-==================  ==================================================  =========================
-feature             carried on the state                                given with the inputs
-==================  ==================================================  =========================
-log-probabilities   ``logprobs`` (``GenerateSetup.logprobs``)
-logits processors   ``output_counts`` (``GenerateSetup.logits_processors``)  ``processors``
-structured outputs                                                      ``token_bitmask``
-hidden states       ``hidden_states`` (``GenerateSetup.capture_layers``)
-==================  ==================================================  =========================
+- log-probabilities: ``FeatureState.logprobs`` (``GenerateSetup.logprobs``);
+- logits processors: ``FeatureState.output_counts`` (``GenerateSetup.logits_processors``) and
+  ``FeatureInputs.processors``;
+- structured outputs: ``FeatureInputs.token_bitmask``;
+- hidden-state capture: ``FeatureState.hidden_states`` (``GenerateSetup.capture_layers``).
 
 A part is None when its feature is off. None is an empty pytree, so an absent part has no buffer and none of its
 code is traced: a setup without features compiles the program it compiled before they existed. The prefill, the
@@ -47,6 +44,10 @@ class FeatureState(NamedTuple):
     def without_api(self) -> "FeatureState":
         """These features with the API's parts (:data:`API_STATE_PARTS`) off."""
         return self._replace(**dict.fromkeys(API_STATE_PARTS))
+
+    def with_api_from(self, other: "FeatureState") -> "FeatureState":
+        """These features with the API's parts (:data:`API_STATE_PARTS`) taken from ``other``."""
+        return self._replace(**{name: getattr(other, name) for name in API_STATE_PARTS})
 
     def api_parts(self) -> tuple:
         return tuple(getattr(self, name) for name in API_STATE_PARTS)

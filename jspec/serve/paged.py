@@ -202,8 +202,7 @@ def step_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: 
                          short_nodes=short_nodes)
         readout = _readout(state, entry_len, chunk_steps * setup.tokens_per_step)
         if not api_features:  # the tree as stored; these leaves are not written back
-            state = state._replace(features=gathered.features._replace(
-                hidden_states=state.features.hidden_states))
+            state = state._replace(features=state.features.with_api_from(gathered.features))
         return (scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len, since=since,
                              write_pages=write_pages, unchanged=unchanged), readout)
 
