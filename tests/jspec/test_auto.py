@@ -10,7 +10,6 @@ import pytest
 
 import jspec
 from jspec import auto, autotune
-from jspec.tools import bundled
 from jspec.tools.cli import main
 
 POOL = auto.candidates(["eagle3", "ngram"])

@@ -16,7 +16,6 @@ import pytest
 import jspec
 from jspec.drafters import registry
 from jspec.drafters.mtp import MtpDrafter
-from models.config import ModelConfig
 from models.llama import init_params
 from models.mtp import MtpConfig, init_mtp_params
 from tests import spec_fixtures as fx

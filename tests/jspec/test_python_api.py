@@ -4,8 +4,6 @@ compute dtype keeps speculative output equal to plain decoding's, and ``stream_t
 import os
 import re
 
-import pytest
-
 import jspec
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

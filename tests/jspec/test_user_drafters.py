@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
-import io
 import json
 import os
 import re

@@ -3,7 +3,6 @@ params/ store: groups of leaves closed at a byte budget, drawn lazily, older per
 
 import json
 import os
-import shutil
 import weakref
 
 import jax

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 import transformers
 
 from models.config import ModelConfig, from_hf_config

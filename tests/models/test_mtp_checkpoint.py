@@ -2,9 +2,7 @@
 written in HF layout with the exact HF names, converted beside the target into ``mtp/``, loaded back unchanged;
 bad module tensors are refused by name with nothing written."""
 
-import contextlib
 import dataclasses
-import io
 import json
 import os
 

@@ -4,8 +4,6 @@ the step costs where a later `jspec generate` with the same shapes finds them.""
 import json
 import os
 
-import pytest
-
 import jspec
 from jspec import autotune
 from jspec.tools.cli import main
