@@ -78,14 +78,17 @@ def _write_tree(parents_col, ok_col, seq_len, sub, lane, mask_ref, positions_ref
     parents_col = jnp.where(row == 0, -1, jnp.where(row < num_nodes, parents_col, -2))  # -2: padding, no one's parent
     parents_row = _to_row(parents_col, sub, lane)
 
+    # The mask is carried as int32 0/1: Mosaic cannot carry a vector of i1 through a loop ("failed to legalize
+    # operation 'scf.for'").
     def climb(_, carry):
-        mask, ancestor = carry                          # bool[Tp, Tp], i32[Tp, 1]
-        mask = mask | (ancestor == lane)
+        mask, ancestor = carry                          # i32[Tp, Tp] (0/1), i32[Tp, 1]
+        mask = jnp.where(ancestor == lane, 1, mask)
         grand = jnp.sum(jnp.where(ancestor == lane, parents_row, 0), axis=1, keepdims=True)
         return mask, jnp.where(ancestor >= 0, grand, -1)
 
-    mask, _ = lax.fori_loop(0, num_nodes - 1, climb, (sub == lane, parents_col))
-    depth_col = jnp.sum(mask.astype(jnp.int32), axis=1, keepdims=True)
+    mask, _ = lax.fori_loop(0, num_nodes - 1, climb, (jnp.where(sub == lane, 1, 0), parents_col))
+    depth_col = jnp.sum(mask, axis=1, keepdims=True)
+    mask = mask == 1
     positions_ref[...] = seq_len + _to_row(depth_col, sub, lane) - 1
     # Transposed tiles (child / sibling on the sublanes, node on the lanes) give rows directly.
     is_node_col = row < num_nodes

@@ -6,9 +6,11 @@ or the acceptance uniforms) are scalar-prefetched into SMEM, flattened to ``[B *
 sequence with scalar loads, writing its accepted path, length and bonus to SMEM outputs. Greedy needs nothing else.
 
 Rejection sampling also needs probability rows: ``target_probs`` and ``draft_probs`` stay in HBM and the walk DMAs
-the one row it needs (q at the current node, p at an accepted child) into a ``[1, Vp]`` VMEM buffer; the residual is
-a ``[1, Vp]`` float32 value carried through the walk, a token's probability a one-hot lane reduction, the bonus the
-exponential race over the final residual. V is padded to a multiple of 128 lanes.
+the one row it needs (q at the current node, p at an accepted child) into a VMEM buffer; the residual is a float32
+value carried through the walk, a token's probability a one-hot reduction, the bonus the exponential race over the
+final residual. A row of V probabilities is held as a dense ``[Vp / 128, 128]`` tile (V padded to a multiple of
+1024), token v at ``[v // 128, v % 128]``: as ``[1, Vp]`` it would fill one sublane of eight in every vreg, eight
+times the VMEM (a 128k vocabulary's residual, rows and noise then overflow v5e's scoped VMEM).
 
 The scalar rows of the whole batch sit in SMEM at once (4 x B x T int32: 64 KiB at B = T = 64), as do the outputs;
 a batch whose rows would not fit the chip's SMEM needs the call split over rows by the caller.
@@ -29,6 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 LANE_TILE = 128
+VOCAB_TILE = 8 * LANE_TILE  # a vocabulary row padded to whole [8, 128] vregs
 
 
 def _walk(first_child, choose_child, state, accept_ref, b, *, num_steps):
@@ -108,28 +111,35 @@ def verify_tree_greedy_tpu(candidates, retrieve_next_token, retrieve_next_siblin
     )(*flat)
 
 
-def _lane_value(row, token, lanes):
-    """row: f32[1, Vp], token: i32 scalar -> row[0, token] as a [1, 1] value (a one-hot lane reduction)."""
-    return jnp.sum(jnp.where(lanes == token, row, 0.0), axis=1, keepdims=True)
+def _total(x):
+    """[R, 128] -> [1, 1]: the sum of every element."""
+    return jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
+
+
+def _token_value(row, token, index):
+    """row: f32[Vp / 128, 128], token: i32 scalar -> row's probability of token as a [1, 1] value (a one-hot
+    reduction); index: each element's token id."""
+    return _total(jnp.where(index == token, row, 0.0))
 
 
 def _normalized(r, fallback):
-    """r: f32[1, Vp] -> r / sum(r), or fallback where sum(r) == 0 (a rejection that had probability 0)."""
-    total = jnp.sum(r, axis=1, keepdims=True)
+    """r: f32[Vp / 128, 128] -> r / sum(r), or fallback where sum(r) == 0 (a rejection that had probability 0)."""
+    total = _total(r)
     return jnp.where(total > 0, r / jnp.where(total > 0, total, 1.0), fallback)
 
 
 def _rejection_kernel(candidates_ref, next_token_ref, next_sibling_ref, uniform_ref,  # SMEM [B * T]
-                      target_hbm, draft_hbm,   # f32[B, T, 1, Vp] in HBM, one row DMA'd at a time
-                      noise_ref,               # f32[1, Vp] VMEM block: Exp(1) noise for the final draw
+                      target_hbm, draft_hbm,   # f32[B, T, Vp / 128, 128] in HBM, one row DMA'd at a time
+                      noise_ref,               # f32[Vp / 128, 128] VMEM block: Exp(1) noise for the final draw
                       accept_ref, length_ref, bonus_ref,  # SMEM out
-                      row_scr, sem,            # f32[1, Vp] VMEM, a DMA semaphore
+                      row_scr, sem,            # f32[Vp / 128, 128] VMEM, a DMA semaphore
                       *, num_steps, num_nodes, vocab):
     b = pl.program_id(0)
     base = b * num_nodes
     token_of, child_of, sibling_of = (_node_reader(ref, base, num_nodes) for ref in (
         candidates_ref, next_token_ref, next_sibling_ref))
-    lanes = lax.broadcasted_iota(jnp.int32, row_scr.shape, 1)
+    index = (lax.broadcasted_iota(jnp.int32, row_scr.shape, 0) * LANE_TILE
+             + lax.broadcasted_iota(jnp.int32, row_scr.shape, 1))
 
     def fetch(probs_hbm, node):
         copy = pltpu.make_async_copy(probs_hbm.at[b, node], row_scr, sem)
@@ -148,7 +158,8 @@ def _rejection_kernel(candidates_ref, next_token_ref, next_sibling_ref, uniform_
             child, _, residual, tried = c
             x = token_of(child)
             u = uniform_ref[base + jnp.clip(child, 0, num_nodes - 1)]
-            accept = (u * _lane_value(q, x, lanes) < _lane_value(residual, x, lanes))[0, 0]
+            # Compared as int32: Mosaic turns only 32-bit vectors into scalars.
+            accept = jnp.where(u * _token_value(q, x, index) < _token_value(residual, x, index), 1, 0)[0, 0] == 1
             residual = jnp.where(accept, residual, _normalized(jnp.maximum(residual - q, 0.0), residual))
             return (jnp.where(accept, child, sibling_of(child)), jnp.where(accept, child, -1), residual,
                     tried + 1)
@@ -161,10 +172,11 @@ def _rejection_kernel(candidates_ref, next_token_ref, next_sibling_ref, uniform_
     root_p = fetch(target_hbm, 0)
     length, _, residual = _walk(child_of, choose_child, _normalized(root_p, root_p), accept_ref, b,
                                 num_steps=num_steps)
-    score = jnp.where((residual > 0) & (lanes < vocab), residual / noise_ref[...], -1.0)
-    best = jnp.max(score, axis=1, keepdims=True)
+    score = jnp.where((residual > 0) & (index < vocab), residual / noise_ref[...], -1.0)
+    best = jnp.max(jnp.max(score, axis=1, keepdims=True), axis=0, keepdims=True)
+    first = jnp.where(score == best, index, row_scr.size)
     length_ref[b] = length
-    bonus_ref[b] = jnp.min(jnp.where(score == best, lanes, row_scr.shape[1]), axis=1, keepdims=True)[0, 0]
+    bonus_ref[b] = jnp.min(jnp.min(first, axis=1, keepdims=True), axis=0, keepdims=True)[0, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("num_steps", "interpret"))
@@ -172,19 +184,19 @@ def verify_tree_rejection_tpu(candidates, retrieve_next_token, retrieve_next_sib
                               accept_uniform, final_noise, *, num_steps, interpret=False):
     """Shapes as ``verify_tree_rejection_reference``: i32[B, T] x3, f32[B, T, V] x2, f32[B, T], f32[B, V]."""
     batch, num_nodes, vocab = target_probs.shape
-    padded_vocab = -(-vocab // LANE_TILE) * LANE_TILE
-    pad = lambda x, value: jnp.pad(x.astype(jnp.float32), [(0, 0)] * (x.ndim - 1) + [(0, padded_vocab - vocab)],
-                                   constant_values=value)
-    rows = lambda probs: pad(probs, 0.0)[:, :, None, :]   # [B, T, 1, Vp]: a DMA'd row is a [1, Vp] tile
+    padded_vocab = -(-vocab // VOCAB_TILE) * VOCAB_TILE
+    tile = (padded_vocab // LANE_TILE, LANE_TILE)
+    tiled = lambda x, value: jnp.pad(x.astype(jnp.float32), [(0, 0)] * (x.ndim - 1) + [(0, padded_vocab - vocab)],
+                                     constant_values=value).reshape(x.shape[:-1] + tile)
     out_specs, out_shape = _smem_outputs(batch, num_steps)
     scalars = [x.astype(jnp.int32).reshape(-1) for x in (candidates, retrieve_next_token, retrieve_next_sibling)]
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=4,
         grid=(batch,),
         in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY),
-                  pl.BlockSpec((None, 1, padded_vocab), lambda b, *_: (b, 0, 0))],
+                  pl.BlockSpec((None,) + tile, lambda b, *_: (b, 0, 0))],
         out_specs=out_specs,
-        scratch_shapes=[pltpu.VMEM((1, padded_vocab), jnp.float32), pltpu.SemaphoreType.DMA(())],
+        scratch_shapes=[pltpu.VMEM(tile, jnp.float32), pltpu.SemaphoreType.DMA(())],
     )
     return pl.pallas_call(
         functools.partial(_rejection_kernel, num_steps=num_steps, num_nodes=num_nodes, vocab=vocab),
@@ -193,5 +205,5 @@ def verify_tree_rejection_tpu(candidates, retrieve_next_token, retrieve_next_sib
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="verify_tree_rejection_tpu",
-    )(*scalars, accept_uniform.astype(jnp.float32).reshape(-1), rows(target_probs), rows(draft_probs),
-      pad(final_noise, 1.0)[:, None, :])
+    )(*scalars, accept_uniform.astype(jnp.float32).reshape(-1), tiled(target_probs, 0.0), tiled(draft_probs, 0.0),
+      tiled(final_noise, 1.0))
