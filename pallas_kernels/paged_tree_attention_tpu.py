@@ -1,18 +1,21 @@
 """Paged tree attention on a TPU (Mosaic): the prefix half of ``pallas_kernels.paged_tree_attention`` as a
 Pallas TPU kernel, the pages fetched by the pipeline through the page table.
 
-The page table and the lengths are scalar-prefetched (SMEM); the grid is (row, KV head, page): each step's K and V
-blocks are ``[page_size, D]`` pages whose index map reads ``page_table[b, j]``, so the DMA engine gathers a row's
-pages in order while the previous one is computed. Past a row's last page the index map repeats that page (the
-pipeline skips a fetch whose block index does not change) and the step computes nothing, so unread pages (the null
-page, never-written ones, NaN) are never read. The query heads of KV head h are stacked as the rows of one matrix
-(``r = t * G + g``), so a page is read once per KV head; the online softmax (m, l, acc) lives in VMEM scratch across
-the page axis and is written out at the last page as (o, m, l) for the same log-sum-exp merge with the tree block as
-the GPU kernel's. TPU tiles: rows padded to a multiple of 8, D a multiple of 128 (Llama/Qwen heads), page_size a
-multiple of 8; bf16 or float32 in, float32 accumulation.
+The page table and the lengths are scalar-prefetched (SMEM); the grid is (row, page): each step's K and V blocks
+are whole pages, every KV head's slots ``[page_size * Hkv, D]`` as the cache holds them (a block of one head's
+``[page_size, 1, D]`` would tile the head axis, which Mosaic refuses), whose index map reads ``page_table[b, j]``,
+so the DMA engine gathers a row's pages in order while the previous one is computed. In VMEM a page is regrouped
+head-major (``pltpu.einshape``) for one batched matmul over the heads. Past a row's last page the index map repeats
+that page (the pipeline skips a fetch whose block index does not change) and the step computes nothing, so unread
+pages (the null page, never-written ones, NaN) are never read. The query heads of KV head h are stacked as the rows
+of one matrix (``r = t * G + g``), so a page is read once; the online softmax (m, l, acc) lives in VMEM scratch
+across the page axis and is written out at the last page as (o, m, l) for the same log-sum-exp merge with the tree
+block as the GPU kernel's. TPU tiles: rows padded to a multiple of 8, D a multiple of 128 (Llama/Qwen heads);
+bf16 or float32 in, float32 accumulation.
 
-Tested on a CPU in Pallas's TPU interpret mode (``impl="tpu_interpret"``); the compiled form (``impl="tpu"``, and
-"auto" on a TPU backend) has not run on a TPU yet.
+Checked two ways on a CPU: against the reference in Pallas's TPU interpret mode (``impl="tpu_interpret"``), and
+compiled by the real TPU compiler for v5e, v6e and v5p at Llama-3-8B and 70B heads (tests/aot). It has not run on
+a TPU yet.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ DENSE_BLOCK = 128  # cache slots per step when a dense cache is read as pages
 
 
 def _page_kernel(table_ref, lens_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, m_scr, l_scr, acc_scr, *,
-                 scale: float, page_size: int):
-    """Grid (b, h, j): rows of KV head h of row b against its j-th page."""
-    b, j = pl.program_id(0), pl.program_id(2)
+                 scale: float, page_size: int, kv_heads: int):
+    """Grid (b, j): the rows of every KV head of row b against its j-th page. q_ref [Hkv, R, D]; k_ref, v_ref
+    [page_size * Hkv, D] (slot-major, as the cache holds them), regrouped head-major in VMEM, ``[Hkv, page_size,
+    D]``, for one batched matmul over the heads."""
+    b, j = pl.program_id(0), pl.program_id(1)
     length = lens_ref[b]
 
     @pl.when(j == 0)
@@ -47,23 +52,25 @@ def _page_kernel(table_ref, lens_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, 
     def _page():
         q = q_ref[...]
         precision = dot_precision(q.dtype)
-        columns = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
-        rows = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
-        k = k_ref[...]
-        v = jnp.where(rows < length, v_ref[...], jnp.zeros((), v_ref.dtype))  # 0 * NaN is NaN
-        scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
+        head_major = lambda x: pltpu.einshape("(sh)d->hsd", x, s=page_size, h=kv_heads)
+        columns = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (1, 1, page_size), 2)
+        rows = j * page_size + jax.lax.broadcasted_iota(jnp.int32, (1, page_size, 1), 1)
+        k = head_major(k_ref[...])
+        v = jnp.where(rows < length, head_major(v_ref[...]), jnp.zeros((), v_ref.dtype))  # 0 * NaN is NaN
+        scores = jax.lax.dot_general(q, k, (((2,), (2,)), ((0,), (0,))), preferred_element_type=jnp.float32,
                                      precision=precision)
-        scores = jnp.where(columns < length, scores * scale, MASK_VALUE)  # [R, page_size]
+        scores = jnp.where(columns < length, scores * scale, MASK_VALUE)  # [Hkv, R, page_size]
         m_prev = m_scr[...]
         m_next = jnp.maximum(m_prev, scores.max(axis=-1, keepdims=True))
         correction = jnp.exp(m_prev - m_next)
         p = jnp.where(columns < length, jnp.exp(scores - m_next), 0.0)
         l_scr[...] = l_scr[...] * correction + p.sum(axis=-1, keepdims=True)
-        acc_scr[...] = acc_scr[...] * correction + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32,
-                                                           precision=precision)
+        acc_scr[...] = acc_scr[...] * correction + jax.lax.dot_general(
+            p.astype(v.dtype), v, (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32,
+            precision=precision)
         m_scr[...] = m_next
 
-    @pl.when(j == pl.num_programs(2) - 1)
+    @pl.when(j == pl.num_programs(1) - 1)
     def _write():
         o_ref[...] = acc_scr[...]
         m_ref[...] = m_scr[...]
@@ -76,45 +83,49 @@ def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, in
 
     dense_page None: k_pages, v_pages [P, page_size, Hkv, D] read through page_table i32[B, N]. dense_page an int:
     they are dense caches [B, L, Hkv, D] read in blocks of dense_page slots (page_table unused; the last block may
-    run past L, whose slots are masked like any past cache_len).
+    run past L, whose slots are masked like any past cache_len). Either way a block holds every KV head of its slots,
+    ``[slots * Hkv, D]`` (a free reshape): Mosaic tiles a block's last two dims, and a block of one head's
+    ``[slots, 1, D]`` would tile the head axis.
     """
     batch, kv_heads, rows, head_dim = q_rows.shape
     page_size = k_pages.shape[1] if dense_page is None else dense_page
     per_row = page_table.shape[1] if dense_page is None else -(-k_pages.shape[1] // dense_page)
 
-    def page_of(b, h, j, table, lengths):
+    def page_of(b, j, table, lengths):
         last = jnp.maximum((lengths[b] + page_size - 1) // page_size - 1, 0)
         if dense_page is not None:
-            return b, jnp.minimum(j, last), h, 0
-        return table[b, jnp.minimum(j, last)], 0, h, 0
+            return b, jnp.minimum(j, last), 0
+        return table[b, jnp.minimum(j, last)], 0, 0
 
+    whole_row = lambda b, j, table, lengths: (b, 0, 0, 0)
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
-        grid=(batch, kv_heads, per_row),
+        grid=(batch, per_row),
         in_specs=[
-            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, j, table, lengths: (b, h, 0, 0)),
-            pl.BlockSpec((None, page_size, None, head_dim), page_of),
-            pl.BlockSpec((None, page_size, None, head_dim), page_of),
+            pl.BlockSpec((None, kv_heads, rows, head_dim), whole_row),
+            pl.BlockSpec((None, page_size * kv_heads, head_dim), page_of),
+            pl.BlockSpec((None, page_size * kv_heads, head_dim), page_of),
         ],
         out_specs=[
-            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, j, table, lengths: (b, h, 0, 0)),
-            pl.BlockSpec((None, None, rows, 1), lambda b, h, j, table, lengths: (b, h, 0, 0)),
-            pl.BlockSpec((None, None, rows, 1), lambda b, h, j, table, lengths: (b, h, 0, 0)),
+            pl.BlockSpec((None, kv_heads, rows, head_dim), whole_row),
+            pl.BlockSpec((None, kv_heads, rows, 1), whole_row),
+            pl.BlockSpec((None, kv_heads, rows, 1), whole_row),
         ],
-        scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32),
-                        pltpu.VMEM((rows, head_dim), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((kv_heads, rows, 1), jnp.float32), pltpu.VMEM((kv_heads, rows, 1), jnp.float32),
+                        pltpu.VMEM((kv_heads, rows, head_dim), jnp.float32)],
     )
     out_shape = [jax.ShapeDtypeStruct((batch, kv_heads, rows, head_dim), jnp.float32),
                  jax.ShapeDtypeStruct((batch, kv_heads, rows, 1), jnp.float32),
                  jax.ShapeDtypeStruct((batch, kv_heads, rows, 1), jnp.float32)]
+    slot_major = lambda x: x.reshape(x.shape[0], x.shape[1] * kv_heads, head_dim)
     return pl.pallas_call(
-        functools.partial(_page_kernel, scale=scale, page_size=page_size),
+        functools.partial(_page_kernel, scale=scale, page_size=page_size, kv_heads=kv_heads),
         grid_spec=grid_spec,
         out_shape=out_shape,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="paged_tree_attention_tpu",
-    )(page_table, cache_len, q_rows, k_pages, v_pages)
+    )(page_table, cache_len, q_rows, slot_major(k_pages), slot_major(v_pages))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "interpret", "dense_page"))
