@@ -55,8 +55,9 @@ def pytest_xdist_auto_num_workers(config):
     return min(2, os.cpu_count() or 1)
 
 
-# The modules of each tier by their worker seconds, longest first (summed --durations=0 on the 2-core CI machine:
-# the default tier's of a cold run at b54fa32, the slow tier's earlier), run in that order: with --dist loadscope
+# The modules of each tier by their worker seconds, longest first (on the 2-core CI machine: the default tier's
+# summed --durations=0 of a cold run at b54fa32; the slow tier's slowest 25 in .ci/run at f16f275, where its three
+# longest modules, unlisted, had started last, then its other modules as listed before), run in that order: with --dist loadscope
 # and --no-loadscope-reorder (pyproject; xdist otherwise reorders modules by their number of tests) each worker
 # takes the next module when it is free, so the long ones start first and the short ones fill the end instead of
 # one worker idling while the other finishes a long module it was handed last.
@@ -91,16 +92,23 @@ DEFAULT_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/jspec/serve/test_s
                       "tests/test_import_direction.py", "tests/jspec/test_chat.py",
                       "tests/jspec/tools/test_roofline_floor.py", "tests/jspec/tools/test_kernel_sweep.py",
                       "tests/pallas_kernels/test_paged_tree_attention.py", "tests/jspec/test_accept.py")
-SLOW_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/models/test_mtp_checkpoint.py",
-                   "tests/jspec/serve/test_slots.py", "tests/jspec/test_logprobs.py", "tests/jspec/test_spec_engine.py",
-                   "tests/pallas_kernels/test_tree_verify.py", "tests/models/test_eagle3_layouts.py",
-                   "tests/jspec/test_dflash.py", "tests/jspec/tools/test_cli.py", "tests/jspec/train/test_train_target.py",
-                   "tests/jspec/test_ngram.py", "tests/models/test_quantization.py", "tests/models/test_llama_vs_hf.py",
-                   "tests/jspec/serve/test_paged_scheduler.py", "tests/jspec/test_multihost.py",
-                   "tests/jspec/test_bf16_numerics.py", "tests/jspec/test_sharded_engine.py",
+SLOW_TIER_ORDER = ("tests/jspec/serve/test_default_server.py", "tests/jspec/test_sharded_engine.py",
+                   "tests/jspec/test_xla_defaults.py", "tests/jspec/tools/test_bench_serve.py",
+                   "tests/jspec/serve/test_paged.py", "tests/jspec/test_bf16_numerics.py",
+                   "tests/jspec/serve/test_sharded_serve.py", "tests/jspec/serve/test_app.py",
+                   "tests/jspec/serve/test_slots.py", "tests/jspec/test_quantized_engine.py",
+                   "tests/jspec/serve/test_serve_process.py", "tests/jspec/tools/test_draft_vocab_table.py",
+                   "tests/models/test_streaming_convert.py", "tests/jspec/test_forced_kernels.py",
+                   "tests/jspec/test_user_drafters.py", "tests/jspec/serve/test_paged_scheduler.py",
+                   "tests/jspec/structured_outputs/test_structured_generation.py",
+                   "tests/models/test_mtp_checkpoint.py", "tests/jspec/test_logprobs.py",
+                   "tests/jspec/test_spec_engine.py", "tests/pallas_kernels/test_tree_verify.py",
+                   "tests/models/test_eagle3_layouts.py", "tests/jspec/test_dflash.py",
+                   "tests/jspec/tools/test_cli.py", "tests/jspec/train/test_train_target.py",
+                   "tests/jspec/test_ngram.py", "tests/models/test_quantization.py",
+                   "tests/models/test_llama_vs_hf.py", "tests/jspec/test_multihost.py",
                    "tests/jspec/test_capture_hidden_states.py", "tests/jspec/test_draft_model.py",
-                   "tests/jspec/test_hybrid.py", "tests/jspec/test_user_drafters.py", "tests/jspec/test_mtp.py",
-                   "tests/jspec/tools/test_draft_vocab_table.py")
+                   "tests/jspec/test_hybrid.py", "tests/jspec/test_mtp.py")
 
 
 def _rank(order: tuple[str, ...]):

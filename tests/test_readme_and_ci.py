@@ -22,6 +22,14 @@ def test_ci_runs_the_readme_commands():
         assert command in ci_lines, f"{command!r} is not in .ci/run"
 
 
+def test_ci_runs_the_readme_aot_tier():
+    """The README's aot tier (every TPU kernel through libtpu's compiler) is a line of .ci/run."""
+    text = open(os.path.join(REPO, "README.md")).read()
+    commands = re.findall(r"`(\.venv/bin/pip install -e \"\.\[tpu\]\" && [^`]*-m aot)`", text)
+    assert len(commands) == 1, commands
+    assert commands[0] in [line.strip() for line in open(os.path.join(REPO, ".ci", "run"))]
+
+
 SLOW_MARK = re.compile(r"pytest\.mark\.slow\b")
 STAND_IN = re.compile(r"default[ -]tier")
 STAND_IN_WITHIN = 6  # lines above a mark (a decorator's comment, a parametrize list's head)

@@ -1,0 +1,57 @@
+"""Programs compiled ahead of time for hardware this machine does not have: a TPU slice's compile-only devices
+from libtpu (``pip install -e ".[tpu]"``), through the real TPU compiler, Mosaic kernels included.
+
+    devices = tpu_devices("v5e")
+    compiled = compile_for(fun, [jax.ShapeDtypeStruct(shape, dtype), ...], devices[:1])
+    compiled.cost_analysis(), compiled.memory_analysis()
+
+The interpreters do not apply the compilers' layout rules; this is how a kernel or a program is known to build
+where users run it (tests/aot, ``jspec bench --aot``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Compile-only topologies of each TPU generation (the smallest slice libtpu names; a program on fewer chips takes
+# the first of its devices).
+TPU_TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+
+
+@functools.cache
+def tpu_devices(chip: str) -> tuple:
+    """The compile-only devices of ``chip``'s topology (:data:`TPU_TOPOLOGIES`); no TPU needed, libtpu is."""
+    if chip not in TPU_TOPOLOGIES:
+        raise ValueError(f"chip={chip!r}: expected one of {sorted(TPU_TOPOLOGIES)}")
+    try:
+        import libtpu  # noqa: F401 - only its presence is checked: jax loads it
+    except ImportError:
+        raise RuntimeError('compiling for a TPU needs libtpu on this machine: pip install -e ".[tpu]"') from None
+    from jax.experimental import topologies
+
+    return tuple(topologies.get_topology_desc(platform="tpu", topology_name=TPU_TOPOLOGIES[chip]).devices)
+
+
+def compile_for(fun: Callable, args: Sequence[Any], devices: Sequence[Any],
+                specs: Sequence[Any] | None = None, **jit_kwargs: Any):
+    """``jax.jit(fun, **jit_kwargs)`` lowered for ``args`` (pytrees of ``jax.ShapeDtypeStruct``) laid out over
+    ``devices`` (a 1-D ``("model",)`` mesh; ``specs`` a PartitionSpec pytree per argument, replicated when None)
+    and compiled by their platform's compiler -> the ``Compiled`` program (cost and memory analysis)."""
+    mesh = Mesh(np.array(devices), ("model",))
+    specs = [None] * len(args) if specs is None else specs
+    placed = [jax.tree.map(lambda leaf, spec=spec: jax.ShapeDtypeStruct(
+        leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec if isinstance(spec, PartitionSpec)
+                                                       else PartitionSpec())), arg)
+              for arg, spec in zip(args, specs)]
+    # Pallas's TPU lowering reads the chip's generation from the default device, this machine's CPU otherwise. A
+    # compile-only program cannot be loaded back from the persistent compilation cache (no client): kept out of it.
+    from jax._src import config
+
+    with jax.default_device(devices[0]), config.enable_compilation_cache(False):
+        return jax.jit(fun, **jit_kwargs).lower(*placed).compile()

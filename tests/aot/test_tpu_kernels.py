@@ -1,0 +1,117 @@
+"""Every Mosaic TPU kernel (impl="tpu", what "auto" runs on a TPU) compiled by the real TPU compiler on this CPU,
+for v5e, v6e and v5p, at the shapes the engine and the server give them: Llama-3-8B and 70B heads (and their TP
+shards), bf16 and float32, pages of 16/64/128, trees of 1-64 nodes, 1-64 rows, Llama-3's vocabulary. The same
+forms equal their references in Pallas's TPU interpreter (tests/pallas_kernels). The `aot` tier: ``pip install -e
+".[tpu]"`` then ``pytest -m aot`` (.ci/run does)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jspec.aot import compile_for, tpu_devices
+from pallas_kernels import build_dynamic_tree, tree_attention, tree_from_parents, verify_tree_greedy
+from pallas_kernels import verify_tree_sampling
+from pallas_kernels.paged_tree_attention import paged_tree_attention
+
+pytestmark = pytest.mark.aot
+
+CHIPS = ("v5e", "v6e", "v5p")
+
+
+def on_chips(names: str, cases: list) -> tuple:
+    """parametrize(names + ",chip", ...) over every case on v5e (the least VMEM per core of the three, 16 MiB by
+    default; where most Mosaic rejections showed) and the largest case (last) on each other chip as well."""
+    params = [case + ("v5e",) for case in cases] + [cases[-1] + (chip,) for chip in CHIPS[1:]]
+    return names + ",chip", params
+I32, F32 = jnp.int32, jnp.float32
+LLAMA3_VOCAB = 128256
+# (query heads, KV heads, head dim) per device: Llama-3-8B whole and over TP 4, Llama-3-70B whole and over TP 8.
+HEADS = {"8B": (32, 8, 128), "8B-tp4": (8, 2, 128), "70B": (64, 8, 128), "70B-tp8": (8, 1, 128)}
+
+
+def sds(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def compiles(chip, fun, args):
+    """fun compiled for one chip of ``chip``'s generation: the Compiled program (a compiler error fails the test)."""
+    return compile_for(fun, args, tpu_devices(chip)[:1])
+
+
+# (rows B, nodes T, packed mask)
+TREE_CASES = [(1, 1, False), (8, 4, False), (8, 16, True), (32, 32, False), (64, 64, True)]
+
+
+@pytest.mark.parametrize(*on_chips("batch,nodes,packed", TREE_CASES))
+def test_tree_from_parents_compiles(batch, nodes, packed, chip):
+    compiles(chip, lambda p, s: tree_from_parents(p, s, packed=packed, impl="tpu"),
+             [sds((batch, nodes), I32), sds((batch,), I32)])
+
+
+# (rows, topk, depth): trees of topk * depth + 1 nodes at most, EAGLE-3's dynamic trees as the engine sizes them
+DYNAMIC_CASES = [(1, 1, 1), (8, 4, 4), (32, 8, 4), (64, 8, 8)]
+
+
+@pytest.mark.parametrize(*on_chips("batch,topk,depth", DYNAMIC_CASES))
+def test_build_dynamic_tree_compiles(chip, batch, topk, depth):
+    nodes = min(topk * depth, 63) + 1
+    compiles(chip, lambda parent_list, selected, s: build_dynamic_tree(
+        parent_list, selected, s, topk=topk, num_steps=depth, impl="tpu"),
+        [sds((batch, topk * (depth - 1) + 1), I32), sds((batch, nodes - 1), I32), sds((batch,), I32)])
+
+
+# (rows, nodes, depth)
+VERIFY_CASES = [(1, 1, 1), (8, 4, 3), (32, 16, 6), (64, 64, 10)]
+
+
+@pytest.mark.parametrize(*on_chips("batch,nodes,depth", VERIFY_CASES))
+def test_verify_tree_greedy_compiles(chip, batch, nodes, depth):
+    compiles(chip, lambda *a: verify_tree_greedy(*a, num_steps=depth, impl="tpu"), [sds((batch, nodes), I32)] * 4)
+
+
+# (rows, nodes, depth, vocabulary): the rejection walk DMAs one vocabulary row at a time
+SAMPLING_CASES = [(1, 1, 1, 1000), (8, 8, 4, LLAMA3_VOCAB), (32, 16, 6, LLAMA3_VOCAB)]
+
+
+@pytest.mark.parametrize(*on_chips("batch,nodes,depth,vocab", SAMPLING_CASES))
+def test_verify_tree_sampling_compiles(chip, batch, nodes, depth, vocab):
+    def verify(candidates, next_token, next_sibling, target, draft, key_data):
+        return verify_tree_sampling(candidates, next_token, next_sibling, target, jax.random.wrap_key_data(key_data),
+                                    num_steps=depth, draft_probs=draft, impl="tpu")
+
+    compiles(chip, verify, [sds((batch, nodes), I32)] * 3 + [sds((batch, nodes, vocab), F32)] * 2
+             + [sds((2,), jnp.uint32)])
+
+
+def attention_args(heads, dtype, batch, nodes):
+    q_heads, kv_heads, head_dim = HEADS[heads]
+    dtype = jnp.dtype(dtype)
+    new = sds((batch, nodes, kv_heads, head_dim), dtype)
+    return sds((batch, nodes, q_heads, head_dim), dtype), new, sds((batch, nodes, nodes), jnp.bool_)
+
+
+# (heads, dtype, rows, nodes, cache slots)
+DENSE_CASES = [("8B", "bfloat16", 1, 1, 2048), ("8B", "bfloat16", 8, 16, 2048), ("70B", "float32", 8, 8, 2048),
+               ("8B-tp4", "bfloat16", 32, 8, 2048), ("70B-tp8", "bfloat16", 8, 16, 2048),
+               ("70B", "bfloat16", 8, 64, 1000)]
+
+
+@pytest.mark.parametrize(*on_chips("heads,dtype,batch,nodes,slots", DENSE_CASES))
+def test_tree_attention_compiles(chip, heads, dtype, batch, nodes, slots):
+    q, new, mask = attention_args(heads, dtype, batch, nodes)
+    cache = sds((batch, slots) + new.shape[2:], new.dtype)
+    compiles(chip, lambda *a: tree_attention(*a, impl="tpu"), [q, cache, cache, sds((batch,), I32), new, new, mask])
+
+
+# (heads, dtype, rows, nodes, page size); 2048 slots a row
+PAGED_CASES = [("8B", "bfloat16", 8, 8, 16), ("8B", "float32", 1, 1, 64), ("8B", "bfloat16", 32, 16, 64),
+               ("8B-tp4", "bfloat16", 8, 16, 64), ("70B-tp8", "bfloat16", 8, 8, 16), ("70B", "bfloat16", 64, 32, 128)]
+
+
+@pytest.mark.parametrize(*on_chips("heads,dtype,batch,nodes,page", PAGED_CASES))
+def test_paged_tree_attention_compiles(chip, heads, dtype, batch, nodes, page):
+    q, new, mask = attention_args(heads, dtype, batch, nodes)
+    per_row = 2048 // page
+    pages = sds((1 + batch * per_row, page) + new.shape[2:], new.dtype)
+    compiles(chip, lambda *a: paged_tree_attention(*a, impl="tpu"),
+             [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask])
