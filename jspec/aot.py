@@ -12,6 +12,7 @@ where users run it (tests/aot, ``jspec bench --aot``).
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,10 +30,8 @@ def tpu_devices(chip: str) -> tuple:
     """The compile-only devices of ``chip``'s topology (:data:`TPU_TOPOLOGIES`); no TPU needed, libtpu is."""
     if chip not in TPU_TOPOLOGIES:
         raise ValueError(f"chip={chip!r}: expected one of {sorted(TPU_TOPOLOGIES)}")
-    try:
-        import libtpu  # noqa: F401 - only its presence is checked: jax loads it
-    except ImportError:
-        raise RuntimeError('compiling for a TPU needs libtpu on this machine: pip install -e ".[tpu]"') from None
+    if importlib.util.find_spec("libtpu") is None:
+        raise RuntimeError('compiling for a TPU needs libtpu on this machine: pip install -e ".[tpu]"')
     from jax.experimental import topologies
 
     return tuple(topologies.get_topology_desc(platform="tpu", topology_name=TPU_TOPOLOGIES[chip]).devices)
