@@ -49,12 +49,12 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
     """
     if isinstance(k_cache, PagedKV):
         page_size = k_cache.page_size
-        named = impl in ("pallas", "interpret") or resolve_impl(impl).is_tpu
+        named = impl in ("pallas", "interpret") or resolve_impl(impl, "paged_tree_attention").is_tpu
         if named and page_size >= 16 and not page_size & (page_size - 1):
             return _paged_kernel(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset,
                                  scale=scale, impl=impl)
         return paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
-    if is_verify_pass(q, local_mask, write_offset) and resolve_impl(impl) is not Impl.REFERENCE:
+    if is_verify_pass(q, local_mask, write_offset) and resolve_impl(impl, "tree_attention") is not Impl.REFERENCE:
         # On a mesh each device runs the kernel on its rows and its heads (KV heads split as its query heads are).
         kernel = per_shard(lambda *a: tree_attention(*a, scale=scale, impl=impl),
                            in_specs=(KV_CACHE, KV_CACHE, KV_CACHE, P("data"), KV_CACHE, KV_CACHE, P("data")),

@@ -9,7 +9,9 @@ Every op in this package, and any caller that passes the choice on, takes ``impl
 - ``"tpu"``: the Pallas TPU kernel (Mosaic), compiled for the device.
 - ``"tpu_interpret"``: the TPU kernel run by Pallas's TPU interpreter, which simulates TPU memory spaces, DMAs and
   semaphores on a CPU (used by tests).
-- ``"auto"``: ``"pallas"`` on a GPU backend, ``"tpu"`` on a TPU backend, ``"reference"`` elsewhere.
+- ``"auto"``: the compiled form for the backend (``"pallas"`` on a GPU, ``"tpu"`` on a TPU) where the real
+  compiler for it is known to accept the kernel (:data:`COMPILED_FORMS`, what tests/aot compiles), else
+  ``"reference"`` (with a one-line log the first time); ``"reference"`` off a GPU or TPU.
 
 The string is mapped to an enum once here, so kernel files never compare strings.
 """
@@ -17,6 +19,8 @@ The string is mapped to an enum once here, so kernel files never compare strings
 from __future__ import annotations
 
 import enum
+import functools
+import logging
 from typing import Literal
 
 import jax
@@ -42,12 +46,40 @@ class Impl(enum.Enum):
         return self in (Impl.INTERPRET, Impl.TPU_INTERPRET)
 
 
-def resolve_impl(impl: str) -> Impl:
-    """Maps the user's ``impl`` string to an :class:`Impl`; ``"auto"`` picks by the default backend."""
+KernelName = Literal["tree_build", "tree_verify", "tree_attention", "paged_tree_attention"]
+
+# The kernels whose compiled form the backend's real compiler accepts at the engine's shapes: on a TPU every Mosaic
+# form (tests/aot compiles them for v5e, v6e and v5p); on a GPU the Triton attention kernels, compiled for an H100
+# deviceless (docs/benchmarks.md). The GPU tree build and verify pass no compiler params, so JAX 0.10.2 lowers them
+# through Mosaic GPU, which rejects them: "auto" keeps their jnp references there.
+COMPILED_FORMS: dict[str, frozenset[str]] = {
+    "tpu": frozenset({"tree_build", "tree_verify", "tree_attention", "paged_tree_attention"}),
+    "gpu": frozenset({"tree_attention", "paged_tree_attention"}),
+}
+_BACKEND_FORMS = {"gpu": "pallas", "tpu": "tpu"}
+_log = logging.getLogger("pallas_kernels")
+
+
+def resolve_impl(impl: str, kernel: KernelName | None = None) -> Impl:
+    """Maps the user's ``impl`` string to an :class:`Impl`. ``"auto"`` picks by the default backend: its compiled
+    form where :data:`COMPILED_FORMS` lists ``kernel`` for it (any kernel when ``kernel`` is None), else the
+    reference."""
     if impl == "auto":
-        return {"gpu": Impl.PALLAS, "tpu": Impl.TPU}.get(jax.default_backend(), Impl.REFERENCE)
+        backend = jax.default_backend()
+        if backend not in _BACKEND_FORMS:
+            return Impl.REFERENCE
+        if kernel is not None and kernel not in COMPILED_FORMS[backend]:
+            _say_reference_once(kernel, backend)
+            return Impl.REFERENCE
+        return Impl(_BACKEND_FORMS[backend])
     try:
         return Impl(impl)
     except ValueError:
         raise ValueError(f"impl={impl!r} is not one of 'auto', 'pallas', 'interpret', 'tpu', 'tpu_interpret', "
                          "'reference'") from None
+
+
+@functools.cache
+def _say_reference_once(kernel: str, backend: str) -> None:
+    _log.warning("pallas_kernels: %s has no %s form known to compile on %s; impl='auto' runs its jnp reference",
+                 kernel, _BACKEND_FORMS[backend], backend)

@@ -231,7 +231,7 @@ def paged_tree_attention(q, k_pages, v_pages, page_table, cache_len, k_new, v_ne
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits={num_splits} must be >= 1 (or None for automatic)")
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    resolved = resolve_impl(impl)
+    resolved = resolve_impl(impl, "paged_tree_attention")
     if resolved.is_tpu:
         return paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, scale=scale,
                                         interpret=resolved.interpreted)

@@ -286,7 +286,7 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
     _validate(q, k_cache, v_cache, cache_len, k_new, v_new, mask)
     _validate_knobs(block_k, block_rows, num_splits)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    resolved = resolve_impl(impl)
+    resolved = resolve_impl(impl, "tree_attention")
     if resolved.is_tpu:
         return tree_attention_tpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=scale,
                                   interpret=resolved.interpreted)

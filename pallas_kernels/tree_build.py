@@ -82,7 +82,7 @@ def build_dynamic_tree(parent_list: jax.Array, selected_index: jax.Array, seq_le
       TreeArrays.
     """
     _check_dynamic_args(parent_list, selected_index, seq_lens, topk, num_steps)
-    kind = resolve_impl(impl)
+    kind = resolve_impl(impl, "tree_build")
     if kind is Impl.REFERENCE:
         return build_dynamic_tree_reference(parent_list, selected_index, seq_lens, topk=topk, packed=packed)
     if kind.is_tpu:
@@ -110,7 +110,7 @@ def tree_from_parents(parents: jax.Array, seq_lens: jax.Array, *, packed: bool =
         raise ValueError(f"parents.shape={parents.shape}, expected (B, T) with T >= 1")
     if seq_lens.shape != (parents.shape[0],):
         raise ValueError(f"seq_lens.shape={seq_lens.shape}, expected ({parents.shape[0]},)")
-    kind = resolve_impl(impl)
+    kind = resolve_impl(impl, "tree_build")
     if kind is Impl.REFERENCE:
         return tree_from_parents_reference(parents, seq_lens, packed=packed)
     if kind.is_tpu:

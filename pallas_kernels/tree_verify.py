@@ -91,7 +91,7 @@ def verify_tree_greedy(candidates: jax.Array, retrieve_next_token: jax.Array, re
     """
     _check_tree_args(candidates, retrieve_next_token, retrieve_next_sibling, num_steps)
     _check_shape("target_predict", target_predict, candidates.shape)
-    return _verify_greedy(resolve_impl(impl), candidates, retrieve_next_token, retrieve_next_sibling,
+    return _verify_greedy(resolve_impl(impl, "tree_verify"), candidates, retrieve_next_token, retrieve_next_sibling,
                           target_predict, num_steps=num_steps)
 
 
@@ -116,7 +116,7 @@ def verify_tree_sampling(candidates: jax.Array, retrieve_next_token: jax.Array, 
         raise ValueError(f"target_probs.shape={target_probs.shape}, expected {candidates.shape} + (V,)")
     if draft_probs is not None:
         _check_shape("draft_probs", draft_probs, target_probs.shape)
-    kind = resolve_impl(impl)
+    kind = resolve_impl(impl, "tree_verify")
     if draft_probs is None:
         target_predict = (sample_each_node(key, target_probs) if jnp.ndim(key) == 0
                           else jax.vmap(sample_each_node)(key, target_probs))
