@@ -65,7 +65,7 @@ def resolve_impl(impl: str, kernel: KernelName | None = None) -> Impl:
     form where :data:`COMPILED_FORMS` lists ``kernel`` for it (any kernel when ``kernel`` is None), else the
     reference."""
     if impl == "auto":
-        backend = jax.default_backend()
+        backend = _backend()
         if backend not in _BACKEND_FORMS:
             return Impl.REFERENCE
         if kernel is not None and kernel not in COMPILED_FORMS[backend]:
@@ -77,6 +77,15 @@ def resolve_impl(impl: str, kernel: KernelName | None = None) -> Impl:
     except ValueError:
         raise ValueError(f"impl={impl!r} is not one of 'auto', 'pallas', 'interpret', 'tpu', 'tpu_interpret', "
                          "'reference'") from None
+
+
+def _backend() -> str:
+    """The platform programs are placed on: the default device's where one is set (``jax.default_device``, as
+    ``jspec.tools.aot`` sets a TPU's to compile for it on a CPU host), else JAX's default backend."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else device.platform
 
 
 @functools.cache

@@ -300,6 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time the paged tree-attention kernel against the device's memory bandwidth "
                              "(jspec.tools.kernel_sweep; 'small': a CPU smoke check) and write kernel_sweep.json "
                              "under --out, instead of the methods")
+    parser.add_argument("--aot", default=None, metavar="DEPLOYMENT[,DEPLOYMENT]",
+                        help="compile the engine's programs for these TPU deployments on this machine (libtpu, "
+                             "no TPU: pip install -e '.[tpu]'), e.g. llama3-8b/v5e-1/int8, and write aot.json "
+                             "under --out: step bytes and flops per device, HBM floors, memory per device "
+                             "(jspec.tools.aot_table)")
+    parser.add_argument("--aot-methods", default="plain,eagle3-chain,eagle3-dynamic,dflash-block",
+                        help="--aot: the methods compiled (jspec.tools.aot_programs.METHODS)")
+    parser.add_argument("--aot-batch-size", type=int, default=8, help="--aot: rows of the compiled programs")
     parser.add_argument("--kernel-impl", default="auto",
                         choices=["auto", "pallas", "interpret", "tpu", "tpu_interpret"],
                         help="--kernel-sweep: the kernels' lowering (pallas_kernels.impl)")
@@ -374,6 +382,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.kernel_sweep is not None:
         return kernel_sweep(args)
+    if args.aot is not None:
+        from jspec.tools.aot_table import run_aot_table
+
+        split = lambda text: [part.strip() for part in text.split(",") if part.strip()]
+        try:
+            run_aot_table(split(args.aot), split(args.aot_methods), args.aot_batch_size, out_dir=args.out)
+        except (ValueError, RuntimeError) as error:
+            print(f"jspec bench: error: {error}", file=sys.stderr)
+            return 2
+        return 0
     methods, batch_sizes = _check_args(args)
     start_processes(args)
     import jspec

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jspec.aot import compile_for, tpu_devices
+from jspec.tools.aot import compile_for, tpu_devices
 from pallas_kernels import build_dynamic_tree, tree_attention, tree_from_parents, verify_tree_greedy
 from pallas_kernels import verify_tree_sampling
 from pallas_kernels.paged_tree_attention import paged_tree_attention

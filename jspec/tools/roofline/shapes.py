@@ -34,7 +34,7 @@ SPECULATIVE = (CHAIN, DYNAMIC, DFLASH)
 HEAD_SHARPEN = 64.0
 
 
-def _dflash_hf(target_hf: dict, num_layers: int, block_size: int) -> dict:
+def dflash_hf(target_hf: dict, num_layers: int, block_size: int) -> dict:
     """z-lab's config.json of a DFlash drafter for ``target_hf``: its width, heads and vocabulary, ``num_layers``
     Qwen3 layers, the target layers z-lab's rule picks (``num_target_layers``), the last token id as the mask."""
     keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -45,7 +45,7 @@ def _dflash_hf(target_hf: dict, num_layers: int, block_size: int) -> dict:
             "dflash_config": {"mask_token_id": target_hf["vocab_size"] - 1}}
 
 
-def _llama3_rope(factor: float) -> dict:
+def llama3_rope(factor: float) -> dict:
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
 
@@ -97,11 +97,11 @@ class SyntheticShape:
 
 LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
-                 rope_theta=500000.0, rope_scaling=_llama3_rope(8.0), max_position_embeddings=131072,
+                 rope_theta=500000.0, rope_scaling=llama3_rope(8.0), max_position_embeddings=131072,
                  tie_word_embeddings=False)
 LLAMA3_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                  num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
-                 rope_theta=500000.0, rope_scaling=_llama3_rope(32.0), max_position_embeddings=131072,
+                 rope_theta=500000.0, rope_scaling=llama3_rope(32.0), max_position_embeddings=131072,
                  tie_word_embeddings=True)
 TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
@@ -112,7 +112,7 @@ SHAPES: dict[str, SyntheticShape] = {
         target_hf=LLAMA3_8B,
         head_hf=dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                      vocab_size=128256, draft_vocab_size=32000, rms_norm_eps=1e-5, rope_theta=500000.0),
-        dflash_hf=_dflash_hf(LLAMA3_8B, num_layers=5, block_size=16),
+        dflash_hf=dflash_hf(LLAMA3_8B, num_layers=5, block_size=16),
         prompt_len=512, steps=32,
         chain=SpecConfig(tree="chain", num_steps=4),
         dynamic=SpecConfig(tree="dynamic", num_steps=6, topk=8, num_draft_tokens=32)),
@@ -122,7 +122,7 @@ SHAPES: dict[str, SyntheticShape] = {
         head_hf=dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=64, vocab_size=128256, draft_vocab_size=32000, rms_norm_eps=1e-5,
                      rope_theta=500000.0),
-        dflash_hf=_dflash_hf(LLAMA3_1B, num_layers=5, block_size=16),
+        dflash_hf=dflash_hf(LLAMA3_1B, num_layers=5, block_size=16),
         prompt_len=512, steps=32,
         chain=SpecConfig(tree="chain", num_steps=4),
         dynamic=SpecConfig(tree="dynamic", num_steps=6, topk=8, num_draft_tokens=32)),
@@ -132,7 +132,7 @@ SHAPES: dict[str, SyntheticShape] = {
         target_hf=TINY,
         head_hf=dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                      vocab_size=256, draft_vocab_size=128),
-        dflash_hf=_dflash_hf(TINY, num_layers=2, block_size=8),
+        dflash_hf=dflash_hf(TINY, num_layers=2, block_size=8),
         prompt_len=128, steps=24,
         chain=SpecConfig(tree="chain", num_steps=3),
         dynamic=SpecConfig(tree="dynamic", num_steps=3, topk=3, num_draft_tokens=8)),

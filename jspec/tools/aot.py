@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,23 +35,24 @@ def tpu_devices(chip: str) -> tuple:
         raise RuntimeError('compiling for a TPU needs libtpu on this machine: pip install -e ".[tpu]"')
     from jax.experimental import topologies
 
+    # Compile-only: several processes may hold libtpu at once (pytest's workers), which its lockfile forbids.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     return tuple(topologies.get_topology_desc(platform="tpu", topology_name=TPU_TOPOLOGIES[chip]).devices)
 
 
-def compile_for(fun: Callable, args: Sequence[Any], devices: Sequence[Any],
-                specs: Sequence[Any] | None = None, **jit_kwargs: Any):
-    """``jax.jit(fun, **jit_kwargs)`` lowered for ``args`` (pytrees of ``jax.ShapeDtypeStruct``) laid out over
-    ``devices`` (a 1-D ``("model",)`` mesh; ``specs`` a PartitionSpec pytree per argument, replicated when None)
-    and compiled by their platform's compiler -> the ``Compiled`` program (cost and memory analysis)."""
-    mesh = Mesh(np.array(devices), ("model",))
-    specs = [None] * len(args) if specs is None else specs
-    placed = [jax.tree.map(lambda leaf, spec=spec: jax.ShapeDtypeStruct(
-        leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec if isinstance(spec, PartitionSpec)
-                                                       else PartitionSpec())), arg)
-              for arg, spec in zip(args, specs)]
+def compile_for(fun: Callable, args: Sequence[Any], devices: Sequence[Any], **jit_kwargs: Any):
+    """``jax.jit(fun, **jit_kwargs)`` lowered for ``args`` (pytrees of ``jax.ShapeDtypeStruct``; a leaf without a
+    sharding is replicated over ``devices``) and compiled by their platform's compiler -> the ``Compiled`` program
+    (``cost_analysis()``, ``memory_analysis()``, ``output_shardings``)."""
+    replicated = NamedSharding(Mesh(np.array(devices), ("model",)), PartitionSpec())
+    placed = jax.tree.map(lambda leaf: leaf if getattr(leaf, "sharding", None) is not None else
+                          jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), list(args))
     # Pallas's TPU lowering reads the chip's generation from the default device, this machine's CPU otherwise. A
     # compile-only program cannot be loaded back from the persistent compilation cache (no client): kept out of it.
-    from jax._src import config
-
-    with jax.default_device(devices[0]), config.enable_compilation_cache(False):
-        return jax.jit(fun, **jit_kwargs).lower(*placed).compile()
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        with jax.default_device(devices[0]):
+            return jax.jit(fun, **jit_kwargs).lower(*placed).compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)

@@ -1,0 +1,191 @@
+"""The engine's programs compiled ahead of time for a TPU deployment this machine does not have (``jspec.tools.aot``):
+the whole ``generate`` program and its decode step, at a real model's shapes (random weights are never made: the
+parameters are ``jax.ShapeDtypeStruct`` trees), over a TP mesh of the chip's compile-only devices.
+
+    programs = compile_engine_programs(DEPLOYMENTS["llama3-8b/v5e-1/int8"], "eagle3-chain", batch=8)
+    programs.step.cost_analysis()["bytes accessed"], programs.generate.memory_analysis()
+
+Step costs come from the step program (XLA's cost analysis counts a while loop's body once, so the generate
+program's flops are prefill plus one step); memory from the generate program (weights, the KV cache of
+``batch x seq_len`` slots and every temporary, per device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.tools.aot import compile_for, tpu_devices
+from jspec.config import SpecConfig
+from jspec.drafters.dflash import DFlashDrafter
+from jspec.drafters.eagle3 import Eagle3Drafter
+from jspec.generate import generate, generate_start
+from jspec.generate_setup import GenerateSetup
+from jspec.sampling import SamplingArrays
+from jspec.sharding import ROWS, expand_kv_heads, kv_repeats, make_mesh, param_specs, traced_on
+from jspec.step import plain_step, spec_step
+from jspec.tools.roofline.shapes import LLAMA3_8B, TINY, dflash_hf, llama3_rope
+from models.checkpoint import DTYPES
+from models.config import ModelConfig, from_hf_config
+from models.dflash import dflash_config_from_hf, dflash_param_shapes
+from models.eagle3 import eagle3_config_from_hf, eagle3_param_shapes
+from models.llama import param_shapes, unstack_layers
+from models.quantization import QuantizationConfig, quantize_params
+
+LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                  num_attention_heads=64, num_key_value_heads=8)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShapes:
+    """A target's HF config with its EAGLE-3 head's and DFlash drafter's, and the trees the engine would run."""
+
+    target_hf: dict
+    head_hf: dict
+    dflash_hf: dict
+    chain: SpecConfig = SpecConfig(tree="chain", num_steps=4)
+    dynamic: SpecConfig = SpecConfig(tree="dynamic", num_steps=6, topk=8, num_draft_tokens=32)
+
+
+def _head_hf(target_hf: dict) -> dict:
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+            "rms_norm_eps", "rope_theta")
+    return {**{k: target_hf[k] for k in keep}, "draft_vocab_size": 32000}
+
+
+MODELS = {name: ModelShapes(hf, _head_hf(hf), dflash_hf(hf, num_layers=5, block_size=16))
+          for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", dict(LLAMA3_70B,
+                                                                       rope_scaling=llama3_rope(8.0))))}
+# Three layers of width 64 (the roofline benchmark's CPU smoke shapes): every program's structure, compiled in
+# seconds (tests/aot).
+MODELS["tiny"] = ModelShapes(TINY, dict(_head_hf(dict(TINY, rms_norm_eps=1e-5, rope_theta=10000.0)),
+                                        draft_vocab_size=128), dflash_hf(TINY, num_layers=2, block_size=8),
+                             chain=SpecConfig(tree="chain", num_steps=3),
+                             dynamic=SpecConfig(tree="dynamic", num_steps=3, topk=3, num_draft_tokens=8))
+METHODS = ("plain", "eagle3-chain", "eagle3-dynamic", "dflash-block")
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """A model on a TPU slice: ``chips`` chips of ``chip`` (jspec.tools.aot.TPU_TOPOLOGIES), the target split over all of
+    them (tensor parallel), weights in ``dtype`` or weight-only ``quantization``."""
+
+    model: str
+    chip: str
+    chips: int
+    quantization: str | None = None
+    dtype: str = "bfloat16"
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.chip}-{self.chips}/{self.quantization or self.dtype}"
+
+
+DEPLOYMENTS = {d.name: d for d in (
+    Deployment("llama3-8b", "v5e", 1, "int8"), Deployment("llama3-8b", "v5e", 4), Deployment("llama3-8b", "v6e", 4),
+    Deployment("llama3-70b", "v5p", 4), Deployment("llama3-70b", "v6e", 8))}
+# v5p chips are megacores (one JAX device of two TensorCores): v5p-8 in Cloud's naming of cores is 4 chips.
+
+
+@dataclasses.dataclass
+class EnginePrograms:
+    """One method of one deployment, compiled: the whole generate program and one decode step."""
+
+    deployment: Deployment
+    method: str
+    batch: int
+    seq_len: int
+    generate: Any
+    step: Any
+    weight_bytes_per_device: int
+
+
+def _drafter(shapes: ModelShapes, method: str, target: ModelConfig, seq_len: int, dtype: str):
+    """(drafter, its abstract params) for ``method`` (None, None for plain decoding)."""
+    if method == "plain":
+        return None, None
+    if method == "dflash-block":
+        config = dflash_config_from_hf(shapes.dflash_hf)
+        spec = SpecConfig(tree="chain", num_steps=shapes.dflash_hf["block_size"] - 1)
+        return DFlashDrafter(config, target, spec, seq_len, dtype), dflash_param_shapes(config, DTYPES[dtype])
+    head = eagle3_config_from_hf(shapes.head_hf)
+    spec = shapes.chain if method == "eagle3-chain" else shapes.dynamic
+    abstract = {"head": eagle3_param_shapes(head, DTYPES[dtype]),
+                "d2t": jax.ShapeDtypeStruct((head.draft_vocab_size,), jnp.int32)}
+    return Eagle3Drafter(head, target, spec, seq_len, dtype), abstract
+
+
+def _placed(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), tree, shardings)
+
+
+def _shard_bytes(tree: Any) -> int:
+    """Bytes one device holds of a placed ShapeDtypeStruct tree."""
+    return int(sum(np.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+                   for leaf in jax.tree.leaves(tree)))
+
+
+def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8, prompt_len: int = 1024,
+                            seq_len: int = 2048) -> EnginePrograms:
+    """``method`` (:data:`METHODS`) on ``deployment``: the generate program for ``batch`` prompts of
+    ``prompt_len`` tokens in a ``seq_len`` bucket, and its decode step, compiled for the chip."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: expected one of {METHODS}")
+    shapes = MODELS[deployment.model]
+    devices = tpu_devices(deployment.chip)
+    if deployment.chips > len(devices):
+        devices = tpu_devices_for(deployment.chip, deployment.chips)
+    mesh = make_mesh(tensor_parallel_size=deployment.chips, devices=devices[:deployment.chips])
+    config = from_hf_config(shapes.target_hf)
+    tp = deployment.chips
+    repeats = kv_repeats(config, tp)
+    quantization = QuantizationConfig.coerce(deployment.quantization)
+
+    def prepare(stacked):
+        return quantize_params(expand_kv_heads(unstack_layers(stacked, config), config, repeats)[0], quantization)
+
+    abstract_t = jax.eval_shape(prepare, param_shapes(config, DTYPES[deployment.dtype]))
+    config = expand_kv_heads({}, config, repeats)[1]
+    shard = lambda tree, specs: _placed(tree, jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
+                                                              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+    params_t = shard(abstract_t, param_specs(abstract_t, config, tp))
+    drafter, abstract_d = _drafter(shapes, method, config, seq_len, deployment.dtype)
+    params_d = None if drafter is None else shard(abstract_d, drafter.param_specs(abstract_d, tp))
+    rows = jax.sharding.NamedSharding(mesh, ROWS)
+    row = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), batch))
+    sampling = jax.tree.map(lambda a: row(a.shape, a.dtype), SamplingArrays.full(batch))
+    args = [params_t, params_d, row((batch, prompt_len), jnp.int32), row((batch,), jnp.int32),
+            row(keys.shape, keys.dtype), row((batch,), jnp.int32), row((batch, 1), jnp.int32), sampling]
+    setup = GenerateSetup(target=config, max_seq_len=seq_len, dtype=deployment.dtype, drafter=drafter, mesh=mesh)
+    whole = compile_for(functools.partial(generate, setup=setup), args, devices[:tp])
+    start = compile_for(functools.partial(generate_start, setup=setup), args, devices[:tp])
+    state_inputs = _placed(jax.eval_shape(functools.partial(generate_start, setup=setup), *args),
+                           start.output_shardings)
+    step_fn = plain_step if drafter is None else spec_step
+
+    def one_step(pt, pd, state, inputs):
+        with traced_on(mesh):  # as generate's loop traces it: kernels wrap themselves in shard_map
+            return step_fn(pt, pd, state, inputs, setup=setup)
+
+    step = compile_for(one_step,
+                       [params_t, params_d, *state_inputs], devices[:tp],
+                       donate_argnums=(2,))
+    return EnginePrograms(deployment, method, batch, seq_len, whole, step,
+                          _shard_bytes(params_t) + (0 if params_d is None else _shard_bytes(params_d)))
+
+
+def tpu_devices_for(chip: str, chips: int) -> tuple:
+    """Compile-only devices of a slice of ``chips`` chips of ``chip`` (e.g. v6e-8: "v6e:2x4")."""
+    from jax.experimental import topologies
+
+    names = {("v6e", 8): "v6e:2x4", ("v5e", 8): "v5e:2x4", ("v5p", 8): "v5p:2x2x2", ("v4", 8): "v4:2x2x2"}
+    if (chip, chips) not in names:
+        raise ValueError(f"a {chip} slice of {chips} chips: expected one of {sorted(names)}")
+    tpu_devices(chip)  # libtpu present, or the error that says how to install it
+    return tuple(topologies.get_topology_desc(platform="tpu", topology_name=names[chip, chips]).devices)
