@@ -27,7 +27,7 @@ from jspec.drafters.eagle3 import Eagle3Drafter
 from jspec.generate import generate, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
-from jspec.sharding import ROWS, expand_kv_heads, kv_repeats, make_mesh, param_specs, traced_on
+from jspec.sharding import ROWS, expand_kv_heads, kv_repeats, make_mesh, named, param_specs, traced_on
 from jspec.step import plain_step, spec_step
 from jspec.tools.roofline.shapes import LLAMA3_8B, TINY, dflash_hf, llama3_rope
 from models.checkpoint import DTYPES
@@ -72,8 +72,8 @@ METHODS = ("plain", "eagle3-chain", "eagle3-dynamic", "dflash-block")
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:
-    """A model on a TPU slice: ``chips`` chips of ``chip`` (jspec.tools.aot.TPU_TOPOLOGIES), the target split over all of
-    them (tensor parallel), weights in ``dtype`` or weight-only ``quantization``."""
+    """A model on a TPU slice: ``chips`` chips of ``chip`` (jspec.tools.aot.TPU_TOPOLOGIES), the target split over
+    all of them (tensor parallel), weights in ``dtype`` or weight-only ``quantization``."""
 
     model: str
     chip: str
@@ -100,7 +100,7 @@ class EnginePrograms:
     method: str
     batch: int
     seq_len: int
-    generate: Any
+    generate: Any  # None where not asked for
     step: Any
     weight_bytes_per_device: int
 
@@ -131,9 +131,10 @@ def _shard_bytes(tree: Any) -> int:
 
 
 def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8, prompt_len: int = 1024,
-                            seq_len: int = 2048) -> EnginePrograms:
+                            seq_len: int = 2048, whole: bool = True) -> EnginePrograms:
     """``method`` (:data:`METHODS`) on ``deployment``: the generate program for ``batch`` prompts of
-    ``prompt_len`` tokens in a ``seq_len`` bucket, and its decode step, compiled for the chip."""
+    ``prompt_len`` tokens in a ``seq_len`` bucket (``whole=False``: not compiled, None), and its decode step,
+    compiled for the chip."""
     if method not in METHODS:
         raise ValueError(f"method={method!r}: expected one of {METHODS}")
     shapes = MODELS[deployment.model]
@@ -151,11 +152,9 @@ def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8,
 
     abstract_t = jax.eval_shape(prepare, param_shapes(config, DTYPES[deployment.dtype]))
     config = expand_kv_heads({}, config, repeats)[1]
-    shard = lambda tree, specs: _placed(tree, jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
-                                                              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
-    params_t = shard(abstract_t, param_specs(abstract_t, config, tp))
+    params_t = _placed(abstract_t, named(mesh, param_specs(abstract_t, config, tp)))
     drafter, abstract_d = _drafter(shapes, method, config, seq_len, deployment.dtype)
-    params_d = None if drafter is None else shard(abstract_d, drafter.param_specs(abstract_d, tp))
+    params_d = None if drafter is None else _placed(abstract_d, named(mesh, drafter.param_specs(abstract_d, tp)))
     rows = jax.sharding.NamedSharding(mesh, ROWS)
     row = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), batch))
@@ -163,20 +162,19 @@ def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8,
     args = [params_t, params_d, row((batch, prompt_len), jnp.int32), row((batch,), jnp.int32),
             row(keys.shape, keys.dtype), row((batch,), jnp.int32), row((batch, 1), jnp.int32), sampling]
     setup = GenerateSetup(target=config, max_seq_len=seq_len, dtype=deployment.dtype, drafter=drafter, mesh=mesh)
-    whole = compile_for(functools.partial(generate, setup=setup), args, devices[:tp])
-    start = compile_for(functools.partial(generate_start, setup=setup), args, devices[:tp])
-    state_inputs = _placed(jax.eval_shape(functools.partial(generate_start, setup=setup), *args),
-                           start.output_shardings)
+    program = compile_for(functools.partial(generate, setup=setup), args, devices[:tp]) if whole else None
+    state_inputs = jax.eval_shape(functools.partial(generate_start, setup=setup), *args)
+    if tp > 1:  # where the state's leaves live: the prefill program's outputs say (on one chip: there)
+        start = compile_for(functools.partial(generate_start, setup=setup), args, devices[:tp])
+        state_inputs = _placed(state_inputs, start.output_shardings)
     step_fn = plain_step if drafter is None else spec_step
 
     def one_step(pt, pd, state, inputs):
         with traced_on(mesh):  # as generate's loop traces it: kernels wrap themselves in shard_map
             return step_fn(pt, pd, state, inputs, setup=setup)
 
-    step = compile_for(one_step,
-                       [params_t, params_d, *state_inputs], devices[:tp],
-                       donate_argnums=(2,))
-    return EnginePrograms(deployment, method, batch, seq_len, whole, step,
+    step = compile_for(one_step, [params_t, params_d, *state_inputs], devices[:tp], donate_argnums=(2,))
+    return EnginePrograms(deployment, method, batch, seq_len, program, step,
                           _shard_bytes(params_t) + (0 if params_d is None else _shard_bytes(params_d)))
 
 
