@@ -49,9 +49,9 @@ class Impl(enum.Enum):
 KernelName = Literal["tree_build", "tree_verify", "tree_attention", "paged_tree_attention"]
 
 # The kernels whose compiled form the backend's real compiler accepts at the engine's shapes: on a TPU every Mosaic
-# form (tests/aot compiles them for v5e, v6e and v5p); on a GPU the Triton attention kernels, compiled for an H100
-# deviceless (docs/benchmarks.md). The GPU tree build and verify pass no compiler params, so JAX 0.10.2 lowers them
-# through Mosaic GPU, which rejects them: "auto" keeps their jnp references there.
+# form (tests/aot compiles them for v5e, v6e and v5p); on a GPU the Triton attention kernels, which compiled for an
+# H100 deviceless at b60d1ef (not yet in a tier: docs/aot.md). The GPU tree build and verify pass no compiler
+# params, so JAX 0.10.2 lowers them through Mosaic GPU, which rejects them: "auto" keeps their jnp references there.
 COMPILED_FORMS: dict[str, frozenset[str]] = {
     "tpu": frozenset({"tree_build", "tree_verify", "tree_attention", "paged_tree_attention"}),
     "gpu": frozenset({"tree_attention", "paged_tree_attention"}),

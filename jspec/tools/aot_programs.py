@@ -164,9 +164,12 @@ def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8,
     setup = GenerateSetup(target=config, max_seq_len=seq_len, dtype=deployment.dtype, drafter=drafter, mesh=mesh)
     program = compile_for(functools.partial(generate, setup=setup), args, devices[:tp]) if whole else None
     state_inputs = jax.eval_shape(functools.partial(generate_start, setup=setup), *args)
-    if tp > 1:  # where the state's leaves live: the prefill program's outputs say (on one chip: there)
-        start = compile_for(functools.partial(generate_start, setup=setup), args, devices[:tp])
-        state_inputs = _placed(state_inputs, start.output_shardings)
+    if tp > 1:  # where the state's leaves live: the prefill program's outputs say
+        shardings = compile_for(functools.partial(generate_start, setup=setup), args, devices[:tp]).output_shardings
+    else:  # on one chip: there
+        shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                                 state_inputs)
+    state_inputs = _placed(state_inputs, shardings)
     step_fn = plain_step if drafter is None else spec_step
 
     def one_step(pt, pd, state, inputs):

@@ -1,10 +1,12 @@
 """``jspec bench --aot DEPLOYMENT[,DEPLOYMENT]``: the engine's programs compiled for TPU deployments on this
 machine (``jspec.tools.aot_programs``, libtpu's compiler, no TPU), and what the compiler says they cost.
 
-Per deployment and method, from the compiled decode step: flops and bytes accessed per device, the bytes against
-the weights one device holds (goal <= 1.1: weights read once a step), the step against the plain step, and the
-floors those give on the chip (bytes over HBM bandwidth, flops over peak); from the compiled generate program: the
-memory one device needs (arguments + temporaries) against its HBM. Written to ``aot.json`` under ``--out``.
+Per deployment and method, from the compiled decode step, per device: its flops; the bytes of its arguments
+(weights and the decode state: what a step must read at least once) and the bytes accessed as XLA's cost analysis
+counts them (which also counts each copy the TPU compiler makes into VMEM ahead of a matmul), each against the
+weights the device holds (goal <= 1.1: weights read once a step); the step against the plain step; the floors on the
+chip (argument bytes over HBM bandwidth, flops over peak). From the compiled generate program: the memory one
+device needs (arguments, outputs, temporaries) against its HBM. Written to ``aot.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -30,46 +32,53 @@ def chip_figures(chip: str) -> dict:
             "bf16_flops_per_second": info.bf16_ops_per_second}
 
 
-def aot_row(deployment: Deployment, method: str, batch: int) -> dict:
+def aot_row(deployment: Deployment, method: str, batch: int, **shape) -> dict:
     """One method on one deployment, compiled -> its figures (status "error" with the message on a failure)."""
     row = {"deployment": deployment.name, "method": method, "batch": batch}
     start = time.perf_counter()
     try:
-        programs = compile_engine_programs(deployment, method, batch=batch)
+        programs = compile_engine_programs(deployment, method, batch=batch, **shape)
     except Exception as error:  # noqa: BLE001 -- one failed program must not end the table
         return {**row, "status": "error", "error": f"{type(error).__name__}: {str(error)[:1000]}",
                 "compile_seconds": time.perf_counter() - start}
     cost, memory = programs.step.cost_analysis(), programs.generate.memory_analysis()
     chip = chip_figures(deployment.chip)
     step_bytes, step_flops = float(cost["bytes accessed"]), float(cost["flops"])
+    step_arguments = float(programs.step.memory_analysis().argument_size_in_bytes)
     device_bytes = memory.argument_size_in_bytes + memory.temp_size_in_bytes + memory.output_size_in_bytes
     return {**row, "status": "ok", "compile_seconds": time.perf_counter() - start, "seq_len": programs.seq_len,
             "step_flops": step_flops, "step_bytes_accessed": step_bytes,
             "weight_bytes_per_device": programs.weight_bytes_per_device,
             "bytes_over_weights": step_bytes / programs.weight_bytes_per_device,
-            "hbm_floor_ms": 1e3 * step_bytes / chip["hbm_bytes_per_second"],
+            "step_argument_bytes": step_arguments,
+            "arguments_over_weights": step_arguments / programs.weight_bytes_per_device,
+            "hbm_floor_ms": 1e3 * step_arguments / chip["hbm_bytes_per_second"],
+            "bytes_accessed_ms": 1e3 * step_bytes / chip["hbm_bytes_per_second"],
             "compute_floor_ms": 1e3 * step_flops / chip["bf16_flops_per_second"],
             "generate_bytes_per_device": device_bytes, "hbm_bytes_per_device": chip["hbm_bytes"],
             "fits": device_bytes <= chip["hbm_bytes"]}
 
 
-def run_aot_table(names: Sequence[str], methods: Sequence[str] = METHODS, batch: int = 8,
-                  out_dir: str | None = None, echo: Callable[[str], None] = print) -> dict:
-    """Every method on every named deployment (:data:`jspec.tools.aot_programs.DEPLOYMENTS`) -> the report, with each
-    speculative step's bytes and flops over the plain step's of the same deployment."""
-    unknown = [name for name in names if name not in DEPLOYMENTS]
-    if unknown or not names:
-        raise ValueError(f"--aot {','.join(names)!r}: expected deployments from {', '.join(DEPLOYMENTS)}")
+def run_aot_table(deployments: Sequence[str | Deployment], methods: Sequence[str] = METHODS, batch: int = 8,
+                  out_dir: str | None = None, echo: Callable[[str], None] = print, **shape) -> dict:
+    """Every method on every deployment (a name from :data:`jspec.tools.aot_programs.DEPLOYMENTS`, or one given
+    whole) -> the report, with each speculative step's bytes and flops over the plain step's of the same deployment.
+    ``shape``: prompt_len, seq_len for ``compile_engine_programs``."""
+    unknown = [d for d in deployments if isinstance(d, str) and d not in DEPLOYMENTS]
+    if unknown or not deployments:
+        raise ValueError(f"--aot {','.join(map(str, deployments))!r}: expected deployments from "
+                         f"{', '.join(DEPLOYMENTS)}")
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"methods {list(methods)!r}: expected a non-empty subset of {METHODS}")
-    for name in names:
-        tpu_devices(DEPLOYMENTS[name].chip)  # libtpu is here, or the error that says how to install it
+    deployments = [DEPLOYMENTS[d] if isinstance(d, str) else d for d in deployments]
+    for deployment in deployments:
+        tpu_devices(deployment.chip)  # libtpu is here, or the error that says how to install it
     report = {"batch": batch, "jax": jax.__version__, "rows": []}
-    for name in names:
+    for deployment in deployments:
         plain = None
         for method in methods:
-            row = aot_row(DEPLOYMENTS[name], method, batch)
+            row = aot_row(deployment, method, batch, **shape)
             if row["status"] == "ok" and method == "plain":
                 plain = row
             if row["status"] == "ok" and plain is not None:
@@ -90,8 +99,10 @@ def format_row(row: dict) -> str:
         return f"{head} {row['error']}"
     ratio = "" if "bytes_over_plain" not in row else (
         f", vs plain: bytes {row['bytes_over_plain']:.2f}x, flops {row['flops_over_plain']:.2f}x")
-    return (f"{head} step {row['step_bytes_accessed'] / 2**30:.2f} GiB ({row['bytes_over_weights']:.2f}x the "
-            f"weights), {row['step_flops'] / 1e9:.1f} GFLOP; floors {row['hbm_floor_ms']:.2f} ms HBM, "
+    return (f"{head} step reads {row['step_argument_bytes'] / 2**30:.2f} GiB of arguments "
+            f"({row['arguments_over_weights']:.2f}x the weights), {row['step_bytes_accessed'] / 2**30:.2f} GiB "
+            f"accessed as the compiler counts ({row['bytes_over_weights']:.2f}x), {row['step_flops'] / 1e9:.1f} "
+            f"GFLOP; floors {row['hbm_floor_ms']:.2f} ms HBM, "
             f"{row['compute_floor_ms']:.2f} ms compute{ratio}; generate needs "
             f"{row['generate_bytes_per_device'] / 2**30:.1f} of {row['hbm_bytes_per_device'] / 2**30:.0f} GiB "
             f"({'fits' if row['fits'] else 'DOES NOT FIT'}); compiled in {row['compile_seconds']:.0f} s")
