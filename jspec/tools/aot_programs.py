@@ -1,6 +1,7 @@
-"""The engine's programs compiled ahead of time for a TPU deployment this machine does not have (``jspec.tools.aot``):
-the whole ``generate`` program and its decode step, at a real model's shapes (random weights are never made: the
-parameters are ``jax.ShapeDtypeStruct`` trees), over a TP mesh of the chip's compile-only devices.
+"""The engine's programs compiled ahead of time for a TPU deployment this machine does not have
+(``jspec.tools.aot``): the whole ``generate`` program and its decode step, at a real model's shapes (random weights
+are never made: the parameters are ``jax.ShapeDtypeStruct`` trees), over a TP mesh of the chip's compile-only
+devices.
 
     programs = compile_engine_programs(DEPLOYMENTS["llama3-8b/v5e-1/int8"], "eagle3-chain", batch=8)
     programs.step.cost_analysis()["bytes accessed"], programs.generate.memory_analysis()
@@ -20,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.tools.aot import compile_for, tpu_devices
 from jspec.config import SpecConfig
 from jspec.drafters.dflash import DFlashDrafter
 from jspec.drafters.eagle3 import Eagle3Drafter
@@ -29,7 +29,8 @@ from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
 from jspec.sharding import ROWS, expand_kv_heads, kv_repeats, make_mesh, named, param_specs, traced_on
 from jspec.step import plain_step, spec_step
-from jspec.tools.roofline.shapes import LLAMA3_8B, TINY, dflash_hf, llama3_rope
+from jspec.tools.aot import compile_for, tpu_devices
+from jspec.tools.roofline.shapes import LLAMA3_8B, TINY, dflash_hf
 from models.checkpoint import DTYPES
 from models.config import ModelConfig, from_hf_config
 from models.dflash import dflash_config_from_hf, dflash_param_shapes
@@ -59,8 +60,7 @@ def _head_hf(target_hf: dict) -> dict:
 
 
 MODELS = {name: ModelShapes(hf, _head_hf(hf), dflash_hf(hf, num_layers=5, block_size=16))
-          for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", dict(LLAMA3_70B,
-                                                                       rope_scaling=llama3_rope(8.0))))}
+          for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", LLAMA3_70B))}
 # Three layers of width 64 (the roofline benchmark's CPU smoke shapes): every program's structure, compiled in
 # seconds (tests/aot).
 MODELS["tiny"] = ModelShapes(TINY, dict(_head_hf(dict(TINY, rms_norm_eps=1e-5, rope_theta=10000.0)),

@@ -45,7 +45,7 @@ def dflash_hf(target_hf: dict, num_layers: int, block_size: int) -> dict:
             "dflash_config": {"mask_token_id": target_hf["vocab_size"] - 1}}
 
 
-def llama3_rope(factor: float) -> dict:
+def _llama3_rope(factor: float) -> dict:
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
 
@@ -97,11 +97,11 @@ class SyntheticShape:
 
 LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
-                 rope_theta=500000.0, rope_scaling=llama3_rope(8.0), max_position_embeddings=131072,
+                 rope_theta=500000.0, rope_scaling=_llama3_rope(8.0), max_position_embeddings=131072,
                  tie_word_embeddings=False)
 LLAMA3_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                  num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
-                 rope_theta=500000.0, rope_scaling=llama3_rope(32.0), max_position_embeddings=131072,
+                 rope_theta=500000.0, rope_scaling=_llama3_rope(32.0), max_position_embeddings=131072,
                  tie_word_embeddings=True)
 TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
