@@ -9,10 +9,10 @@ T - 1 pointer-chasing steps as in the GPU kernel; a dynamic tree's slot lookup `
 compare against the slots (no vector division). Inputs arrive as ``[B, 1, width]`` arrays so each block's last two
 dimensions are whole (TPU tiling), outputs leave the same way.
 
-Same inputs, outputs and chain fallback as the GPU kernel, compared with the same reference. Checked two ways on a
-CPU: against the reference in Pallas's TPU interpret mode
-(``impl="tpu_interpret"``), and compiled by the real TPU compiler for v5e, v6e and v5p at the engine's shapes
-(tests/aot). It has not run on a TPU yet.
+Same inputs, outputs and chain fallback as the GPU kernel, compared with the same reference.
+Checked two ways on a CPU: against the reference in Pallas's TPU interpret mode (``impl="tpu_interpret"``), and
+compiled by the real TPU compiler for v5e, v6e and v5p at the engine's shapes (tests/aot). It has not run on a TPU
+yet.
 """
 
 from __future__ import annotations

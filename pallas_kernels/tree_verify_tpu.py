@@ -15,10 +15,10 @@ times the VMEM (a 128k vocabulary's residual, rows and noise then overflow v5e's
 The scalar rows of the whole batch sit in SMEM at once (4 x B x T int32: 64 KiB at B = T = 64), as do the outputs;
 a batch whose rows would not fit the chip's SMEM needs the call split over rows by the caller.
 
-Same rules, inputs and outputs as the GPU kernels, compared with the same references. Checked two ways on a CPU:
-against the reference in Pallas's TPU interpret mode
-(``impl="tpu_interpret"``), and compiled by the real TPU compiler for v5e, v6e and v5p at the engine's shapes
-(tests/aot). It has not run on a TPU yet.
+Same rules, inputs and outputs as the GPU kernels, compared with the same references.
+Checked two ways on a CPU: against the reference in Pallas's TPU interpret mode (``impl="tpu_interpret"``), and
+compiled by the real TPU compiler for v5e, v6e and v5p at the engine's shapes (tests/aot). It has not run on a TPU
+yet.
 """
 
 from __future__ import annotations
