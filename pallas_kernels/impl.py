@@ -48,14 +48,11 @@ class Impl(enum.Enum):
 
 KernelName = Literal["tree_build", "tree_verify", "tree_attention", "paged_tree_attention"]
 
-# The kernels whose compiled form the backend's real compiler accepts at the engine's shapes: on a TPU every Mosaic
-# form (tests/aot compiles them for v5e, v6e and v5p); on a GPU the Triton attention kernels, which compiled for an
-# H100 deviceless at b60d1ef (not yet in a tier: docs/aot.md). The GPU tree build and verify pass no compiler
-# params, so JAX 0.10.2 lowers them through Mosaic GPU, which rejects them: "auto" keeps their jnp references there.
-COMPILED_FORMS: dict[str, frozenset[str]] = {
-    "tpu": frozenset({"tree_build", "tree_verify", "tree_attention", "paged_tree_attention"}),
-    "gpu": frozenset({"tree_attention", "paged_tree_attention"}),
-}
+# The kernels whose compiled form the backend's real compiler accepts at the engine's shapes (tests/aot compiles each
+# at them): on a TPU every Mosaic form, for v5e, v6e and v5p; on a GPU every Triton form, for an H100. A kernel
+# left out here runs its jnp reference under "auto" on that backend.
+_EVERY_KERNEL = frozenset({"tree_build", "tree_verify", "tree_attention", "paged_tree_attention"})
+COMPILED_FORMS: dict[str, frozenset[str]] = {"tpu": _EVERY_KERNEL, "gpu": _EVERY_KERNEL}
 _BACKEND_FORMS = {"gpu": "pallas", "tpu": "tpu"}
 _log = logging.getLogger("pallas_kernels")
 

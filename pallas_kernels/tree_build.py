@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.tree_build_tpu import dynamic_tree_tpu, static_tree_tpu
@@ -330,6 +331,11 @@ def _static_tree_kernel(
                       next_sibling_ref, valid_ref, num_nodes=num_nodes, packed=packed)
 
 
+# Named, not left to JAX's default: JAX 0.10 lowers a GPU kernel without compiler params through Mosaic GPU, which
+# rejects these small integer tiles. Triton's default of 4 warps: the tiles are at most 64 x 64 int32.
+TRITON_PARAMS = pltriton.CompilerParams(num_warps=4, num_stages=1)
+
+
 def _pad_last(x, size, value):
     """x: [..., N] -> [..., size], padded with value."""
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])], constant_values=value)
@@ -354,6 +360,7 @@ def _call_tree_kernel(kernel, row_inputs, seq_lens, *, num_nodes, packed, interp
                    _row_spec(nodes_padded), _row_spec(nodes_padded), _row_spec(nodes_padded), scalar_spec],
         out_shape=[jax.ShapeDtypeStruct((batch, nodes_padded, mask_width), jnp.int32), vector, vector, vector,
                    jax.ShapeDtypeStruct((batch,), jnp.int32)],
+        compiler_params=TRITON_PARAMS,
         interpret=interpret,
     )(*row_inputs, seq_lens.astype(jnp.int32))
     return _tree_arrays((mask, positions, next_token, next_sibling, valid), num_nodes=num_nodes, packed=packed)

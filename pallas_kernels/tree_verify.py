@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.tree_verify_tpu import verify_tree_greedy_tpu, verify_tree_rejection_tpu
@@ -390,8 +391,10 @@ def _pad_last(x, size, value):
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])], constant_values=value)
 
 
-def _call_walk_kernel(kernel, node_rows, extra_inputs, extra_specs, *, num_steps, interpret):
-    """Runs kernel over grid (B,) on node_rows [B, T] (padded here) and extra inputs; returns Verified."""
+def _call_walk_kernel(kernel, node_rows, extra_inputs, extra_specs, *, num_steps, interpret, num_warps=4):
+    """Runs kernel over grid (B,) on node_rows [B, T] (padded here) and extra inputs; returns Verified. Its
+    lowering is named (Triton, ``num_warps`` warps a sequence), not left to JAX's default: JAX 0.10 lowers a GPU
+    kernel without compiler params through Mosaic GPU, which rejects these small tiles."""
     batch, num_nodes = node_rows[0].shape
     nodes_padded = pl.next_power_of_2(num_nodes)
     slots_padded = pl.next_power_of_2(num_steps + 1)
@@ -404,6 +407,7 @@ def _call_walk_kernel(kernel, node_rows, extra_inputs, extra_specs, *, num_steps
         out_specs=[row_spec(slots_padded), scalar_spec, scalar_spec],
         out_shape=[jax.ShapeDtypeStruct((batch, slots_padded), jnp.int32),
                    jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32)],
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
     )(*(_pad_last(x, nodes_padded, -1) for x in node_rows), *extra_inputs)
     return Verified(accept_index[:, :num_steps + 1], length, bonus)
@@ -432,4 +436,4 @@ def _verify_tree_rejection_pallas(candidates, retrieve_next_token, retrieve_next
                    pl.BlockSpec((None, num_nodes, vocab_padded), lambda b: (b, 0, 0)),
                    pl.BlockSpec((None, vocab_padded), lambda b: (b, 0))]
     return _call_walk_kernel(_rejection_kernel, rows, extra_inputs, extra_specs, num_steps=num_steps,
-                             interpret=interpret)
+                             interpret=interpret, num_warps=8)

@@ -1,4 +1,4 @@
-"""The engine's programs compiled ahead of time for a TPU deployment this machine does not have
+"""The engine's programs compiled ahead of time for a TPU or GPU deployment this machine does not have
 (``jspec.tools.aot``): the whole ``generate`` program and its decode step, at a real model's shapes (random weights
 are never made: the parameters are ``jax.ShapeDtypeStruct`` trees), over a TP mesh of the chip's compile-only
 devices.
@@ -29,7 +29,7 @@ from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
 from jspec.sharding import ROWS, expand_kv_heads, kv_repeats, make_mesh, named, param_specs, traced_on
 from jspec.step import plain_step, spec_step
-from jspec.tools.aot import compile_for, tpu_devices
+from jspec.tools.aot import compile_for, devices_for
 from jspec.tools.roofline.shapes import LLAMA3_8B, TINY, dflash_hf
 from models.checkpoint import DTYPES
 from models.config import ModelConfig, from_hf_config
@@ -72,8 +72,8 @@ METHODS = ("plain", "eagle3-chain", "eagle3-dynamic", "dflash-block")
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:
-    """A model on a TPU slice: ``chips`` chips of ``chip`` (jspec.tools.aot.TPU_TOPOLOGIES), the target split over
-    all of them (tensor parallel), weights in ``dtype`` or weight-only ``quantization``."""
+    """A model on ``chips`` chips of ``chip`` (a TPU slice or a GPU node: jspec.tools.aot.CHIPS), the target split
+    over all of them (tensor parallel), weights in ``dtype`` or weight-only ``quantization``."""
 
     model: str
     chip: str
@@ -88,7 +88,8 @@ class Deployment:
 
 DEPLOYMENTS = {d.name: d for d in (
     Deployment("llama3-8b", "v5e", 1, "int8"), Deployment("llama3-8b", "v5e", 4), Deployment("llama3-8b", "v6e", 4),
-    Deployment("llama3-70b", "v5p", 4), Deployment("llama3-70b", "v6e", 8))}
+    Deployment("llama3-70b", "v5p", 4), Deployment("llama3-70b", "v6e", 8),
+    Deployment("llama3-8b", "h100", 1), Deployment("llama3-70b", "h100", 8))}
 # v5p chips are megacores (one JAX device of two TensorCores): v5p-8 in Cloud's naming of cores is 4 chips.
 
 
@@ -138,10 +139,8 @@ def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8,
     if method not in METHODS:
         raise ValueError(f"method={method!r}: expected one of {METHODS}")
     shapes = MODELS[deployment.model]
-    devices = tpu_devices(deployment.chip)
-    if deployment.chips > len(devices):
-        devices = tpu_devices_for(deployment.chip, deployment.chips)
-    mesh = make_mesh(tensor_parallel_size=deployment.chips, devices=devices[:deployment.chips])
+    devices = devices_for(deployment.chip, deployment.chips)
+    mesh = make_mesh(tensor_parallel_size=deployment.chips, devices=devices)
     config = from_hf_config(shapes.target_hf)
     tp = deployment.chips
     repeats = kv_repeats(config, tp)
@@ -180,13 +179,3 @@ def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8,
     return EnginePrograms(deployment, method, batch, seq_len, program, step,
                           _shard_bytes(params_t) + (0 if params_d is None else _shard_bytes(params_d)))
 
-
-def tpu_devices_for(chip: str, chips: int) -> tuple:
-    """Compile-only devices of a slice of ``chips`` chips of ``chip`` (e.g. v6e-8: "v6e:2x4")."""
-    from jax.experimental import topologies
-
-    names = {("v6e", 8): "v6e:2x4", ("v5e", 8): "v5e:2x4", ("v5p", 8): "v5p:2x2x2", ("v4", 8): "v4:2x2x2"}
-    if (chip, chips) not in names:
-        raise ValueError(f"a {chip} slice of {chips} chips: expected one of {sorted(names)}")
-    tpu_devices(chip)  # libtpu present, or the error that says how to install it
-    return tuple(topologies.get_topology_desc(platform="tpu", topology_name=names[chip, chips]).devices)

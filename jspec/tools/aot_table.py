@@ -1,5 +1,6 @@
-"""``jspec bench --aot DEPLOYMENT[,DEPLOYMENT]``: the engine's programs compiled for TPU deployments on this
-machine (``jspec.tools.aot_programs``, libtpu's compiler, no TPU), and what the compiler says they cost.
+"""``jspec bench --aot DEPLOYMENT[,DEPLOYMENT]``: the engine's programs compiled for TPU and GPU deployments on
+this machine (``jspec.tools.aot_programs``: libtpu's compiler, XLA's GPU compiler; no TPU or GPU), and what the
+compiler says they cost.
 
 Per deployment and method, from the compiled decode step, per device: its flops; the bytes of its arguments
 (weights and the decode state: what a step must read at least once) and the bytes accessed as XLA's cost analysis
@@ -18,18 +19,8 @@ from typing import Callable, Sequence
 
 import jax
 
-from jspec.tools.aot import tpu_devices
+from jspec.tools.aot import chip_figures, devices_for
 from jspec.tools.aot_programs import DEPLOYMENTS, METHODS, Deployment, compile_engine_programs
-
-
-def chip_figures(chip: str) -> dict:
-    """One device of ``chip``: HBM bytes, HBM bytes/s, bf16 flop/s (Pallas's TPU table for the chip)."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    with jax.default_device(tpu_devices(chip)[0]):
-        info = pltpu.get_tpu_info()
-    return {"hbm_bytes": info.hbm_capacity_bytes, "hbm_bytes_per_second": info.mem_bw_bytes_per_second,
-            "bf16_flops_per_second": info.bf16_ops_per_second}
 
 
 def aot_row(deployment: Deployment, method: str, batch: int, **shape) -> dict:
@@ -73,7 +64,7 @@ def run_aot_table(deployments: Sequence[str | Deployment], methods: Sequence[str
         raise ValueError(f"methods {list(methods)!r}: expected a non-empty subset of {METHODS}")
     deployments = [DEPLOYMENTS[d] if isinstance(d, str) else d for d in deployments]
     for deployment in deployments:
-        tpu_devices(deployment.chip)  # libtpu is here, or the error that says how to install it
+        devices_for(deployment.chip, deployment.chips)  # its compiler is here, or the error that says how to install it
     report = {"batch": batch, "jax": jax.__version__, "rows": []}
     for deployment in deployments:
         plain = None

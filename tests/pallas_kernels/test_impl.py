@@ -23,13 +23,15 @@ def backend(monkeypatch):
     impl_module._say_reference_once.cache_clear()
 
 
-def test_auto_on_a_tpu_runs_every_mosaic_form(backend):
-    backend("tpu")
-    assert {kernel: resolve_impl("auto", kernel) for kernel in KERNELS} == dict.fromkeys(KERNELS, Impl.TPU)
+@pytest.mark.parametrize("platform,form", [("tpu", Impl.TPU), ("gpu", Impl.PALLAS)])
+def test_auto_runs_every_compiled_form(backend, platform, form):
+    backend(platform)
+    assert {kernel: resolve_impl("auto", kernel) for kernel in KERNELS} == dict.fromkeys(KERNELS, form)
 
 
-def test_auto_on_a_gpu_keeps_the_reference_where_no_form_compiles_and_says_so_once(backend, caplog):
+def test_auto_keeps_the_reference_where_no_form_compiles_and_says_so_once(backend, caplog, monkeypatch):
     backend("gpu")
+    monkeypatch.setitem(COMPILED_FORMS, "gpu", frozenset({"tree_attention", "paged_tree_attention"}))
     with caplog.at_level(logging.WARNING, logger="pallas_kernels"):
         assert resolve_impl("auto", "tree_attention") is Impl.PALLAS
         assert resolve_impl("auto", "tree_build") is Impl.REFERENCE
@@ -45,15 +47,16 @@ def test_auto_off_an_accelerator_is_the_reference(backend):
     assert all(resolve_impl("auto", kernel) is Impl.REFERENCE for kernel in KERNELS)
 
 
-def test_every_form_auto_runs_on_a_tpu_is_compiled_by_the_aot_tier():
-    """COMPILED_FORMS["tpu"] is what tests/aot compiles: each kernel has its compile test there."""
-    text = open(os.path.join(os.path.dirname(__file__), "..", "aot", "test_tpu_kernels.py")).read()
+def test_every_form_auto_runs_is_compiled_by_the_aot_tier():
+    """COMPILED_FORMS is what tests/aot compiles: each kernel has its compile test there, on a TPU and an H100."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "aot", "test_kernels.py")).read()
     tested = set(re.findall(r"^def test_(\w+)_compiles", text, re.M))
     by_kernel = {"tree_build": {"tree_from_parents", "build_dynamic_tree"},
                  "tree_verify": {"verify_tree_greedy", "verify_tree_sampling"},
                  "tree_attention": {"tree_attention"}, "paged_tree_attention": {"paged_tree_attention"}}
     assert set(by_kernel) == set(KERNELS)
-    assert all(by_kernel[kernel] <= tested for kernel in COMPILED_FORMS["tpu"]), tested
+    assert all(by_kernel[kernel] <= tested for forms in COMPILED_FORMS.values() for kernel in forms), tested
+    assert re.search(r'^EVERY_CASE = \("v5e", "h100"\)', text, re.M)
 
 
 def test_a_bad_impl_is_refused_naming_it():

@@ -1,27 +1,36 @@
-"""Every Mosaic TPU kernel (impl="tpu", what "auto" runs on a TPU) compiled by the real TPU compiler on this CPU,
-for v5e, v6e and v5p, at the shapes the engine and the server give them: Llama-3-8B and 70B heads (and their TP
-shards), bf16 and float32, pages of 16/64/128, trees of 1-64 nodes, 1-64 rows, Llama-3's vocabulary. The same
-forms equal their references in Pallas's TPU interpreter (tests/pallas_kernels). The `aot` tier: ``pip install -e
-".[tpu]"`` then ``pytest -m aot`` (.ci/run does)."""
+"""Every Pallas kernel compiled by the real compiler of the hardware it is for, on this CPU: the Mosaic TPU forms
+(impl="tpu") for v5e, v6e and v5p, and the GPU forms (impl="pallas") for an H100 by XLA's GPU compiler, through
+Triton, which each names (JAX 0.10 lowers a GPU kernel that names none through Mosaic GPU). At the shapes the engine
+and the server give them: Llama-3-8B and 70B heads (and their TP shards), bf16 and float32, pages of 16/64/128,
+trees of 1-64 nodes, 1-64 rows, Llama-3's vocabulary. The same forms equal their references in Pallas's
+interpreters (tests/pallas_kernels). The `aot` tier: ``pip install -e ".[tpu,gpu]"`` then ``JAX_PLATFORMS=cpu
+pytest -m aot`` (.ci/run does)."""
+
+import functools
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from jspec.tools.aot import compile_for, tpu_devices
+from jspec.tools.aot import GPU_TARGETS, compile_for, devices_for
 from pallas_kernels import build_dynamic_tree, tree_attention, tree_from_parents, verify_tree_greedy
 from pallas_kernels import verify_tree_sampling
 from pallas_kernels.paged_tree_attention import paged_tree_attention
 
 pytestmark = pytest.mark.aot
 
-CHIPS = ("v5e", "v6e", "v5p")
+# Every case compiles for these: v5e has the least VMEM per core of the TPUs (16 MiB scoped by default), where most
+# Mosaic rejections showed; the H100 is the one GPU. The largest case (last) compiles for the others as well.
+EVERY_CASE = ("v5e", "h100")
+LARGEST_CASE = ("v6e", "v5p")
+# The custom call each platform's kernels become: a Mosaic TPU kernel, a Triton one (Mosaic GPU's would differ).
+KERNEL_CALLS = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}
 
 
 def on_chips(names: str, cases: list) -> tuple:
-    """parametrize(names + ",chip", ...) over every case on v5e (the least VMEM per core of the three, 16 MiB by
-    default; where most Mosaic rejections showed) and the largest case (last) on each other chip as well."""
-    params = [case + ("v5e",) for case in cases] + [cases[-1] + (chip,) for chip in CHIPS[1:]]
+    """parametrize(names + ",chip", ...): every case on :data:`EVERY_CASE`, the last on :data:`LARGEST_CASE`."""
+    params = [case + (chip,) for chip in EVERY_CASE for case in cases] + [cases[-1] + (c,) for c in LARGEST_CASE]
     return names + ",chip", params
 I32, F32 = jnp.int32, jnp.float32
 LLAMA3_VOCAB = 128256
@@ -33,9 +42,15 @@ def sds(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def compiles(chip, fun, args):
-    """fun compiled for one chip of ``chip``'s generation: the Compiled program (a compiler error fails the test)."""
-    return compile_for(fun, args, tpu_devices(chip)[:1])
+def compiles(chip, kernel, args):
+    """kernel(*args, impl=...) with the chip's compiled form (impl "pallas" on a GPU, "tpu" on a TPU), compiled for
+    one ``chip`` (a compiler error fails the test), the kernel inside (on a GPU, every custom call is Triton's)."""
+    platform = "gpu" if chip in GPU_TARGETS else "tpu"
+    compiled = compile_for(lambda *a: kernel(*a, impl="pallas" if platform == "gpu" else "tpu"), args,
+                           devices_for(chip))
+    calls = re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())
+    assert KERNEL_CALLS[platform] in calls and (platform == "tpu" or set(calls) == {KERNEL_CALLS[platform]}), calls
+    return compiled
 
 
 # (rows B, nodes T, packed mask)
@@ -44,7 +59,7 @@ TREE_CASES = [(1, 1, False), (8, 4, False), (8, 16, True), (32, 32, False), (64,
 
 @pytest.mark.parametrize(*on_chips("batch,nodes,packed", TREE_CASES))
 def test_tree_from_parents_compiles(batch, nodes, packed, chip):
-    compiles(chip, lambda p, s: tree_from_parents(p, s, packed=packed, impl="tpu"),
+    compiles(chip, lambda p, s, impl: tree_from_parents(p, s, packed=packed, impl=impl),
              [sds((batch, nodes), I32), sds((batch,), I32)])
 
 
@@ -55,8 +70,8 @@ DYNAMIC_CASES = [(1, 1, 1), (8, 4, 4), (32, 8, 4), (64, 8, 8)]
 @pytest.mark.parametrize(*on_chips("batch,topk,depth", DYNAMIC_CASES))
 def test_build_dynamic_tree_compiles(chip, batch, topk, depth):
     nodes = min(topk * depth, 63) + 1
-    compiles(chip, lambda parent_list, selected, s: build_dynamic_tree(
-        parent_list, selected, s, topk=topk, num_steps=depth, impl="tpu"),
+    compiles(chip, lambda parent_list, selected, s, impl: build_dynamic_tree(
+        parent_list, selected, s, topk=topk, num_steps=depth, impl=impl),
         [sds((batch, topk * (depth - 1) + 1), I32), sds((batch, nodes - 1), I32), sds((batch,), I32)])
 
 
@@ -66,7 +81,7 @@ VERIFY_CASES = [(1, 1, 1), (8, 4, 3), (32, 16, 6), (64, 64, 10)]
 
 @pytest.mark.parametrize(*on_chips("batch,nodes,depth", VERIFY_CASES))
 def test_verify_tree_greedy_compiles(chip, batch, nodes, depth):
-    compiles(chip, lambda *a: verify_tree_greedy(*a, num_steps=depth, impl="tpu"), [sds((batch, nodes), I32)] * 4)
+    compiles(chip, functools.partial(verify_tree_greedy, num_steps=depth), [sds((batch, nodes), I32)] * 4)
 
 
 # (rows, nodes, depth, vocabulary): the rejection walk DMAs one vocabulary row at a time
@@ -75,9 +90,9 @@ SAMPLING_CASES = [(1, 1, 1, 1000), (8, 8, 4, LLAMA3_VOCAB), (32, 16, 6, LLAMA3_V
 
 @pytest.mark.parametrize(*on_chips("batch,nodes,depth,vocab", SAMPLING_CASES))
 def test_verify_tree_sampling_compiles(chip, batch, nodes, depth, vocab):
-    def verify(candidates, next_token, next_sibling, target, draft, key_data):
+    def verify(candidates, next_token, next_sibling, target, draft, key_data, impl):
         return verify_tree_sampling(candidates, next_token, next_sibling, target, jax.random.wrap_key_data(key_data),
-                                    num_steps=depth, draft_probs=draft, impl="tpu")
+                                    num_steps=depth, draft_probs=draft, impl=impl)
 
     compiles(chip, verify, [sds((batch, nodes), I32)] * 3 + [sds((batch, nodes, vocab), F32)] * 2
              + [sds((2,), jnp.uint32)])
@@ -100,7 +115,7 @@ DENSE_CASES = [("8B", "bfloat16", 1, 1, 2048), ("8B", "bfloat16", 8, 16, 2048), 
 def test_tree_attention_compiles(chip, heads, dtype, batch, nodes, slots):
     q, new, mask = attention_args(heads, dtype, batch, nodes)
     cache = sds((batch, slots) + new.shape[2:], new.dtype)
-    compiles(chip, lambda *a: tree_attention(*a, impl="tpu"), [q, cache, cache, sds((batch,), I32), new, new, mask])
+    compiles(chip, tree_attention, [q, cache, cache, sds((batch,), I32), new, new, mask])
 
 
 # (heads, dtype, rows, nodes, page size); 2048 slots a row
@@ -113,5 +128,4 @@ def test_paged_tree_attention_compiles(chip, heads, dtype, batch, nodes, page):
     q, new, mask = attention_args(heads, dtype, batch, nodes)
     per_row = 2048 // page
     pages = sds((1 + batch * per_row, page) + new.shape[2:], new.dtype)
-    compiles(chip, lambda *a: paged_tree_attention(*a, impl="tpu"),
-             [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask])
+    compiles(chip, paged_tree_attention, [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask])
