@@ -18,6 +18,7 @@ import functools
 import importlib.resources
 import importlib.util
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,8 +37,8 @@ CHIPS = tuple(TPU_TOPOLOGIES) + tuple(GPU_TARGETS)
 
 
 def devices_for(chip: str, count: int = 1) -> tuple:
-    """``count`` compile-only devices of ``chip`` (a TPU generation of :data:`TPU_TOPOLOGIES`, up to 8 chips, or a
-    GPU of :data:`GPU_TARGETS`, 1 or 8 to a node)."""
+    """``count`` compile-only devices of ``chip`` (a TPU generation of :data:`TPU_TOPOLOGIES`, or a GPU of
+    :data:`GPU_TARGETS` in one node): 1 to 8."""
     if chip in GPU_TARGETS:
         return gpu_devices(chip, count)
     devices = tpu_devices(chip)
@@ -72,12 +73,12 @@ def _tpu_slice_of_8(chip: str) -> tuple:
 
 @functools.cache
 def gpu_devices(chip: str, count: int = 1) -> tuple:
-    """``count`` (1 or 8, one node) compile-only devices of the GPU ``chip`` (:data:`GPU_TARGETS`); no GPU needed,
+    """``count`` (1 to 8, one node) compile-only devices of the GPU ``chip`` (:data:`GPU_TARGETS`); no GPU needed,
     JAX's CUDA plugin is, and a process whose backends are the CPU's."""
     if chip not in GPU_TARGETS:
         raise ValueError(f"chip={chip!r}: expected one of {list(CHIPS)}")
-    if count not in (1, 8):
-        raise ValueError(f"{count} GPUs of {chip}: expected 1 or a node of 8")
+    if not 1 <= count <= 8:
+        raise ValueError(f"{count} GPUs of {chip}: expected 1 to 8 (one node)")
     if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
         raise RuntimeError('compiling for a GPU needs JAX\'s CUDA plugin on this machine: pip install -e ".[gpu]"')
     from jax.experimental import topologies
@@ -110,6 +111,21 @@ def chip_figures(chip: str) -> dict:
         info = pltpu.get_tpu_info()
     return {"hbm_bytes": info.hbm_capacity_bytes, "hbm_bytes_per_second": info.mem_bw_bytes_per_second,
             "bf16_flops_per_second": info.bf16_ops_per_second}
+
+
+def cost_of(compiled) -> dict:
+    """{"flops", "bytes accessed"} of one device's part of a compiled program: its compiler's own analysis where it
+    gives one (TPU); a compile-only GPU program has none, so XLA's HloCostAnalysis of its optimized module (bytes at
+    the fusions' boundaries; custom calls, a Pallas kernel or a cuBLAS gemm, count nothing: ``custom_calls``)."""
+    cost = compiled.cost_analysis()
+    if cost:
+        return {"flops": float(cost["flops"]), "bytes accessed": float(cost["bytes accessed"])}
+    from jax._src.lib import xla_client
+
+    (module,) = compiled.runtime_executable().hlo_modules()
+    cost = xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+    calls = sorted(set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())))
+    return {"flops": float(cost["flops"]), "bytes accessed": float(cost["bytes accessed"]), "custom_calls": calls}
 
 
 def compile_for(fun: Callable, args: Sequence[Any], devices: Sequence[Any], **jit_kwargs: Any):

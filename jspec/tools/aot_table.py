@@ -4,8 +4,9 @@ compiler says they cost.
 
 Per deployment and method, from the compiled decode step, per device: its flops; the bytes of its arguments
 (weights and the decode state: what a step must read at least once) and the bytes accessed as XLA's cost analysis
-counts them (which also counts each copy the TPU compiler makes into VMEM ahead of a matmul), each against the
-weights the device holds (goal <= 1.1: weights read once a step); the step against the plain step; the floors on the
+counts them (which also counts each copy the TPU compiler makes into VMEM ahead of a matmul; on a GPU, where a
+compile-only program has no cost analysis, XLA's HloCostAnalysis of the optimized module, which counts nothing inside
+a custom call such as a Triton kernel), each against the weights the device holds (goal <= 1.1: weights read once a step); the step against the plain step; the floors on the
 chip (argument bytes over HBM bandwidth, flops over peak). From the compiled generate program: the memory one
 device needs (arguments, outputs, temporaries) against its HBM. Written to ``aot.json`` under ``--out``.
 """
@@ -19,7 +20,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from jspec.tools.aot import chip_figures, devices_for
+from jspec.tools.aot import chip_figures, cost_of, devices_for
 from jspec.tools.aot_programs import DEPLOYMENTS, METHODS, Deployment, compile_engine_programs
 
 
@@ -32,7 +33,7 @@ def aot_row(deployment: Deployment, method: str, batch: int, **shape) -> dict:
     except Exception as error:  # noqa: BLE001 -- one failed program must not end the table
         return {**row, "status": "error", "error": f"{type(error).__name__}: {str(error)[:1000]}",
                 "compile_seconds": time.perf_counter() - start}
-    cost, memory = programs.step.cost_analysis(), programs.generate.memory_analysis()
+    cost, memory = cost_of(programs.step), programs.generate.memory_analysis()
     chip = chip_figures(deployment.chip)
     step_bytes, step_flops = float(cost["bytes accessed"]), float(cost["flops"])
     step_arguments = float(programs.step.memory_analysis().argument_size_in_bytes)
@@ -47,7 +48,8 @@ def aot_row(deployment: Deployment, method: str, batch: int, **shape) -> dict:
             "bytes_accessed_ms": 1e3 * step_bytes / chip["hbm_bytes_per_second"],
             "compute_floor_ms": 1e3 * step_flops / chip["bf16_flops_per_second"],
             "generate_bytes_per_device": device_bytes, "hbm_bytes_per_device": chip["hbm_bytes"],
-            "fits": device_bytes <= chip["hbm_bytes"]}
+            "fits": device_bytes <= chip["hbm_bytes"], **({"uncounted_custom_calls": cost["custom_calls"]}
+                                                          if "custom_calls" in cost else {})}
 
 
 def run_aot_table(deployments: Sequence[str | Deployment], methods: Sequence[str] = METHODS, batch: int = 8,

@@ -1,0 +1,62 @@
+"""The engine's programs (whole generate, one decode step) compiled by the real compilers of hardware this machine
+lacks, the kernels inside: libtpu's for one v5e chip and four (tensor parallel), XLA's GPU compiler for one H100 and
+four. At tiny shapes, so every method compiles in seconds (Llama-3-8B and 70B: ``jspec bench --aot``,
+docs/aot.md)."""
+
+import json
+import re
+
+import pytest
+
+from jspec.tools.aot import cost_of
+from jspec.tools.aot_programs import Deployment, compile_engine_programs
+from jspec.tools.aot_table import run_aot_table
+
+pytestmark = pytest.mark.aot
+TINY = dict(prompt_len=16, seq_len=64)
+# The custom call each platform's Pallas kernels become (the TPU compiler adds custom calls of its own).
+KERNEL_CALLS = {"v5e": "tpu_custom_call", "h100": "__gpu$xla.gpu.triton"}
+
+
+def assert_kernels_inside(programs, chip):
+    """impl="auto" under the chip's device: the tree kernels run as its compiled Pallas form, not as their jnp
+    references."""
+    calls = re.findall(r'custom_call_target="([^"]+)"', programs.step.as_text())
+    assert KERNEL_CALLS[chip] in calls, calls
+
+
+@pytest.mark.parametrize("chip,method", [("v5e", "eagle3-dynamic"), ("v5e", "dflash-block"),
+                                         ("h100", "eagle3-dynamic"), ("h100", "dflash-block")])
+def test_a_method_compiles_for_one_chip(chip, method):
+    programs = compile_engine_programs(Deployment("tiny", chip, 1), method, batch=2, **TINY)
+    cost = cost_of(programs.step)
+    assert cost["flops"] > 0 and cost["bytes accessed"] >= programs.weight_bytes_per_device
+    assert programs.generate.memory_analysis().argument_size_in_bytes >= programs.weight_bytes_per_device
+    assert_kernels_inside(programs, chip)
+
+
+@pytest.mark.parametrize("chip,chips", [("v5e", 4), ("h100", 4)])
+def test_a_speculative_step_compiles_split_over_chips(chip, chips):
+    programs = compile_engine_programs(Deployment("tiny", chip, chips), "eagle3-dynamic", batch=chips, whole=False,
+                                       **TINY)
+    assert "all-reduce" in programs.step.as_text()
+    assert_kernels_inside(programs, chip)
+    # each device holds its shard of the weights: the step's arguments fall with the chips
+    single = compile_engine_programs(Deployment("tiny", chip, 1), "eagle3-dynamic", batch=chips, whole=False, **TINY)
+    assert programs.weight_bytes_per_device < single.weight_bytes_per_device
+
+
+@pytest.mark.parametrize("chip", ["v5e", "h100"])
+def test_the_aot_table_compares_a_chain_step_with_the_plain_one(tmp_path, chip):
+    """jspec bench --aot's rows: plain and an EAGLE-3 chain on one chip, written to aot.json."""
+    lines = []
+    report = run_aot_table([Deployment("tiny", chip, 1)], ["plain", "eagle3-chain"], batch=2, out_dir=str(tmp_path),
+                           echo=lines.append, **TINY)
+    plain, chain = report["rows"]
+    assert plain["status"] == chain["status"] == "ok", report
+    for row in (plain, chain):
+        assert row["arguments_over_weights"] >= 1.0 and row["fits"] and row["step_flops"] > 0
+    # the chain's step reads the head's weights too, and verifies 4 tokens where plain decodes 1
+    assert chain["bytes_over_plain"] > 1.0 and chain["flops_over_plain"] > 1.0
+    assert json.load(open(tmp_path / "aot.json"))["rows"] == report["rows"]
+    assert len(lines) == 2 and f"tiny/{chip}-1/bfloat16 eagle3-chain B2" in lines[1], lines
