@@ -1,9 +1,11 @@
 """The target's attention inside generate: the tree-attention kernel for verify passes, dense attention otherwise.
 
 A verify pass is T tree tokens written at ``cache_len`` itself (``write_offset`` the Python int 0) under a mask
-over exactly those T (W = T). Only there is window slot j new token j, so only there may attention read the window
-from ``k_new``/``v_new``, as ``pallas_kernels.tree_attention``'s Pallas kernel does; on GPU it goes to that kernel.
-Everything else (prefill, plain decode, drafter windows wider than T, a window written at another offset, an
+over exactly those T (W = T); a plain decode step's one token (no mask) is one, a tree of one node. Only there is
+window slot j new token j, so only there may attention read the window from ``k_new``/``v_new``, as
+``pallas_kernels.tree_attention``'s kernels do; on a GPU or a TPU it goes to them (dense attention in jnp lets the
+compiler copy the whole cache into a head-major layout every layer, XLA's GPU compiler three times over: docs/aot.md).
+Everything else (prefill, drafter windows wider than T, a window written at another offset, an
 offset given as an array, and verify passes off the GPU) goes to ``models.attention.dense_attention``
 (grouped-query attention in jnp, compiled by XLA), which reads the window from the cache wherever it was written: the
 kernel's jnp reference is its specification, and slower than that on a CPU.
@@ -54,12 +56,15 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
             return _paged_kernel(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset,
                                  scale=scale, impl=impl)
         return paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
-    if is_verify_pass(q, local_mask, write_offset) and resolve_impl(impl, "tree_attention") is not Impl.REFERENCE:
+    tree_mask = local_mask
+    if local_mask is None and q.shape[1] == 1:  # a plain decode step's one token: a tree of one node
+        tree_mask = jnp.ones((q.shape[0], 1, 1), bool)
+    if is_verify_pass(q, tree_mask, write_offset) and resolve_impl(impl, "tree_attention") is not Impl.REFERENCE:
         # On a mesh each device runs the kernel on its rows and its heads (KV heads split as its query heads are).
         kernel = per_shard(lambda *a: tree_attention(*a, scale=scale, impl=impl),
                            in_specs=(KV_CACHE, KV_CACHE, KV_CACHE, P("data"), KV_CACHE, KV_CACHE, P("data")),
                            out_specs=KV_CACHE)
-        return kernel(q, k_cache, v_cache, cache_len, k_new, v_new, local_mask)
+        return kernel(q, k_cache, v_cache, cache_len, k_new, v_new, tree_mask)
     return dense_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
 
 

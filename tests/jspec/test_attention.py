@@ -108,7 +108,7 @@ def test_verify_pass_through_the_kernel_equals_dense(cache_len, num_new):
     (4, 2, "interpret", False),           # W = T written at an offset
     (4, np.int32(0), "interpret", True),  # a numpy zero is as static as a Python one
     (6, 0, "interpret", False),           # a drafter's window wider than T
-    (None, 0, "interpret", False),        # causal (prefill, plain decode)
+    (None, 0, "interpret", False),        # causal over several tokens (prefill)
 ])
 def test_route(monkeypatch, window, write_offset, impl, kernel):
     calls = []
@@ -119,6 +119,22 @@ def test_route(monkeypatch, window, write_offset, impl, kernel):
         inputs = inputs[:-1] + (None,)
     call(functools.partial(target_attention, impl=impl), inputs, write_offset, 0.25)
     assert bool(calls) == kernel
+
+
+def test_a_plain_decode_token_goes_to_the_kernel_as_a_tree_of_one_node(monkeypatch):
+    """One new token, no mask (plain decoding): the kernel, reading the cache in place, equals dense attention and
+    the float64 oracle."""
+    calls = []
+    real = jspec.attention.tree_attention
+    monkeypatch.setattr(jspec.attention, "tree_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    inputs = window_inputs(3, cache_len=[5, 30], num_new=1, window=1, write_offset=0)
+    unmasked = inputs[:-1] + (None,)
+    out = call(KERNEL, unmasked, 0, 0.25)
+    assert calls and np.isfinite(out).all()
+    np.testing.assert_allclose(out, call(dense_attention, unmasked, 0, 0.25), atol=ATOL, rtol=0)
+    q, k_cache, v_cache, _, _, cache_len, mask = inputs
+    np.testing.assert_allclose(out, numpy_window_attention(q, k_cache, v_cache, cache_len, mask, 0.25),
+                               atol=ATOL, rtol=0)
 
 
 def test_traced_offset_goes_dense(monkeypatch):
