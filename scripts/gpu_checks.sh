@@ -8,6 +8,11 @@
 #                                                        # Llama-3-8B shapes (scripts/serve_costs.py)
 #     OUT=/some/dir bash scripts/gpu_checks.sh async     # async scheduling's tests on the GPU, and the bundled
 #                                                        # model's server with and without it under the mixed load
+#     OUT=/some/dir bash scripts/gpu_checks.sh hardware  # what the aot tier cannot tell (docs/aot.md): the tree
+#                                                        # kernels' first compiled runs against their references
+#                                                        # (background), the paged kernel against HBM bandwidth
+#                                                        # (the sweep), and plain, chain and dynamic-tree steps on
+#                                                        # Llama-3-8B shapes against their HBM floors
 #     OUT=/some/dir DFLASH=DIR bash scripts/gpu_checks.sh block
 #                                                        # the DFlash chain beside EAGLE-3 on Llama-3-8B shapes
 #                                                        # (forced acceptance: step costs), then the bundled model's
@@ -54,6 +59,19 @@ async)
         --server "async=--async-scheduling" --server "sync=--no-async-scheduling" --json "$OUT/serve_load_async.json" \
         2>&1 | grep -v "^\[" | tee "$OUT/serve_load_async.txt"
     ;;
+hardware)
+    (export XLA_PYTHON_CLIENT_MEM_FRACTION=0.04
+     timeout 240 $pytest -n 2 -m gpu tests/pallas_kernels >"$OUT/tests.txt" 2>&1
+     echo "kernel tests exit $?" >>"$OUT/tests.txt") &
+    tests=$!
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 200 python3 -m jspec.tools.cli bench --kernel-sweep --repeats 1 \
+        --out "$OUT" 2>&1 | tee "$OUT/kernel_sweep.txt"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 300 python3 -c "
+from jspec.tools import roofline
+roofline.run_synthetic('llama3-8b', '$OUT', budget_seconds=220, batches=(1, 8), force_accepts=(0, 4),
+                       methods=('plain', 'eagle3-chain', 'eagle3-dynamic'), repeats=3)" 2>&1 | grep -v Warning \
+        | tee "$OUT/synthetic_llama3-8b.txt"
+    ;;
 block)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 timeout 270 python3 -c "
 from jspec.tools import roofline
@@ -68,7 +86,7 @@ roofline.run_synthetic('llama3-8b', '$OUT', budget_seconds=170, batches=(1, 8), 
     tests=
     ;;
 *)
-    echo "gpu_checks.sh: $what: expected kernels, serve, async or block" >&2
+    echo "gpu_checks.sh: $what: expected kernels, serve, async, hardware or block" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,6 @@
 """Programs compiled ahead of time for hardware this machine does not have, by the real compiler for it:
-- a TPU slice's compile-only devices from libtpu (``pip install -e ".[tpu]"``), Mosaic kernels included;
-- an H100's (one, or a node of eight) from JAX's CUDA plugin (``pip install -e ".[gpu]"``) and XLA's GPU target
+- a TPU slice's compile-only devices from libtpu (``pip install -e ".[aot]"``), Mosaic kernels included;
+- an H100's (one, or a node of eight) from JAX's CUDA plugin (``pip install -e ".[aot]"``) and XLA's GPU target
   description of the chip (``gpu_targets/``), Triton kernels included; no GPU or driver needed, but the process's
   own backends must be the CPU's (``JAX_PLATFORMS=cpu``: the plugin's failed start would take its compiler with it).
 
@@ -55,7 +55,7 @@ def tpu_devices(chip: str) -> tuple:
     if chip not in TPU_TOPOLOGIES:
         raise ValueError(f"chip={chip!r}: expected one of {list(CHIPS)}")
     if importlib.util.find_spec("libtpu") is None:
-        raise RuntimeError('compiling for a TPU needs libtpu on this machine: pip install -e ".[tpu]"')
+        raise RuntimeError('compiling for a TPU needs libtpu on this machine: pip install -e ".[aot]"')
     from jax.experimental import topologies
 
     # Compile-only: several processes may hold libtpu at once (pytest's workers), which its lockfile forbids.
@@ -80,7 +80,7 @@ def gpu_devices(chip: str, count: int = 1) -> tuple:
     if not 1 <= count <= 8:
         raise ValueError(f"{count} GPUs of {chip}: expected 1 to 8 (one node)")
     if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-        raise RuntimeError('compiling for a GPU needs JAX\'s CUDA plugin on this machine: pip install -e ".[gpu]"')
+        raise RuntimeError('compiling for a GPU needs JAX\'s CUDA plugin on this machine: pip install -e ".[aot]"')
     from jax.experimental import topologies
 
     try:

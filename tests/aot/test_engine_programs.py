@@ -41,9 +41,6 @@ def test_a_speculative_step_compiles_split_over_chips(chip, chips):
                                        **TINY)
     assert "all-reduce" in programs.step.as_text()
     assert_kernels_inside(programs, chip)
-    # each device holds its shard of the weights: the step's arguments fall with the chips
-    single = compile_engine_programs(Deployment("tiny", chip, 1), "eagle3-dynamic", batch=chips, whole=False, **TINY)
-    assert programs.weight_bytes_per_device < single.weight_bytes_per_device
 
 
 @pytest.mark.parametrize("chip", ["v5e", "h100"])

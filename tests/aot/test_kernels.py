@@ -3,7 +3,7 @@
 Triton, which each names (JAX 0.10 lowers a GPU kernel that names none through Mosaic GPU). At the shapes the engine
 and the server give them: Llama-3-8B and 70B heads (and their TP shards), bf16 and float32, pages of 16/64/128,
 trees of 1-64 nodes, 1-64 rows, Llama-3's vocabulary. The same forms equal their references in Pallas's
-interpreters (tests/pallas_kernels). The `aot` tier: ``pip install -e ".[tpu,gpu]"`` then ``JAX_PLATFORMS=cpu
+interpreters (tests/pallas_kernels). The `aot` tier: ``pip install -e ".[aot]"`` then ``JAX_PLATFORMS=cpu
 pytest -m aot`` (.ci/run does)."""
 
 import functools
@@ -85,7 +85,7 @@ def test_verify_tree_greedy_compiles(chip, batch, nodes, depth):
 
 
 # (rows, nodes, depth, vocabulary): the rejection walk DMAs one vocabulary row at a time
-SAMPLING_CASES = [(1, 1, 1, 1000), (8, 8, 4, LLAMA3_VOCAB), (32, 16, 6, LLAMA3_VOCAB)]
+SAMPLING_CASES = [(1, 1, 1, 1000), (32, 16, 6, LLAMA3_VOCAB)]
 
 
 @pytest.mark.parametrize(*on_chips("batch,nodes,depth,vocab", SAMPLING_CASES))
