@@ -32,7 +32,7 @@ from jspec.structured_outputs.tree_masks import constrain_proposal, root_bitmask
 
 logger = logging.getLogger("jspec.serve")
 
-CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool off a GPU, where device memory cannot size it (--max-total-tokens)
+CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool on a CPU, where device memory cannot size it (--max-total-tokens)
 # The uncached rest of a prefix-cache hit (a shared system prompt's user turn) that the cached prefill compiled at
 # warm-up holds: a first burst of such hits is served from the cache while the rests' own widths compile.
 CACHED_STAND_IN = 64
@@ -125,10 +125,10 @@ class ModelRunner:
                              "step_lean" if plan.lean else "step")
 
     def pool_tokens(self, layout: kv_store.PagedLayout) -> int:
-        """The default KV pool in token slots: on a GPU, ``kv_cache_memory_fraction`` of device memory less what
-        is in use (weights, programs), over the bytes a slot takes in every pool; elsewhere
-        ``CPU_MAX_TOTAL_TOKENS``."""
-        stats = jax.devices()[0].memory_stats() if jax.default_backend() == "gpu" else None
+        """The default KV pool in token slots: on a GPU or a TPU, ``kv_cache_memory_fraction`` of device memory less
+        what is in use (weights, programs), over the bytes a slot takes in every pool; elsewhere
+        ``CPU_MAX_TOTAL_TOKENS`` (which at Llama-3-8B would not fit one v5e beside int8 weights: docs/aot.md)."""
+        stats = jax.devices()[0].memory_stats() if jax.default_backend() in ("gpu", "tpu") else None
         if not stats or "bytes_limit" not in stats:
             return CPU_MAX_TOTAL_TOKENS
         model = 1 if self.setup.mesh is None else self.setup.mesh.shape.get("model", 1)

@@ -131,11 +131,21 @@ def _shard_bytes(tree: Any) -> int:
                    for leaf in jax.tree.leaves(tree)))
 
 
-def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8, prompt_len: int = 1024,
-                            seq_len: int = 2048, whole: bool = True) -> EnginePrograms:
-    """``method`` (:data:`METHODS`) on ``deployment``: the generate program for ``batch`` prompts of
-    ``prompt_len`` tokens in a ``seq_len`` bucket (``whole=False``: not compiled, None), and its decode step,
-    compiled for the chip."""
+@dataclasses.dataclass
+class Placed:
+    """A deployment's engine as compile-only arrays: its setup (mesh included), the target's and drafter's abstract
+    parameters placed on the mesh, the devices, and the bytes of parameters one device holds."""
+
+    setup: GenerateSetup
+    params_t: Any
+    params_d: Any
+    devices: tuple
+    weight_bytes_per_device: int
+
+
+def placed_engine(deployment: Deployment, method: str, seq_len: int) -> Placed:
+    """``method`` (:data:`METHODS`) on ``deployment`` at a ``seq_len`` context, as abstract arrays on the chip's
+    compile-only devices (tensor parallel over all of them)."""
     if method not in METHODS:
         raise ValueError(f"method={method!r}: expected one of {METHODS}")
     shapes = MODELS[deployment.model]
@@ -154,13 +164,25 @@ def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8,
     params_t = _placed(abstract_t, named(mesh, param_specs(abstract_t, config, tp)))
     drafter, abstract_d = _drafter(shapes, method, config, seq_len, deployment.dtype)
     params_d = None if drafter is None else _placed(abstract_d, named(mesh, drafter.param_specs(abstract_d, tp)))
+    setup = GenerateSetup(target=config, max_seq_len=seq_len, dtype=deployment.dtype, drafter=drafter, mesh=mesh)
+    return Placed(setup, params_t, params_d, devices,
+                  _shard_bytes(params_t) + (0 if params_d is None else _shard_bytes(params_d)))
+
+
+def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8, prompt_len: int = 1024,
+                            seq_len: int = 2048, whole: bool = True) -> EnginePrograms:
+    """``method`` (:data:`METHODS`) on ``deployment``: the generate program for ``batch`` prompts of
+    ``prompt_len`` tokens in a ``seq_len`` bucket (``whole=False``: not compiled, None), and its decode step,
+    compiled for the chip."""
+    engine = placed_engine(deployment, method, seq_len)
+    setup, params_t, params_d, devices = engine.setup, engine.params_t, engine.params_d, engine.devices
+    mesh, tp, drafter = setup.mesh, deployment.chips, setup.drafter
     rows = jax.sharding.NamedSharding(mesh, ROWS)
     row = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), batch))
     sampling = jax.tree.map(lambda a: row(a.shape, a.dtype), SamplingArrays.full(batch))
     args = [params_t, params_d, row((batch, prompt_len), jnp.int32), row((batch,), jnp.int32),
             row(keys.shape, keys.dtype), row((batch,), jnp.int32), row((batch, 1), jnp.int32), sampling]
-    setup = GenerateSetup(target=config, max_seq_len=seq_len, dtype=deployment.dtype, drafter=drafter, mesh=mesh)
     program = compile_for(functools.partial(generate, setup=setup), args, devices[:tp]) if whole else None
     state_inputs = jax.eval_shape(functools.partial(generate_start, setup=setup), *args)
     if tp > 1:  # where the state's leaves live: the prefill program's outputs say
@@ -176,6 +198,5 @@ def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8,
             return step_fn(pt, pd, state, inputs, setup=setup)
 
     step = compile_for(one_step, [params_t, params_d, *state_inputs], devices[:tp], donate_argnums=(2,))
-    return EnginePrograms(deployment, method, batch, seq_len, program, step,
-                          _shard_bytes(params_t) + (0 if params_d is None else _shard_bytes(params_d)))
+    return EnginePrograms(deployment, method, batch, seq_len, program, step, engine.weight_bytes_per_device)
 

@@ -301,13 +301,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "(jspec.tools.kernel_sweep; 'small': a CPU smoke check) and write kernel_sweep.json "
                              "under --out, instead of the methods")
     parser.add_argument("--aot", default=None, metavar="DEPLOYMENT[,DEPLOYMENT]",
-                        help="compile the engine's programs for these TPU deployments on this machine (libtpu, "
-                             "no TPU: pip install -e '.[tpu]'), e.g. llama3-8b/v5e-1/int8, and write aot.json "
-                             "under --out: step bytes and flops per device, HBM floors, memory per device "
-                             "(jspec.tools.aot_table)")
+                        help="compile the engine's programs for these TPU or GPU deployments on this machine "
+                             "(libtpu, XLA's GPU compiler; no TPU or GPU: pip install -e '.[aot]', and "
+                             "JAX_PLATFORMS=cpu for a GPU), e.g. llama3-8b/v5e-1/int8 or llama3-70b/h100-8/bfloat16, "
+                             "and write aot.json under --out: step bytes and flops per device, HBM floors, memory "
+                             "per device (jspec.tools.aot_table)")
     parser.add_argument("--aot-methods", default="plain,eagle3-chain,eagle3-dynamic,dflash-block",
                         help="--aot: the methods compiled (jspec.tools.aot_programs.METHODS)")
     parser.add_argument("--aot-batch-size", type=int, default=8, help="--aot: rows of the compiled programs")
+    parser.add_argument("--aot-server", action="store_true",
+                        help="--aot: the server's paged step programs instead (a chunk, its log-probabilities "
+                             "form, a structured-outputs step) over the KV pool it would allocate there, with "
+                             "their memory per device; aot_server.json (jspec.tools.aot_server)")
     parser.add_argument("--kernel-impl", default="auto",
                         choices=["auto", "pallas", "interpret", "tpu", "tpu_interpret"],
                         help="--kernel-sweep: the kernels' lowering (pallas_kernels.impl)")
@@ -383,11 +388,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kernel_sweep is not None:
         return kernel_sweep(args)
     if args.aot is not None:
-        from jspec.tools.aot_table import run_aot_table
+        from jspec.tools.aot_table import run_aot_table, run_server_table
 
         split = lambda text: [part.strip() for part in text.split(",") if part.strip()]
         try:
-            run_aot_table(split(args.aot), split(args.aot_methods), args.aot_batch_size, out_dir=args.out)
+            if args.aot_server:
+                run_server_table(split(args.aot), split(args.aot_methods), rows=args.aot_batch_size, out_dir=args.out)
+            else:
+                run_aot_table(split(args.aot), split(args.aot_methods), args.aot_batch_size, out_dir=args.out)
         except (ValueError, RuntimeError) as error:
             print(f"jspec bench: error: {error}", file=sys.stderr)
             return 2

@@ -52,7 +52,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              f"or TPU, {CPU_MAX_NUM_SEQS} on a CPU)")
     server.add_argument("--block-size", type=int, default=16, help="token slots per page of the KV cache")
     server.add_argument("--max-total-tokens", type=int, default=None,
-                        help="the KV cache in token slots, over all requests (default: on a GPU, "
+                        help="the KV cache in token slots, over all requests (default: on a GPU or TPU, "
                              "--kv-cache-memory-fraction of device memory; on a CPU, 65536)")
     server.add_argument("--kv-cache-memory-fraction", type=float, default=0.9,
                         help="on a GPU, the fraction of device memory weights, programs and KV cache may fill")

@@ -1,6 +1,7 @@
 """The engine's programs (whole generate, one decode step) compiled by the real compilers of hardware this machine
 lacks, the kernels inside: libtpu's for one v5e chip and four (tensor parallel), XLA's GPU compiler for one H100 and
-four. At tiny shapes, so every method compiles in seconds (Llama-3-8B and 70B: ``jspec bench --aot``,
+four; and the server's paged step programs over the pool it would allocate. At tiny shapes, so every method compiles
+in seconds (Llama-3-8B and 70B: ``jspec bench --aot``,
 docs/aot.md)."""
 
 import json
@@ -10,7 +11,8 @@ import pytest
 
 from jspec.tools.aot import cost_of
 from jspec.tools.aot_programs import Deployment, compile_engine_programs
-from jspec.tools.aot_table import run_aot_table
+from jspec.tools.aot_server import compile_server_step
+from jspec.tools.aot_table import run_aot_table, run_server_table
 
 pytestmark = pytest.mark.aot
 TINY = dict(prompt_len=16, seq_len=64)
@@ -57,3 +59,30 @@ def test_the_aot_table_compares_a_chain_step_with_the_plain_one(tmp_path, chip):
     assert chain["bytes_over_plain"] > 1.0 and chain["flops_over_plain"] > 1.0
     assert json.load(open(tmp_path / "aot.json"))["rows"] == report["rows"]
     assert len(lines) == 2 and f"tiny/{chip}-1/bfloat16 eagle3-chain B2" in lines[1], lines
+
+
+def test_a_server_step_program_compiles_over_the_pool_the_server_would_allocate():
+    """The server's paged chunk keeping log-probabilities, over four H100s, on the pool sized as jspec serve sizes it
+    on a GPU (90% of its HBM less the weights) and updated in place: it fits."""
+    program = compile_server_step(Deployment("tiny", "h100", 4), "eagle3-chain", "logprobs", rows=4, seq_len=64)
+    assert program.pool_tokens > 1_000_000  # the tiny model's slots are a few KiB: the pool fills the chip
+    assert program.hbm_bytes_per_device * 0.85 < program.memory_bytes_per_device <= program.hbm_bytes_per_device
+
+
+def test_a_speculative_structured_step_is_two_programs_with_the_paged_kernel_inside():
+    """On a TPU: the proposal, then the verification under each node's grammar mask, whose paged tree attention is
+    the Mosaic kernel reading the pool through the page table."""
+    program = compile_server_step(Deployment("tiny", "v5e", 1), "eagle3-dynamic", "structured", rows=4, seq_len=64,
+                                  max_total_tokens=4096)
+    assert len(program.programs) == 2 and program.pool_tokens == 4096
+    assert KERNEL_CALLS["v5e"] in program.programs[1].as_text()
+
+
+def test_the_server_table_writes_each_variant(tmp_path):
+    lines = []
+    report = run_server_table([Deployment("tiny", "v5e", 1)], ["plain"], ["step", "structured"], rows=2,
+                              out_dir=str(tmp_path), echo=lines.append, seq_len=64, max_total_tokens=4096)
+    assert [row["status"] for row in report["programs"]] == ["ok", "ok"], report
+    assert all(row["pool_tokens"] == 4096 and row["fits"] for row in report["programs"])
+    assert json.load(open(tmp_path / "aot_server.json")) == report
+    assert "tiny/v5e-1/bfloat16 plain structured R2: a pool of 4,096 token slots" in lines[1], lines

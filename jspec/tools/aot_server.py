@@ -1,0 +1,127 @@
+"""The server's paged step programs (``jspec.serve.paged``) compiled ahead of time for a TPU or GPU deployment this
+machine does not have (``jspec.tools.aot``), over the KV pool ``jspec serve`` would allocate there.
+
+    program = compile_server_step(DEPLOYMENTS["llama3-8b/v5e-1/int8"], "eagle3-chain", variant="logprobs")
+    program.memory_bytes_per_device, program.hbm_bytes_per_device
+
+Variants, as the scheduler runs them (``jspec.serve.model_runner``):
+- "step": a chunk of ``steps_per_chunk`` steps over a bucket of rows, the API features' leaves untouched (the form
+  it runs while no running request asks for log-probabilities or logits processors);
+- "logprobs": the same chunk keeping ``num_logprobs`` top log-probabilities a position (``--max-logprobs``);
+- "structured": one step under the rows' grammar masks: a plain server's step with the root's mask, a speculative
+  server's proposal (its own program) then its verification under a mask a tree node.
+
+The pool: as a server sizes it on a GPU (``ModelRunner.pool_tokens``), ``kv_cache_memory_fraction`` of the chip's HBM
+less the weights one device holds, over the bytes a token slot takes in every pool (split over tensor parallelism).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jspec.serve import kv_store, paged
+from jspec.serve.block_manager import pages_for
+from jspec.sharding import KV_POOL
+from jspec.structured_outputs.bitmask import bitmask_words
+from jspec.tools.aot import chip_figures, compile_for
+from jspec.tools.aot_programs import Deployment, placed_engine
+
+VARIANTS = ("step", "logprobs", "structured")
+NUM_STOP_IDS = 8  # serve_config's default max_stop_ids, a power of two
+
+
+@dataclasses.dataclass
+class ServerProgram:
+    """One of the server's step programs compiled for a deployment, with the pool it runs over (token slots) and
+    what one device holds: its compiled programs' arguments (weights, the store), outputs and temporaries, the
+    largest of them where the variant is two programs."""
+
+    deployment: Deployment
+    method: str
+    variant: str
+    rows: int
+    seq_len: int
+    pool_tokens: int
+    programs: list  # Compiled, in the order the scheduler calls them
+    weight_bytes_per_device: int
+    memory_bytes_per_device: int
+    hbm_bytes_per_device: int
+
+
+def _memory_bytes(compiled) -> int:
+    stats = compiled.memory_analysis()
+    return (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+            + stats.temp_size_in_bytes)
+
+
+def compile_server_step(deployment: Deployment, method: str, variant: str = "step", rows: int = 8,
+                        seq_len: int = 2048, block_size: int = 16, steps_per_chunk: int = 4, num_logprobs: int = 5,
+                        max_total_tokens: int | None = None, kv_cache_memory_fraction: float = 0.9) -> ServerProgram:
+    """``method`` (``jspec.tools.aot_programs.METHODS``) served on ``deployment``: the ``variant`` (:data:`VARIANTS`)
+    of its step program over a bucket of ``rows`` rows at a ``seq_len`` context, pages of ``block_size`` slots,
+    compiled for the chip; ``max_total_tokens``: the pool (None: as the server sizes it there)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}: expected one of {VARIANTS}")
+    engine = placed_engine(deployment, method, seq_len)
+    setup = dataclasses.replace(engine.setup, logprobs=num_logprobs if variant == "logprobs" else None)
+    params = (engine.params_t, engine.params_d)
+    mesh, chips = setup.mesh, deployment.chips
+    layout = kv_store.paged_layout(*params, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=block_size,
+                                   num_pages=2, max_rows=rows)
+    hbm = chip_figures(deployment.chip)["hbm_bytes"]
+    if max_total_tokens is None:
+        free = kv_cache_memory_fraction * hbm - engine.weight_bytes_per_device
+        max_total_tokens = int(free // layout.bytes_per_token(kv_split=chips))
+    if max_total_tokens < layout.pages_per_row * block_size:
+        raise ValueError(f"{deployment.name}: a pool of {max_total_tokens} token slots cannot hold one request of "
+                         f"{seq_len} (the weights leave too little of the chip's HBM)")
+    layout = dataclasses.replace(layout, num_pages=1 + pages_for(max_total_tokens, block_size))
+    store = jax.eval_shape(functools.partial(kv_store.empty_store, layout=layout, setup=setup,
+                                             num_stop_ids=NUM_STOP_IDS), *params)
+    store = jax.tree.unflatten(layout.treedef, [
+        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, KV_POOL if spec.kv else
+                                                                            PartitionSpec()))
+        for spec, leaf in zip(layout.leaves, jax.tree.leaves(store))])
+    rows_args = [jax.ShapeDtypeStruct((rows,), jnp.int32),  # row ids, then their page table
+                 jax.ShapeDtypeStruct((rows, layout.pages_per_row), jnp.int32)]
+    cancel = jax.ShapeDtypeStruct((rows,), jnp.bool_)
+    words = bitmask_words(setup.target.vocab_size)
+    programs = []
+    if variant != "structured" or setup.drafter is None:
+        structured = variant == "structured"
+        step = functools.partial(paged.step_rows, layout=layout, setup=setup, seq_len=seq_len,
+                                 write_pages=paged.write_pages(layout, setup, 1 if structured else steps_per_chunk),
+                                 chunk_steps=1 if structured else steps_per_chunk, api_features=variant != "step")
+        args = [*params, store, *rows_args, cancel, jax.ShapeDtypeStruct((), jnp.int32)]
+        if structured:
+            args.append(jax.ShapeDtypeStruct((rows, 1, words), jnp.int32))
+        programs.append(compile_for(step, args, engine.devices, donate_argnums=(2,)))
+    else:
+        propose = functools.partial(paged.propose_rows, layout=layout, setup=setup, seq_len=seq_len)
+        proposed = compile_for(propose, [*params, store, *rows_args], engine.devices)
+        draft, tree = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                                               sharding=sharding),
+                                   jax.eval_shape(propose, *params, store, *rows_args), proposed.output_shardings)
+        verify = functools.partial(paged.verify_rows, layout=layout, setup=setup, seq_len=seq_len,
+                                   write_pages=paged.write_pages(layout, setup, 1))
+        bitmask = jax.ShapeDtypeStruct((rows, tree.tokens.shape[1], words), jnp.int32)
+        programs += [proposed, compile_for(verify, [*params, store, *rows_args, cancel, draft, tree, bitmask],
+                                           engine.devices, donate_argnums=(2,))]
+    return ServerProgram(deployment, method, variant, rows, seq_len, max_total_tokens, programs,
+                         engine.weight_bytes_per_device, max(map(_memory_bytes, programs)), hbm)
+
+
+def describe(program: ServerProgram) -> dict[str, Any]:
+    """A row of the table: the pool, what one device holds against its HBM."""
+    return {"deployment": program.deployment.name, "method": program.method, "variant": program.variant,
+            "rows": program.rows, "seq_len": program.seq_len, "pool_tokens": program.pool_tokens,
+            "programs": len(program.programs), "weight_bytes_per_device": program.weight_bytes_per_device,
+            "memory_bytes_per_device": program.memory_bytes_per_device,
+            "hbm_bytes_per_device": program.hbm_bytes_per_device,
+            "fits": program.memory_bytes_per_device <= program.hbm_bytes_per_device}
