@@ -98,8 +98,8 @@ def gpu_target_config(chip: str) -> str:
 
 
 def chip_figures(chip: str) -> dict:
-    """One device of ``chip``: HBM bytes, HBM bytes/s and bf16 flop/s (Pallas's TPU table for a TPU; XLA's target
-    description and the datasheet's dense peak for a GPU)."""
+    """One device of ``chip``: HBM bytes, HBM bytes/s and bf16 flop/s (Pallas's TPU table, per TensorCore, times the
+    device's cores for a TPU; XLA's target description and the datasheet's dense peak for a GPU)."""
     if chip in GPU_TARGETS:
         text = gpu_target_config(chip)
         field = lambda name: int(text.split(f"{name}:")[1].split()[0])
@@ -107,10 +107,12 @@ def chip_figures(chip: str) -> dict:
                 "bf16_flops_per_second": GPU_TARGETS[chip][1]}
     from jax.experimental.pallas import tpu as pltpu
 
-    with jax.default_device(tpu_devices(chip)[0]):
+    device = tpu_devices(chip)[0]
+    with jax.default_device(device):
         info = pltpu.get_tpu_info()
-    return {"hbm_bytes": info.hbm_capacity_bytes, "hbm_bytes_per_second": info.mem_bw_bytes_per_second,
-            "bf16_flops_per_second": info.bf16_ops_per_second}
+    cores = getattr(device, "num_cores", 1)  # the table is a TensorCore's; a v5p device is a chip of two (megacore)
+    return {"hbm_bytes": cores * info.hbm_capacity_bytes, "hbm_bytes_per_second": cores * info.mem_bw_bytes_per_second,
+            "bf16_flops_per_second": cores * info.bf16_ops_per_second}
 
 
 def cost_of(compiled) -> dict:
