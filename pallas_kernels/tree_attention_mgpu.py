@@ -43,25 +43,35 @@ def _smem_transforms(minor: int, dtype) -> tuple:
     return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
 
 
-def _kernel(q_ref, k_cache_ref, v_cache_ref, cache_len_ref, k_new_ref, v_new_ref, bias_ref, out_ref,
+def _kernel(q_ref, k_cache_ref, v_cache_ref, cache_len_ref, table_ref, k_new_ref, v_new_ref, bias_ref, out_ref,
             q_smem, k_smem, v_smem, kn_smem, vn_smem, bias_smem, barriers, k_bars, v_bars, *, block_kv: int,
-            scale: float, interpret: bool, slots_per_row: int):
+            scale: float, interpret: bool, slots_per_row: int, page_size: int | None):
+    """page_size None: the dense cache, [B * S, Hkv, D] (S = slots_per_row); else a pool of pages, [P * page_size,
+    Hkv, D], row b's position p in page table_ref[b, p // page_size], a tile of block_kv slots that many pages."""
     batch, head = lax.axis_index("b"), lax.axis_index("h")
     rows, head_dim = q_smem.shape
-    slots = slots_per_row  # of one row's cache, in the [B * S, Hkv, D] view
+    slots = slots_per_row
     dtype = q_smem.dtype
     q_bar, kn_bar, vn_bar, bias_bar = (barriers.at[i] for i in range(4))  # one copy a barrier
     cache_len = cache_len_ref[batch]
     steps = lax.div(cache_len + block_kv - 1, block_kv)
+    copies = 1 if page_size is None else block_kv // page_size  # TMA copies (and barriers) a tile
+    last_page = None if page_size is None else table_ref.shape[1] - 1
 
-    def start_of(step):  # the last tile ends at the cache's end at most
-        return jnp.minimum(step * block_kv, slots - block_kv)
+    def start_of(step):  # the dense cache's last tile ends at the row's end at most
+        return step * block_kv if page_size is not None else jnp.minimum(step * block_kv, slots - block_kv)
 
     def fetch(step):
         slot = lax.rem(step, 2)
-        window = pl.ds(batch * slots + start_of(step), block_kv)  # the caches are [B * S (padded), Hkv, D]
         for cache, smem, bars in ((k_cache_ref, k_smem, k_bars), (v_cache_ref, v_smem, v_bars)):
-            plgpu.copy_gmem_to_smem(cache.at[window, head], smem.at[slot], bars.at[slot])
+            if page_size is None:
+                window = pl.ds(batch * slots + start_of(step), block_kv)
+                plgpu.copy_gmem_to_smem(cache.at[window, head], smem.at[slot], bars.at[slot])
+                continue
+            for i in range(copies):  # past the row's table: its last entry (padding, the null page), masked
+                page = table_ref[batch, jnp.minimum(step * copies + i, last_page)]
+                plgpu.copy_gmem_to_smem(cache.at[pl.ds(page * page_size, page_size), head],
+                                        smem.at[slot, pl.ds(i * page_size, page_size)], bars.at[slot * copies + i])
 
     plgpu.copy_gmem_to_smem(q_ref.at[batch, head], q_smem, q_bar)
     plgpu.copy_gmem_to_smem(k_new_ref.at[batch, head], kn_smem, kn_bar)
@@ -104,10 +114,19 @@ def _kernel(q_ref, k_cache_ref, v_cache_ref, cache_len_ref, k_new_ref, v_new_ref
 
     def cache_step(step, carry):
         slot = lax.rem(step, 2)
-        plgpu.barrier_wait(k_bars.at[slot])
-        plgpu.barrier_wait(v_bars.at[slot])
+        for i in range(copies):
+            plgpu.barrier_wait(k_bars.at[slot * copies + i])
+            plgpu.barrier_wait(v_bars.at[slot * copies + i])
         pl.when(step + 1 < steps)(lambda: fetch(step + 1))  # into the other buffer, read a step ago
         first, start = step * block_kv, start_of(step)
+
+        @pl.when(step == steps - 1)
+        def _():  # the last tile's slots past the committed ones may hold anything, NaN too: 0 * NaN is NaN
+            v_ref = v_smem.at[slot]
+            values = v_ref[...]
+            ids = start + in_layout(lax.broadcasted_iota(jnp.int32, values.shape, 0), plgpu.Layout.WGMMA)
+            v_ref[...] = jnp.where(ids < cache_len, values, jnp.zeros_like(values))
+            plgpu.commit_smem()  # the threads' writes, visible to the WGMMA that reads them
 
         def visible(s):  # slots already attended (a clamped last tile) or past the committed ones: masked
             ids = start + in_layout(lax.broadcasted_iota(jnp.int32, s.shape, 1), plgpu.Layout.WGMMA)
@@ -138,13 +157,45 @@ def tree_attention_mgpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, s
                         interpret: bool = False):
     """q: [B, T, Hq, D]; k_cache, v_cache: [B, S, Hkv, D]; cache_len: i32[B]; k_new, v_new: [B, T, Hkv, D];
     mask: bool[B, T, T] -> [B, T, Hq, D] in q's dtype. interpret: Pallas's Mosaic GPU interpreter (on a CPU)."""
-    batch, nodes, q_heads, head_dim = q.shape
-    slots, kv_heads = k_cache.shape[1:3]
-    group = q_heads // kv_heads
+    batch, slots, kv_heads, head_dim = k_cache.shape
     if not supports(q, k_cache, block_kv):
         raise ValueError(f"the Mosaic GPU form takes bf16 or f16 (got {q.dtype}), a head_dim that is a multiple of 64 "
                          f"(got {head_dim}), at least block_kv={block_kv} cache slots (got {slots}) and at most 256 "
-                         f"rows of tree tokens x query heads a KV head (got {nodes * group})")
+                         f"rows of tree tokens x query heads a KV head (got {q.shape[1] * (q.shape[2] // kv_heads)})")
+    # TMA tiles the rows of the cache's [B * S, Hkv, D] view (a free reshape) by 8: where B * S is not a multiple of
+    # 8, a few rows of padding, a copy of the cache (the engine's 8-row buckets never need one)
+    flat = [c.astype(q.dtype).reshape(batch * slots, kv_heads, head_dim) for c in (k_cache, v_cache)]
+    if batch * slots % 8:
+        flat = [jnp.pad(c, ((0, 8 - batch * slots % 8), (0, 0), (0, 0))) for c in flat]
+    table = jnp.zeros((1, 1), jnp.int32)  # unread
+    return _call(q, *flat, cache_len, table, k_new, v_new, mask, scale=scale, block_kv=block_kv,
+                 interpret=interpret, slots_per_row=slots, page_size=None)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "interpret"))
+def paged_tree_attention_mgpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *, scale: float,
+                              block_kv: int = 64, interpret: bool = False):
+    """q: [B, T, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D] (page_size a multiple of 8 dividing block_kv);
+    page_table: i32[B, N]; cache_len: i32[B] (<= N * page_size); k_new, v_new: [B, T, Hkv, D]; mask: bool[B, T, T]
+    -> [B, T, Hq, D] in q's dtype (:func:`pallas_kernels.paged_tree_attention.paged_tree_attention`'s contract). A
+    tile of block_kv slots is that many pages, a TMA copy each from the pool's [P * page_size, Hkv, D] view."""
+    num_pages, page_size, kv_heads, head_dim = k_pages.shape
+    if not supports(q, k_pages[:1, :1], 1) or page_size % 8 or block_kv % page_size:
+        raise ValueError(f"the Mosaic GPU form takes bf16 or f16 (got {q.dtype}), a head_dim that is a multiple of 64 "
+                         f"(got {head_dim}), pages of a multiple of 8 slots dividing block_kv={block_kv} (got "
+                         f"{page_size}) and at most 256 rows of tree tokens x query heads a KV head")
+    flat = [p.astype(q.dtype).reshape(num_pages * page_size, kv_heads, head_dim) for p in (k_pages, v_pages)]
+    return _call(q, *flat, cache_len, page_table.astype(jnp.int32), k_new, v_new, mask, scale=scale,
+                 block_kv=block_kv, interpret=interpret, slots_per_row=0, page_size=page_size)
+
+
+def _call(q, k_flat, v_flat, cache_len, table, k_new, v_new, mask, *, scale, block_kv, interpret, slots_per_row,
+          page_size):
+    """The kernel over [B, Hkv] programs: queries regrouped head-major, the tree's keys, values and mask padded to a
+    tile, the output back in q's layout."""
+    batch, nodes, q_heads, head_dim = q.shape
+    kv_heads = k_flat.shape[1]
+    group = q_heads // kv_heads
     rows = -(-nodes * group // ROWS) * ROWS
     new = -(-nodes // ROWS) * ROWS
     # [B, Hkv, rows, D]: row t * G + g is node t's query head h * G + g
@@ -156,14 +207,11 @@ def tree_attention_mgpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, s
     seen = jnp.repeat(mask, group, axis=1)  # [B, T * G, T]
     bias = jnp.pad(jnp.where(seen, 0.0, _MASKED), ((0, 0), (0, rows - nodes * group), (0, new - nodes)),
                    constant_values=_MASKED).astype(jnp.float32)
-    # TMA tiles the rows of the cache's [B * S, Hkv, D] view (a free reshape) by 8: where B * S is not a multiple of
-    # 8, a few rows of padding, a copy of the cache (the engine's 8-row buckets never need one)
-    flat = [c.astype(q.dtype).reshape(batch * slots, kv_heads, head_dim) for c in (k_cache, v_cache)]
-    if batch * slots % 8:
-        flat = [jnp.pad(c, ((0, 8 - batch * slots % 8), (0, 0), (0, 0))) for c in flat]
+    copies = 1 if page_size is None else block_kv // page_size
     qt, kt, ft = (_smem_transforms(head_dim, q.dtype),) * 2 + (_smem_transforms(new, jnp.float32),)
     kernel = plgpu.kernel(
-        functools.partial(_kernel, block_kv=block_kv, scale=scale, interpret=interpret, slots_per_row=slots),
+        functools.partial(_kernel, block_kv=block_kv, scale=scale, interpret=interpret, slots_per_row=slots_per_row,
+                          page_size=page_size),
         out_type=jax.ShapeDtypeStruct((batch, kv_heads, rows, head_dim), q.dtype),
         scratch_types=[plgpu.SMEM((rows, head_dim), q.dtype, transforms=qt),
                        plgpu.SMEM((2, block_kv, head_dim), q.dtype, transforms=kt),
@@ -172,9 +220,10 @@ def tree_attention_mgpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, s
                        plgpu.SMEM((new, head_dim), q.dtype, transforms=kt),
                        plgpu.SMEM((rows, new), jnp.float32, transforms=ft),
                        plgpu.Barrier(num_barriers=4),  # the queries, the tree's keys, values and mask
-                       plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2)],  # K, V tiles: two buffers
+                       plgpu.Barrier(num_barriers=2 * copies),  # K tiles: two buffers of `copies` copies
+                       plgpu.Barrier(num_barriers=2 * copies)],  # V tiles
         grid=(batch, kv_heads), grid_names=("b", "h"), interpret=_interpret_params() if interpret else None)
-    out = kernel(grouped, *flat, cache_len.astype(jnp.int32), new_k, new_v, bias)
+    out = kernel(grouped, k_flat, v_flat, cache_len.astype(jnp.int32), table, new_k, new_v, bias)
     out = out[:, :, :nodes * group].reshape(batch, kv_heads, nodes, group, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nodes, q_heads, head_dim)
 

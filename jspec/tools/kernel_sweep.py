@@ -7,9 +7,9 @@ Each row times, on the same K/V (bf16, Llama-3-8B heads: Hq 32, Hkv 8, D 128, ev
 ``kernel``, ``pallas_kernels.paged_tree_attention`` over pages of 16 tokens in shuffled order (the serving
 engine's layout); ``paged``, ``models.paged_kv.paged_attention`` (the jnp form the server runs by default: a row's
 pages gathered, then the prefix and tree partials merged); ``dense``, the dense tree-attention kernel over one
-buffer per row; ``mgpu``, its Mosaic GPU form (``pallas_kernels.tree_attention_mgpu``: TMA and WGMMA; on a GPU, or
-in the Mosaic GPU interpreter with ``impl="interpret"``). Sweep: context L in {1k, 4k, 8k, 16k, 32k}, T in {1, 8,
-32} tree tokens, batch B in {1, 8, 32, 64}.
+buffer per row; ``mgpu`` and ``mgpu_paged``, the Mosaic GPU forms of the two (``pallas_kernels.tree_attention_mgpu``:
+TMA and WGMMA; on a GPU, or in the Mosaic GPU interpreter with ``impl="interpret"``). Sweep: context L in {1k, 4k,
+8k, 16k, 32k}, T in {1, 8, 32} tree tokens, batch B in {1, 8, 32, 64}.
 
 Bytes moved = the K and V read from a full cache, 2 * B * L * Hkv * D * itemsize (queries, the tree's own K/V and
 the output are under 1% of it at L >= 1k). Each column's bandwidth is reported as a share of the device's measured
@@ -32,10 +32,10 @@ from models.paged_kv import PagedKV, paged_attention
 from pallas_kernels.paged_tree_attention import paged_tree_attention
 from pallas_kernels.tree_attention import tree_attention
 from pallas_kernels.tree_attention_mgpu import supports as mgpu_supports
-from pallas_kernels.tree_attention_mgpu import tree_attention_mgpu
+from pallas_kernels.tree_attention_mgpu import paged_tree_attention_mgpu, tree_attention_mgpu
 
 PAGE_SIZE = 16
-COLUMNS = ("kernel", "paged", "dense", "mgpu")
+COLUMNS = ("kernel", "paged", "dense", "mgpu", "mgpu_paged")
 # Published HBM bandwidth (bytes/s) by jax's device_kind. A kind not listed is reported against its measured copy
 # bandwidth only.
 PEAK_BANDWIDTH = {
@@ -167,8 +167,10 @@ def bench_shape(shape: Shape, impl: str, iters: int, memory: int | None, bandwid
         "dense": (jax.jit(functools.partial(tree_attention, impl=impl, **knobs)), dense),
     }
     if (jax.devices()[0].platform == "gpu" or impl == "interpret") and mgpu_supports(*dense[:2]):
-        runs["mgpu"] = (jax.jit(functools.partial(tree_attention_mgpu, scale=scale, interpret=impl == "interpret")),
-                        dense)
+        mgpu = dict(scale=scale, interpret=impl == "interpret")
+        runs["mgpu"] = (jax.jit(functools.partial(tree_attention_mgpu, **mgpu)), dense)
+        runs["mgpu_paged"] = (jax.jit(functools.partial(paged_tree_attention_mgpu, **mgpu)),
+                              (q, k_paged.pages, v_paged.pages, k_paged.page_table, cache_len, k_new, v_new, mask))
     outputs = {}
     for name, (fn, args) in runs.items():
         ms = time_or_none(fn, *args, iters=iters)
@@ -180,7 +182,7 @@ def bench_shape(shape: Shape, impl: str, iters: int, memory: int | None, bandwid
         for which, value in bandwidth.items():
             row[f"{name}_pct_{which}"] = 100.0 * row[f"{name}_bytes_per_second"] / value
     if "paged" in outputs:
-        for name in ("kernel", "dense", "mgpu"):
+        for name in ("kernel", "dense", "mgpu", "mgpu_paged"):
             if name in outputs:
                 difference = jnp.abs(outputs["paged"].astype(jnp.float32) - outputs[name].astype(jnp.float32))
                 row[f"max_abs_difference_{name}"] = float(jnp.max(difference))

@@ -3,8 +3,8 @@
 Triton, which each names (JAX 0.10 lowers a GPU kernel that names none through Mosaic GPU). At the shapes the engine
 and the server give them: Llama-3-8B and 70B heads (and their TP shards), bf16 and float32, pages of 16/64/128,
 trees of 1-64 nodes, 1-64 rows, Llama-3's vocabulary. The same forms equal their references in Pallas's
-interpreters (tests/pallas_kernels). Tree attention's Mosaic GPU form (TMA, WGMMA) compiles for an H100 at the
-engine's shapes too. The `aot` tier: ``pip install -e ".[aot]"`` then ``JAX_PLATFORMS=cpu
+interpreters (tests/pallas_kernels). Tree attention's Mosaic GPU forms (TMA, WGMMA), dense and paged, compile for an
+H100 at the engine's shapes too. The `aot` tier: ``pip install -e ".[aot]"`` then ``JAX_PLATFORMS=cpu
 pytest -m aot`` (.ci/run does)."""
 
 import functools
@@ -18,7 +18,7 @@ from jspec.tools.aot import GPU_TARGETS, compile_for, devices_for
 from pallas_kernels import build_dynamic_tree, tree_attention, tree_from_parents, verify_tree_greedy
 from pallas_kernels import verify_tree_sampling
 from pallas_kernels.paged_tree_attention import paged_tree_attention
-from pallas_kernels.tree_attention_mgpu import tree_attention_mgpu
+from pallas_kernels.tree_attention_mgpu import paged_tree_attention_mgpu, tree_attention_mgpu
 
 pytestmark = pytest.mark.aot
 
@@ -130,7 +130,8 @@ def test_paged_tree_attention_compiles(chip, heads, dtype, batch, nodes, page):
     q, new, mask = attention_args(heads, dtype, batch, nodes)
     per_row = 2048 // page
     pages = sds((1 + batch * per_row, page) + new.shape[2:], new.dtype)
-    compiles(chip, paged_tree_attention, [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask])
+    compiles(chip, paged_tree_attention,
+             [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask])
 
 
 # (heads, rows, nodes, cache slots): tree attention's Mosaic GPU form (TMA, WGMMA) at the engine's shapes, bf16; 2053
@@ -145,4 +146,19 @@ def test_tree_attention_mosaic_gpu_form_compiles_for_an_h100(heads, batch, nodes
     cache = sds((batch, slots) + new.shape[2:], new.dtype)
     compiled = compile_for(functools.partial(tree_attention_mgpu, scale=0.088), [q, cache, cache, sds((batch,), I32),
                                                                                  new, new, mask], devices_for("h100"))
+    assert re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()) == ["mosaic_gpu_v2"]
+
+
+# (heads, rows, nodes, page size): the paged form, a TMA copy a page through the row's page table; 2048 slots a row
+MGPU_PAGED_CASES = [("8B", 8, 8, 16), ("8B-tp4", 32, 16, 64), ("70B-tp8", 8, 16, 16)]
+
+
+@pytest.mark.parametrize("heads,batch,nodes,page", MGPU_PAGED_CASES)
+def test_paged_tree_attention_mosaic_gpu_form_compiles_for_an_h100(heads, batch, nodes, page):
+    q, new, mask = attention_args(heads, "bfloat16", batch, nodes)
+    per_row = 2048 // page
+    pages = sds((1 + batch * per_row, page) + new.shape[2:], new.dtype)
+    compiled = compile_for(functools.partial(paged_tree_attention_mgpu, scale=0.088),
+                           [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask],
+                           devices_for("h100"))
     assert re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()) == ["mosaic_gpu_v2"]

@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.paged_tree_attention import paged_tree_attention_reference
 from pallas_kernels.tree_attention import tree_attention_reference
-from pallas_kernels.tree_attention_mgpu import supports, tree_attention_mgpu
+from pallas_kernels.tree_attention_mgpu import paged_tree_attention_mgpu, supports, tree_attention_mgpu
+from tests.pallas_kernels.test_paged_tree_attention import paged_inputs
 
 ATOL = 2e-2  # bf16 out; the reference computes in f32 from the same bf16 inputs
 
@@ -60,3 +62,18 @@ def test_what_the_form_takes_is_said_before_any_work():
         tree_attention_mgpu(q.astype(jnp.float32), k_cache, k_cache, jnp.zeros((1,), jnp.int32),
                             jnp.zeros((1, 2, 2, 64)), jnp.zeros((1, 2, 2, 64)), jnp.ones((1, 2, 2), bool),
                             scale=0.125)
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_the_paged_form_equals_the_reference_with_nan_past_every_length(case):
+    """Pages in shuffled order, 4 to a tile of 64 slots; the null page and every slot past a row's length NaN (the
+    last tile's values past the length are zeroed before P @ V)."""
+    cache_len, nodes, q_heads, kv_heads, pages_per_row = [((37, 0, 64, 5), 8, 8, 2, 9),
+                                                          ((130, 17), 1, 4, 4, 12)][case]
+    paged, _ = paged_inputs(case, cache_len=cache_len, num_tokens=nodes, q_heads=q_heads, kv_heads=kv_heads,
+                            head_dim=64, pages_per_row=pages_per_row, mask_kind="tree", dtype=jnp.bfloat16)
+    out = paged_tree_attention_mgpu(*paged, scale=0.125, interpret=True)
+    expected = paged_tree_attention_reference(*[x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x
+                                                for x in paged], scale=0.125)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected), atol=ATOL, rtol=0)
