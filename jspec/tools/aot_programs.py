@@ -51,6 +51,7 @@ class ModelShapes:
     dflash_hf: dict
     chain: SpecConfig = SpecConfig(tree="chain", num_steps=4)
     dynamic: SpecConfig = SpecConfig(tree="dynamic", num_steps=6, topk=8, num_draft_tokens=32)
+    dynamic16: SpecConfig = SpecConfig(tree="dynamic", num_steps=5, topk=4, num_draft_tokens=16)
 
 
 def _head_hf(target_hf: dict) -> dict:
@@ -66,8 +67,10 @@ MODELS = {name: ModelShapes(hf, _head_hf(hf), dflash_hf(hf, num_layers=5, block_
 MODELS["tiny"] = ModelShapes(TINY, dict(_head_hf(dict(TINY, rms_norm_eps=1e-5, rope_theta=10000.0)),
                                         draft_vocab_size=128), dflash_hf(TINY, num_layers=2, block_size=8),
                              chain=SpecConfig(tree="chain", num_steps=3),
-                             dynamic=SpecConfig(tree="dynamic", num_steps=3, topk=3, num_draft_tokens=8))
-METHODS = ("plain", "eagle3-chain", "eagle3-dynamic", "dflash-block")
+                             dynamic=SpecConfig(tree="dynamic", num_steps=3, topk=3, num_draft_tokens=8),
+                             dynamic16=SpecConfig(tree="dynamic", num_steps=2, topk=2, num_draft_tokens=4))
+# eagle3-dynamic: the 32-node tree; eagle3-dynamic16: the 16-node one
+METHODS = ("plain", "eagle3-chain", "eagle3-dynamic16", "eagle3-dynamic", "dflash-block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +118,7 @@ def _drafter(shapes: ModelShapes, method: str, target: ModelConfig, seq_len: int
         spec = SpecConfig(tree="chain", num_steps=shapes.dflash_hf["block_size"] - 1)
         return DFlashDrafter(config, target, spec, seq_len, dtype), dflash_param_shapes(config, DTYPES[dtype])
     head = eagle3_config_from_hf(shapes.head_hf)
-    spec = shapes.chain if method == "eagle3-chain" else shapes.dynamic
+    spec = {"eagle3-chain": shapes.chain, "eagle3-dynamic16": shapes.dynamic16}.get(method, shapes.dynamic)
     abstract = {"head": eagle3_param_shapes(head, DTYPES[dtype]),
                 "d2t": jax.ShapeDtypeStruct((head.draft_vocab_size,), jnp.int32)}
     return Eagle3Drafter(head, target, spec, seq_len, dtype), abstract

@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "JAX_PLATFORMS=cpu for a GPU), e.g. llama3-8b/v5e-1/int8 or llama3-70b/h100-8/bfloat16, "
                              "and write aot.json under --out: step bytes and flops per device, HBM floors, memory "
                              "per device (jspec.tools.aot_table)")
-    parser.add_argument("--aot-methods", default="plain,eagle3-chain,eagle3-dynamic,dflash-block",
+    parser.add_argument("--aot-methods", default="plain,eagle3-chain,eagle3-dynamic16,eagle3-dynamic,dflash-block",
                         help="--aot: the methods compiled (jspec.tools.aot_programs.METHODS)")
     parser.add_argument("--aot-batch-size", type=int, default=8, help="--aot: rows of the compiled programs")
     parser.add_argument("--aot-server", action="store_true",
