@@ -30,10 +30,14 @@ def assert_kernels_inside(programs, chip):
 @pytest.mark.parametrize("chip,method", [("v5e", "eagle3-dynamic"), ("v5e", "dflash-block"),
                                          ("h100", "eagle3-dynamic"), ("h100", "dflash-block")])
 def test_a_method_compiles_for_one_chip(chip, method):
-    programs = compile_engine_programs(Deployment("tiny", chip, 1), method, batch=2, **TINY)
+    """The step of each method; the whole generate program of the dynamic tree (the aot table's test compiles plain's
+    and the chain's on a v5e)."""
+    whole = method == "eagle3-dynamic"
+    programs = compile_engine_programs(Deployment("tiny", chip, 1), method, batch=2, whole=whole, **TINY)
     cost = cost_of(programs.step)
     assert cost["flops"] > 0 and cost["bytes accessed"] >= programs.weight_bytes_per_device
-    assert programs.generate.memory_analysis().argument_size_in_bytes >= programs.weight_bytes_per_device
+    if whole:
+        assert programs.generate.memory_analysis().argument_size_in_bytes >= programs.weight_bytes_per_device
     assert_kernels_inside(programs, chip)
 
 
@@ -45,7 +49,7 @@ def test_a_speculative_step_compiles_split_over_chips(chip, chips):
     assert_kernels_inside(programs, chip)
 
 
-@pytest.mark.parametrize("chip", ["v5e", "h100"])
+@pytest.mark.parametrize("chip", ["v5e"])  # the H100's chip figures: the server test's pool; its cost: cost_of above
 def test_the_aot_table_compares_a_chain_step_with_the_plain_one(tmp_path, chip):
     """jspec bench --aot's rows: plain and an EAGLE-3 chain on one chip, written to aot.json."""
     lines = []
