@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -238,3 +239,13 @@ def per_shard(fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
     if mesh is None:
         return fn
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def per_device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of arrays or ``jax.ShapeDtypeStruct`` (a leaf placed nowhere: whole)."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        shape = leaf.shape if sharding is None else sharding.shard_shape(leaf.shape)
+        total += math.prod(shape) * leaf.dtype.itemsize
+    return total

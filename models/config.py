@@ -9,6 +9,8 @@ Supported Hugging Face architectures and what each adds to plain Llama:
 | qwen2      | Qwen2ForCausalLM (Qwen2, Qwen2.5)      | bias on q/k/v projections                   |
 | qwen3      | Qwen3ForCausalLM                       | RMSNorm on q and k per head, before rope    |
 | mimo       | MiMoForCausalLM (XiaomiMiMo/MiMo-7B)   | Qwen2 (q/k/v bias) + MTP modules (below)    |
+| qwen3_moe  | Qwen3MoeForCausalLM (Qwen3-30B-A3B,    | Qwen3 with a mixture of experts in place of |
+|            | Qwen3-235B-A22B, Qwen3-Coder-30B-A3B)  | every MLP (models/moe.py)                   |
 
 Any family may ship multi-token-prediction modules (config.json ``num_nextn_predict_layers``, tensors
 ``model.mtp_layers.*`` or ``model.layers.{L + k}.*``): the target is the decoder above; the converter writes the
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo", "qwen3_moe")
 QKV_BIAS_MODEL_TYPES = ("qwen2", "mimo")  # Qwen2 and its descendants: bias on q/k/v always, never on o
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -69,6 +71,11 @@ class ModelConfig:
     model_type: str = "llama"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # A mixture of experts in place of every layer's MLP (num_experts 0: the dense MLP), models/moe.py.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -82,6 +89,11 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim}: rotary embeddings need an even head_dim")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model_type={self.model_type!r}: expected one of {SUPPORTED_MODEL_TYPES}")
+        if self.num_experts and not (0 < self.num_experts_per_tok <= self.num_experts
+                                     and self.moe_intermediate_size > 0):
+            raise ValueError(f"num_experts={self.num_experts}, num_experts_per_tok={self.num_experts_per_tok}, "
+                             f"moe_intermediate_size={self.moe_intermediate_size}: expected 0 < experts per token "
+                             f"<= experts and a positive expert width")
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -182,6 +194,7 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"config.json model_type={model_type!r} (architectures={hf.get('architectures')}) is "
                          f"not supported; expected one of {SUPPORTED_MODEL_TYPES}")
+    moe = _moe_fields(hf) if model_type == "qwen3_moe" else {}
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         value = hf.get(field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -189,9 +202,9 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
     num_heads = int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
     # HF Llama and Qwen3 put attention_bias on q/k/v/o; Qwen2 (and MiMo) always bias q/k/v only; Mistral has none.
-    attention_bias = model_type in ("llama", "qwen3") and bool(hf.get("attention_bias", False))
+    attention_bias = model_type in ("llama", "qwen3", "qwen3_moe") and bool(hf.get("attention_bias", False))
     sliding_window = hf.get("sliding_window")
-    if model_type in QKV_BIAS_MODEL_TYPES + ("qwen3",) and not hf.get("use_sliding_window", False):
+    if model_type in QKV_BIAS_MODEL_TYPES + ("qwen3", "qwen3_moe") and not hf.get("use_sliding_window", False):
         sliding_window = None
     return ModelConfig(
         vocab_size=int(hf["vocab_size"]),
@@ -209,12 +222,31 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         qkv_bias=model_type in QKV_BIAS_MODEL_TYPES or attention_bias,
         o_bias=attention_bias,
         mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         sliding_window=int(sliding_window) if sliding_window else None,
         model_type=model_type,
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_eos_ids(hf.get("eos_token_id")),
+        **moe,
     )
+
+
+def _moe_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Qwen3-MoE ``config.json``; ValueError naming a layout jspec does not run
+    (some layers dense: ``mlp_only_layers``, ``decoder_sparse_step``; no published Qwen3-MoE has them)."""
+    if hf.get("mlp_only_layers"):
+        raise ValueError(f"config.json mlp_only_layers={hf['mlp_only_layers']!r}: dense layers among the experts' are "
+                         f"not supported; expected []")
+    if int(hf.get("decoder_sparse_step", 1)) != 1:
+        raise ValueError(f"config.json decoder_sparse_step={hf['decoder_sparse_step']!r}: expected 1 (every layer "
+                         f"a mixture of experts)")
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"config.json hidden_act={act!r}: expected 'silu'")
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    return dict(num_experts=int(experts), num_experts_per_tok=int(hf["num_experts_per_tok"]),
+                moe_intermediate_size=int(hf["moe_intermediate_size"]),
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> ModelConfig:

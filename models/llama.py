@@ -1,4 +1,4 @@
-"""Llama-family decoder in Flax (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3): numerics as in HF transformers.
+"""Llama-family decoder in Flax (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE): numerics as in HF transformers.
 
 The module only describes the network. The KV cache is explicit arrays passed in and returned; which new tokens
 see each other is an argument (causal continuation or an arbitrary tree mask, see ``models/attention.py``);
@@ -15,6 +15,8 @@ Parameter tree (HF names; Dense kernels are HF weights transposed, [in, out])::
     layers/self_attn/{q,k}_norm/weight  [L, D]          (Qwen3)
     layers/post_attention_layernorm/weight  [L, H]
     layers/mlp/{gate,up,down}_proj/kernel   [L, in, out]
+    layers/mlp/gate/kernel, layers/mlp/experts/{gate,up,down}_proj/kernel  [L, ...]  (a mixture of experts instead:
+                                                                              Qwen3-MoE, models/moe.py)
     norm/weight                         [H]
     lm_head/kernel                      [H, V]          (absent when embeddings are tied)
 """
@@ -31,6 +33,7 @@ import numpy as np
 from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
 from models.config import ModelConfig
 from models.dense import Dense, Embed
+from models.moe import MoE
 from models.random_params import cached_shapes, random_params
 
 
@@ -137,7 +140,7 @@ class DecoderLayer(nn.Module):
             h, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset)
         x = x + attn
         h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
-        x = x + MLP(cfg, self.dtype, name="mlp")(h)
+        x = x + (MoE if cfg.num_experts else MLP)(cfg, self.dtype, name="mlp")(h)
         return (x, taps), (k_cache, v_cache)
 
 

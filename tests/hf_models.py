@@ -29,12 +29,17 @@ FAMILIES = {
                                               head_dim=24),
     "mistral": lambda: transformers.MistralConfig(**COMMON, num_attention_heads=8, num_key_value_heads=2,
                                                   sliding_window=4096),
+    # 8 experts, 2 a token: a 16-token prompt routes to most of them
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**COMMON, num_attention_heads=4, num_key_value_heads=2,
+                                                     head_dim=16, num_experts=8, num_experts_per_tok=2,
+                                                     moe_intermediate_size=24, norm_topk_prob=True),
 }
 MODEL_CLASSES = {
     "llama": transformers.LlamaForCausalLM,
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
     "mistral": transformers.MistralForCausalLM,
+    "qwen3_moe": transformers.Qwen3MoeForCausalLM,
 }
 
 

@@ -203,6 +203,18 @@ def empty_store(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup
     return jax.tree.unflatten(layout.treedef, store)
 
 
+def store_shapes(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup, num_stop_ids: int) -> Store:
+    """:func:`empty_store`'s shapes, dtypes and shardings, allocating nothing (params may be abstract): what a
+    program over the store is lowered for before (or without) the store."""
+    store = jax.eval_shape(functools.partial(empty_store, layout=layout, setup=setup, num_stop_ids=num_stop_ids),
+                           params_t, params_d)
+    placed = []
+    for spec, leaf in zip(layout.leaves, jax.tree.leaves(store)):
+        sharding = None if setup.mesh is None else NamedSharding(setup.mesh, KV_POOL if spec.kv else P())
+        placed.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding))
+    return jax.tree.unflatten(layout.treedef, placed)
+
+
 def gather_view(layout: PagedLayout, store: Store, row_ids: jax.Array, page_table: jax.Array, seq_len: int, *,
                 paged_kv: bool = False) -> Any:
     """The dense (state, inputs) of rows ``row_ids`` (i32[R]) at context ``seq_len``; page_table: i32[R, >= pages
@@ -240,13 +252,16 @@ def scatter_view(layout: PagedLayout, store: Store, view: Any, row_ids: jax.Arra
         if index in unchanged:
             out.append(stored)
         elif isinstance(leaf, PagedKV):
-            out.append(constrain(leaf.pages, KV_POOL))
+            out.append(leaf.pages)
         elif spec.kind == SHARED:
             out.append(leaf.astype(stored.dtype))
         elif spec.kind == ROW:
             out.append(stored.at[row_ids].set(jnp.moveaxis(leaf, spec.row_axis, 0).astype(stored.dtype)))
         else:
             out.append(_scatter_pages(layout, spec, stored, leaf, page_table, seq_len, since, write_pages))
+    # Placed as the store was (empty_store): a leaf the partitioner left split (a drafter's pool after a split step)
+    # would neither alias its donated input (a whole-pool temporary) nor match the program's next call.
+    out = [constrain(leaf, KV_POOL if spec.kv else P()) for spec, leaf in zip(layout.leaves, out)]
     return jax.tree.unflatten(layout.treedef, out)
 
 
@@ -270,8 +285,7 @@ def _scatter_pages(layout: PagedLayout, spec: LeafLayout, stored: jax.Array, lea
         rows = jax.vmap(lambda row, at: jax.lax.dynamic_slice_in_dim(row, at, span, axis=0))(
             rows, first * layout.page_size)
     rows = rows.reshape((-1, layout.page_size) + rows.shape[2:])
-    updated = stored.at[table.reshape(-1)].set(rows.astype(stored.dtype))
-    return constrain(updated, KV_POOL) if spec.kv else updated
+    return stored.at[table.reshape(-1)].set(rows.astype(stored.dtype))
 
 
 def _is_paged(x: Any) -> bool:

@@ -27,7 +27,7 @@ from jspec.serve.program_cache import ProgramCache
 from jspec.serve.plans import PrefillPlan, StepPlan
 from jspec.serve.programs import admit_row
 from jspec.serve.serve_config import ServeConfig
-from jspec.sharding import put
+from jspec.sharding import per_device_bytes, put
 from jspec.structured_outputs.tree_masks import constrain_proposal, root_bitmask
 
 logger = logging.getLogger("jspec.serve")
@@ -125,16 +125,50 @@ class ModelRunner:
                              "step_lean" if plan.lean else "step")
 
     def pool_tokens(self, layout: kv_store.PagedLayout) -> int:
-        """The default KV pool in token slots: on a GPU or a TPU, ``kv_cache_memory_fraction`` of device memory less
-        what is in use (weights, programs), over the bytes a slot takes in every pool; elsewhere
-        ``CPU_MAX_TOTAL_TOKENS`` (which at Llama-3-8B would not fit one v5e beside int8 weights: docs/aot.md)."""
-        stats = jax.devices()[0].memory_stats() if jax.default_backend() in ("gpu", "tpu") else None
-        if not stats or "bytes_limit" not in stats:
+        """The default KV pool in token slots: on a GPU or a TPU, ``kv_cache_memory_fraction`` of device memory
+        less what is in use (weights) and the largest program's workspace (:meth:`workspace_bytes`), over the bytes
+        a slot takes in every pool (vLLM's ``gpu_memory_utilization``); elsewhere ``CPU_MAX_TOTAL_TOKENS`` (which
+        at Llama-3-8B would not fit one v5e beside int8 weights: docs/aot.md)."""
+        stats = device_memory()
+        if stats is None:
             return CPU_MAX_TOTAL_TOKENS
         model = 1 if self.setup.mesh is None else self.setup.mesh.shape.get("model", 1)
         per_slot = layout.bytes_per_token(kv_split=model)
-        free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-        return max(int(free // per_slot), layout.pages_per_row * self.block_size)
+        workspace = self.workspace_bytes(layout)
+        free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0) - workspace
+        tokens = (int(free // per_slot) // self.block_size - 1) * self.block_size  # whole pages, and the null page
+        logger.info("KV pool: %.2f GiB of %.2f GiB free after weights (%.2f GiB in use) and the largest program's "
+                    "workspace (%.2f GiB)", max(tokens, 0) * per_slot / 2**30,
+                    stats["bytes_limit"] / 2**30, stats.get("bytes_in_use", 0) / 2**30, workspace / 2**30)
+        return max(tokens, layout.pages_per_row * self.block_size)
+
+    def workspace_bytes(self, layout: kv_store.PagedLayout) -> int:
+        """Bytes one device needs beside the weights and the store while the largest programs run (vLLM's profile
+        run, read from the compiler's memory analysis instead): their other arguments, temporaries and the outputs
+        that do not update the store in place, of :meth:`profiled_keys` compiled over a pool of one request. A
+        program's store is donated and placed as it came in (``kv_store.scatter_view``), so none of these grows
+        with the pool."""
+        self.layout = dataclasses.replace(layout, num_pages=1 + layout.pages_per_row)
+        self.tables = np.zeros((self.max_num_seqs + 1, layout.pages_per_row), np.int32)
+        self.store_shape = kv_store.store_shapes(self.engine.params, self.engine.drafter_params, self.layout,
+                                                 setup=self.setup, num_stop_ids=self.num_stop_ids)
+        weights = per_device_bytes((self.engine.params, self.engine.drafter_params))
+        try:
+            return max(workspace_of(self.lower(key).compile(), weights + per_device_bytes(self.store_shape)
+                                    if key[0] != "score" else per_device_bytes(self.engine.params))
+                       for key in self.profiled_keys())
+        finally:
+            self.layout = self.store_shape = None
+
+    def profiled_keys(self) -> list[tuple]:
+        """The programs :meth:`workspace_bytes` measures: the step over the most rows at the longest context, the
+        prefill of the most prompt tokens, prompt scoring at the widest prompt (its logits are the prompt's)."""
+        keys = [("step", FULL, self.row_buckets[-1], self.seq_buckets[-1])]
+        keys.append(max((("prefill", rows, width) for width in self.widths for rows in self.prefill_batches(width)),
+                        key=lambda key: key[1] * key[2]))
+        if self.setup.logprobs is not None:
+            keys.append(("score", prompt_buckets(self.max_prompt_width, half_steps=False)[-1]))
+        return keys
 
     def cached_prefill_width(self, width: int, cached_tokens: int) -> int | None:
         """The width of the compiled cached prefill a prompt of uncached width bucket ``width`` after
@@ -422,3 +456,18 @@ class ModelRunner:
         if fits:
             return min(fits, key=lambda bucket: (bucket[0] * bucket[1], bucket[1]))
         return max(held, key=lambda bucket: (bucket[0], -bucket[1]))
+
+
+def workspace_of(compiled, resident: int) -> int:
+    """Bytes a compiled program needs beside its ``resident`` arguments (the weights and store one device holds
+    anyway): its other arguments, temporaries and the outputs not aliasing a donated argument."""
+    stats = compiled.memory_analysis()
+    return (stats.argument_size_in_bytes - resident + stats.temp_size_in_bytes + stats.output_size_in_bytes
+            - stats.alias_size_in_bytes)
+
+
+def device_memory() -> dict | None:
+    """The first device's ``memory_stats()`` on a GPU or a TPU (``bytes_limit``, ``bytes_in_use``); None elsewhere
+    (a CPU's memory is the host's, shared)."""
+    stats = jax.devices()[0].memory_stats() if jax.default_backend() in ("gpu", "tpu") else None
+    return stats if stats and "bytes_limit" in stats else None

@@ -19,7 +19,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jspec.config import SpecConfig
 from jspec.drafters.dflash import DFlashDrafter
@@ -27,7 +26,7 @@ from jspec.drafters.eagle3 import Eagle3Drafter
 from jspec.generate import generate, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
-from jspec.sharding import ROWS, expand_kv_heads, kv_repeats, make_mesh, named, param_specs, traced_on
+from jspec.sharding import ROWS, expand_kv_heads, kv_repeats, make_mesh, named, param_specs, per_device_bytes, traced_on
 from jspec.step import plain_step, spec_step
 from jspec.tools.aot import compile_for, devices_for
 from jspec.tools.roofline.shapes import LLAMA3_8B, TINY, dflash_hf
@@ -128,12 +127,6 @@ def _placed(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), tree, shardings)
 
 
-def _shard_bytes(tree: Any) -> int:
-    """Bytes one device holds of a placed ShapeDtypeStruct tree."""
-    return int(sum(np.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
-                   for leaf in jax.tree.leaves(tree)))
-
-
 @dataclasses.dataclass
 class Placed:
     """A deployment's engine as compile-only arrays: its setup (mesh included), the target's and drafter's abstract
@@ -169,7 +162,7 @@ def placed_engine(deployment: Deployment, method: str, seq_len: int) -> Placed:
     params_d = None if drafter is None else _placed(abstract_d, named(mesh, drafter.param_specs(abstract_d, tp)))
     setup = GenerateSetup(target=config, max_seq_len=seq_len, dtype=deployment.dtype, drafter=drafter, mesh=mesh)
     return Placed(setup, params_t, params_d, devices,
-                  _shard_bytes(params_t) + (0 if params_d is None else _shard_bytes(params_d)))
+                  per_device_bytes(params_t) + (0 if params_d is None else per_device_bytes(params_d)))
 
 
 def compile_engine_programs(deployment: Deployment, method: str, batch: int = 8, prompt_len: int = 1024,

@@ -11,8 +11,9 @@ Variants, as the scheduler runs them (``jspec.serve.model_runner``):
 - "structured": one step under the rows' grammar masks: a plain server's step with the root's mask, a speculative
   server's proposal (its own program) then its verification under a mask a tree node.
 
-The pool: as a server sizes it on a GPU (``ModelRunner.pool_tokens``), ``kv_cache_memory_fraction`` of the chip's HBM
-less the weights one device holds, over the bytes a token slot takes in every pool (split over tensor parallelism).
+The pool: as a server sizes it on a GPU or TPU (``ModelRunner.pool_tokens``), ``kv_cache_memory_fraction`` of the
+chip's HBM less the weights one device holds and the program's workspace (its temporaries and new outputs, compiled
+once over a pool of one request), over the bytes a token slot takes in every pool (split over tensor parallelism).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jspec.serve import kv_store, paged
 from jspec.serve.block_manager import pages_for
-from jspec.sharding import KV_POOL
+from jspec.serve.model_runner import workspace_of
+from jspec.sharding import per_device_bytes
 from jspec.structured_outputs.bitmask import bitmask_words
 from jspec.tools.aot import chip_figures, compile_for
 from jspec.tools.aot_programs import Deployment, placed_engine
@@ -48,6 +49,7 @@ class ServerProgram:
     rows: int
     seq_len: int
     pool_tokens: int
+    workspace_bytes_per_device: int | None  # what sized the pool (None: the pool was given)
     programs: list  # Compiled, in the order the scheduler calls them
     weight_bytes_per_device: int
     memory_bytes_per_device: int
@@ -71,28 +73,35 @@ def compile_server_step(deployment: Deployment, method: str, variant: str = "ste
     engine = placed_engine(deployment, method, seq_len)
     setup = dataclasses.replace(engine.setup, logprobs=num_logprobs if variant == "logprobs" else None)
     params = (engine.params_t, engine.params_d)
-    mesh, chips = setup.mesh, deployment.chips
+    chips = deployment.chips
     layout = kv_store.paged_layout(*params, setup=setup, num_stop_ids=NUM_STOP_IDS, page_size=block_size,
                                    num_pages=2, max_rows=rows)
     hbm = chip_figures(deployment.chip)["hbm_bytes"]
-    if max_total_tokens is None:
-        free = kv_cache_memory_fraction * hbm - engine.weight_bytes_per_device
-        max_total_tokens = int(free // layout.bytes_per_token(kv_split=chips))
-    if max_total_tokens < layout.pages_per_row * block_size:
+    compile_at = functools.partial(_compile_programs, setup=setup, params=params, layout=layout, devices=engine.devices,
+                                   variant=variant, rows=rows, seq_len=seq_len, steps_per_chunk=steps_per_chunk)
+    least, workspace = layout.pages_per_row * block_size, None
+    if max_total_tokens is None:  # as ModelRunner.pool_tokens: less the workspace measured over a pool of one request
+        workspace = max(workspace_of(program, engine.weight_bytes_per_device + per_device_bytes(store))
+                        for program, store in compile_at(least))
+        free = kv_cache_memory_fraction * hbm - engine.weight_bytes_per_device - workspace
+        max_total_tokens = (int(free // layout.bytes_per_token(kv_split=chips)) // block_size - 1) * block_size
+    if max_total_tokens < least:
         raise ValueError(f"{deployment.name}: a pool of {max_total_tokens} token slots cannot hold one request of "
                          f"{seq_len} (the weights leave too little of the chip's HBM)")
-    layout = dataclasses.replace(layout, num_pages=1 + pages_for(max_total_tokens, block_size))
-    store = jax.eval_shape(functools.partial(kv_store.empty_store, layout=layout, setup=setup,
-                                             num_stop_ids=NUM_STOP_IDS), *params)
-    store = jax.tree.unflatten(layout.treedef, [
-        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, KV_POOL if spec.kv else
-                                                                            PartitionSpec()))
-        for spec, leaf in zip(layout.leaves, jax.tree.leaves(store))])
+    programs = [program for program, _ in compile_at(max_total_tokens)]
+    return ServerProgram(deployment, method, variant, rows, seq_len, max_total_tokens, workspace, programs,
+                         engine.weight_bytes_per_device, max(map(_memory_bytes, programs)), hbm)
+
+
+def _compile_programs(pool_tokens: int, *, setup, params, layout, devices, variant: str, rows: int, seq_len: int,
+                      steps_per_chunk: int) -> list[tuple[Any, Any]]:
+    """The variant's programs over a pool of ``pool_tokens`` slots -> [(Compiled, the store's shapes)]."""
+    layout = dataclasses.replace(layout, num_pages=1 + pages_for(pool_tokens, layout.page_size))
+    store = kv_store.store_shapes(*params, layout, setup=setup, num_stop_ids=NUM_STOP_IDS)
     rows_args = [jax.ShapeDtypeStruct((rows,), jnp.int32),  # row ids, then their page table
                  jax.ShapeDtypeStruct((rows, layout.pages_per_row), jnp.int32)]
     cancel = jax.ShapeDtypeStruct((rows,), jnp.bool_)
     words = bitmask_words(setup.target.vocab_size)
-    programs = []
     if variant != "structured" or setup.drafter is None:
         structured = variant == "structured"
         step = functools.partial(paged.step_rows, layout=layout, setup=setup, seq_len=seq_len,
@@ -101,26 +110,23 @@ def compile_server_step(deployment: Deployment, method: str, variant: str = "ste
         args = [*params, store, *rows_args, cancel, jax.ShapeDtypeStruct((), jnp.int32)]
         if structured:
             args.append(jax.ShapeDtypeStruct((rows, 1, words), jnp.int32))
-        programs.append(compile_for(step, args, engine.devices, donate_argnums=(2,)))
-    else:
-        propose = functools.partial(paged.propose_rows, layout=layout, setup=setup, seq_len=seq_len)
-        proposed = compile_for(propose, [*params, store, *rows_args], engine.devices)
-        draft, tree = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                                                               sharding=sharding),
-                                   jax.eval_shape(propose, *params, store, *rows_args), proposed.output_shardings)
-        verify = functools.partial(paged.verify_rows, layout=layout, setup=setup, seq_len=seq_len,
-                                   write_pages=paged.write_pages(layout, setup, 1))
-        bitmask = jax.ShapeDtypeStruct((rows, tree.tokens.shape[1], words), jnp.int32)
-        programs += [proposed, compile_for(verify, [*params, store, *rows_args, cancel, draft, tree, bitmask],
-                                           engine.devices, donate_argnums=(2,))]
-    return ServerProgram(deployment, method, variant, rows, seq_len, max_total_tokens, programs,
-                         engine.weight_bytes_per_device, max(map(_memory_bytes, programs)), hbm)
+        return [(compile_for(step, args, devices, donate_argnums=(2,)), store)]
+    propose = functools.partial(paged.propose_rows, layout=layout, setup=setup, seq_len=seq_len)
+    proposed = compile_for(propose, [*params, store, *rows_args], devices)
+    draft, tree = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                               jax.eval_shape(propose, *params, store, *rows_args), proposed.output_shardings)
+    verify = functools.partial(paged.verify_rows, layout=layout, setup=setup, seq_len=seq_len,
+                               write_pages=paged.write_pages(layout, setup, 1))
+    bitmask = jax.ShapeDtypeStruct((rows, tree.tokens.shape[1], words), jnp.int32)
+    return [(proposed, store), (compile_for(verify, [*params, store, *rows_args, cancel, draft, tree, bitmask], devices,
+                                            donate_argnums=(2,)), store)]
 
 
 def describe(program: ServerProgram) -> dict[str, Any]:
     """A row of the table: the pool, what one device holds against its HBM."""
     return {"deployment": program.deployment.name, "method": program.method, "variant": program.variant,
             "rows": program.rows, "seq_len": program.seq_len, "pool_tokens": program.pool_tokens,
+            "workspace_bytes_per_device": program.workspace_bytes_per_device,
             "programs": len(program.programs), "weight_bytes_per_device": program.weight_bytes_per_device,
             "memory_bytes_per_device": program.memory_bytes_per_device,
             "hbm_bytes_per_device": program.hbm_bytes_per_device,

@@ -153,6 +153,8 @@ def format_server_row(row: dict) -> str:
     head = f"[aot server] {row['deployment']} {row['method']} {row['variant']} R{row['rows']}:"
     if row["status"] != "ok":
         return f"{head} {row['error']}"
-    return (f"{head} a pool of {row['pool_tokens']:,} token slots; {row['programs']} program(s), needing "
+    workspace = row.get("workspace_bytes_per_device")
+    sized = "" if workspace is None else f" (beside a {workspace / 2**30:.2f} GiB workspace)"
+    return (f"{head} a pool of {row['pool_tokens']:,} token slots{sized}; {row['programs']} program(s), needing "
             f"{row['memory_bytes_per_device'] / 2**30:.1f} of {row['hbm_bytes_per_device'] / 2**30:.0f} GiB a device "
             f"({'fits' if row['fits'] else 'DOES NOT FIT'}); compiled in {row['compile_seconds']:.0f} s")

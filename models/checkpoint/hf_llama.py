@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from models.checkpoint.hf_mtp import plan_mtp, stream_mtp_leaves
-from models.checkpoint.hf_params import UNUSED_TENSOR, TensorCheck, expected_shapes, naming_config, resolve_dtype
+from models.checkpoint.hf_params import (UNUSED_TENSOR, TensorCheck, expected_shapes, naming_config, resolve_dtype,
+                                         stacked_index)
 from models.checkpoint.hf_quantized import DequantizingReader, read_quantization
 from models.checkpoint.mtp_layouts import MTP_DIR, split_mtp_name
 from models.checkpoint.safetensors_io import read_tensor, safetensors_files, tensor_headers
@@ -24,10 +25,12 @@ from models.config import ModelConfig, from_hf_config
 from models.quantization import QuantizationConfig, stored_leaves
 
 _LLAMA_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)$")
 
 
-def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | None, bool] | None:
-    """HF tensor name -> (param path, layer index or None, transpose?); None if the name is not ours."""
+def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | tuple[int, ...] | None, bool] | None:
+    """HF tensor name -> (param path, its index on the path's stacked axes: a layer, (layer, expert) for an expert's
+    kernel, or None; transpose?); None if the name is not ours."""
     if hf_name == "model.embed_tokens.weight":
         return ("embed_tokens", "embedding"), None, False
     if hf_name == "model.norm.weight":
@@ -38,8 +41,11 @@ def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | None, bool] |
     if not match:
         return None
     layer, module, kind = int(match.group(1)), match.group(2), match.group(3)
+    expert = _EXPERT.match(module)
+    if expert and kind == "weight":  # one expert of a mixture (models/moe.py): stacked [L, E, in, out]
+        return ("layers", "mlp", "experts", expert.group(2), "kernel"), (layer, int(expert.group(1))), True
     parts = tuple(module.split("."))
-    if parts[-1].endswith("_proj"):  # Linear: weight [out, in] -> kernel [in, out]
+    if parts[-1].endswith("_proj") or module == "mlp.gate":  # Linear: weight [out, in] -> kernel [in, out]
         return ("layers",) + parts + ("kernel" if kind == "weight" else "bias",), layer, kind == "weight"
     return ("layers",) + parts + (kind,), layer, False
 
@@ -50,7 +56,7 @@ def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | None, bool] |
 # turn (a stacked [L, ...] buffer filled layer by layer, each source tensor read on its own and cast into place),
 # handed to the writer and dropped. Peak host memory: the largest parameter plus one source tensor.
 
-_Source = tuple[int | None, str, str, bool]  # (layer or None, file, tensor name, transpose?)
+_Source = tuple[tuple[int, ...], str, str, bool]  # (index on the stacked axes, file, tensor name, transpose?)
 
 
 def _plan_llama(tensors: Iterable[tuple[str, str, tuple[int, ...]]], abstract_params: Any,
@@ -62,8 +68,8 @@ def _plan_llama(tensors: Iterable[tuple[str, str, tuple[int, ...]]], abstract_pa
     for file, name, shape in tensors:
         placed = check.place(name, shape)
         if placed is not None:
-            path, layer, transpose = placed
-            plan.setdefault(path, []).append((layer, file, name, transpose))
+            path, index, transpose = placed
+            plan.setdefault(path, []).append((stacked_index(index), file, name, transpose))
     check.raise_problems()
     return plan
 
@@ -76,8 +82,8 @@ def _stream_llama_leaves(plan: dict[tuple[str, ...], list[_Source]], abstract_pa
     np_dtype = np.dtype(dtype)
     for path, (shape, _) in expected_shapes(abstract_params).items():
         buffer = np.empty(shape, np_dtype)
-        for layer, file, name, transpose in plan[path]:
-            target = buffer if layer is None else buffer[layer]
+        for index, file, name, transpose in plan[path]:
+            target = buffer[index]
             if transpose:
                 target[...] = read(file, name).T
             else:

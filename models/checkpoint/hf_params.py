@@ -6,6 +6,7 @@ shares (the dtype to write, config.json named in its errors).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -27,45 +28,55 @@ def expected_shapes(abstract_params: Any) -> dict[tuple[str, ...], tuple[tuple[i
     return {path: (tuple(leaf.shape), leaf.dtype) for path, leaf in flat.items()}
 
 
+def stacked_index(index: int | tuple[int, ...] | None) -> tuple[int, ...]:
+    """A tensor's place on its param's stacked axes: None (not stacked) -> (), a layer -> (layer,), a (layer, expert)
+    as it is."""
+    if index is None:
+        return ()
+    return (index,) if isinstance(index, int) else tuple(index)
+
+
 class TensorCheck:
     """Matches HF tensors (name, shape) to the param paths of ``abstract_params`` and collects every missing,
-    unexpected and misshapen tensor, to be raised at once by ``raise_problems``."""
+    unexpected and misshapen tensor, to be raised at once by ``raise_problems``. ``name_to_path``: name -> (param
+    path, index on its stacked axes: None, a layer, or (layer, expert); transpose?) or None."""
 
     def __init__(self, abstract_params: Any,
-                 name_to_path: Callable[[str], tuple[tuple[str, ...], int | None, bool] | None],
+                 name_to_path: Callable[[str], tuple[tuple[str, ...], Any, bool] | None],
                  ignore: Callable[[str], bool] = lambda name: False):
         self.expected = expected_shapes(abstract_params)
         self.name_to_path, self.ignore = name_to_path, ignore
-        self.filled: dict[tuple[str, ...], set[int]] = {}
+        self.filled: dict[tuple[str, ...], set[tuple[int, ...]]] = {}
         self.unexpected: list[str] = []
         self.misshapen: list[str] = []
 
-    def place(self, name: str, shape: tuple[int, ...]) -> tuple[tuple[str, ...], int | None, bool] | None:
-        """(param path, layer or None, transpose?) for a tensor that fits; None for one ignored or reported."""
+    def place(self, name: str, shape: tuple[int, ...]) -> tuple[tuple[str, ...], Any, bool] | None:
+        """(param path, index, transpose?) for a tensor that fits; None for one ignored or reported."""
         if UNUSED_TENSOR.match(name) or self.ignore(name):
             return None
         mapped = self.name_to_path(name)
         if mapped is None or mapped[0] not in self.expected:
             self.unexpected.append(name)
             return None
-        path, layer, transpose = mapped
+        path, index, transpose = mapped
+        at = stacked_index(index)
         want_shape, _ = self.expected[path]
-        want = want_shape[1:] if layer is not None else want_shape
+        want = want_shape[len(at):]
         got = tuple(shape)[::-1] if transpose else tuple(shape)
-        self.filled.setdefault(path, set()).add(layer if layer is not None else 0)  # misshapen: reported once
-        if got != want or (layer is not None and layer >= want_shape[0]):
+        self.filled.setdefault(path, set()).add(at)  # misshapen: reported once
+        if got != want or any(i >= n for i, n in zip(at, want_shape)):
             self.misshapen.append(f"{name}: got {tuple(shape)}, expected {want if not transpose else want[::-1]}"
-                                  + (f" (layer {layer} of {want_shape[0]})" if layer is not None else ""))
+                                  + (f" (at {at} of {want_shape[:len(at)]})" if at else ""))
             return None
         return mapped
 
     def raise_problems(self) -> None:
         missing = []
         for path, (shape, _) in self.expected.items():
-            layers_needed = set(range(shape[0])) if path[0] == "layers" else {0}
-            absent = layers_needed - self.filled.get(path, set())
+            arity = 0 if path[0] != "layers" else 2 if "experts" in path else 1
+            absent = set(itertools.product(*map(range, shape[:arity]))) - self.filled.get(path, set())
             if absent:
-                missing.append("/".join(path) + (f" (layers {sorted(absent)})" if path[0] == "layers" else ""))
+                missing.append("/".join(path) + (f" (at {sorted(absent)[:8]})" if arity else ""))
         problems = []
         if missing:
             problems.append(f"missing: {missing}")
@@ -92,10 +103,10 @@ def hf_to_params(tensors: Iterator[tuple[str, np.ndarray]], abstract_params: Any
         placed = check.place(name, array.shape)
         if placed is None:
             continue
-        path, layer, transpose = placed
+        path, index, transpose = placed
         if path not in buffers:
             buffers[path] = np.empty(check.expected[path][0], np_dtype)
-        (buffers[path] if layer is None else buffers[path][layer])[...] = array.T if transpose else array
+        buffers[path][stacked_index(index)] = array.T if transpose else array
     check.raise_problems()
     return traverse_util.unflatten_dict({p: jnp.asarray(a) for p, a in buffers.items()})
 

@@ -34,7 +34,8 @@ def test_config_matches_family(converted):
     family, model, config, _ = converted
     assert config.model_type == family
     assert config.num_kv_heads == model.config.num_key_value_heads
-    assert config.qk_norm == (family == "qwen3")
+    assert config.qk_norm == (family in ("qwen3", "qwen3_moe"))
+    assert config.num_experts == (8 if family == "qwen3_moe" else 0)
     assert config.qkv_bias == (family == "qwen2")
     if family == "llama":
         assert config.rope_scaling.rope_type == "llama3"
