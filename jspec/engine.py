@@ -92,7 +92,7 @@ class SpecEngine:
                  drafter: Drafter | None = None, drafter_params: Any = None, max_batch_size: int = 8,
                  max_seq_len: int = 2048, dtype: str = "float32", eos_token_ids: Sequence[int] = (),
                  force_accept: int | None = None, mesh: jax.sharding.Mesh | None = None,
-                 quantization: QuantizationConfig | str | None = None):
+                 quantization: QuantizationConfig | str | None = None, enable_expert_parallel: bool = False):
         """drafter: a static drafter (``jspec.drafters.Drafter``, e.g. from ``jspec.drafters.load``) or None (plain
         decoding); force_accept: verification accepts exactly min(N, depth) drafts per step, for timing without
         trained weights (benchmarks only: the output is then NOT the target's); mesh: a ("data", "model") mesh
@@ -100,13 +100,23 @@ class SpecEngine:
         parallel), None for one device. Greedy float32 output equals one device's. quantization: None, "int8",
         "fp8", "int4" or a ``models.quantization.QuantizationConfig``: the target's and the drafter's linear layers
         weight-only quantized with qwix (activations stay in ``dtype``); speculative output then equals plain
-        decoding of the same quantized target."""
+        decoding of the same quantized target. enable_expert_parallel (vLLM's flag): a mixture-of-experts target's
+        experts split whole over the mesh's "data" devices (each a slice of them over "model"), instead of every
+        device holding a slice of every expert; needs a mesh."""
         if drafter is not None and not isinstance(drafter, Drafter):
             raise ValueError(f"drafter={drafter!r}: expected a jspec.drafters.Drafter (or None)")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r}: expected an integer >= 1")
         if (drafter is None) != (drafter_params is None):
             raise ValueError("drafter and drafter_params go together: pass both or neither")
+        if enable_expert_parallel:
+            if mesh is None or not target_config.num_experts:
+                raise ValueError(f"enable_expert_parallel=True: expected a mesh and a mixture-of-experts target (got "
+                                 f"mesh={mesh}, num_experts={target_config.num_experts})")
+            if target_config.num_experts % mesh_sizes(mesh)[0]:
+                raise ValueError(f"enable_expert_parallel=True: num_experts={target_config.num_experts} is not "
+                                 f"divisible by data_parallel_size={mesh_sizes(mesh)[0]}")
+            target_config = dataclasses.replace(target_config, expert_parallel=True)
         self.config = target_config
         self.mesh = mesh
         self.quantization = QuantizationConfig.coerce(quantization)
@@ -145,7 +155,8 @@ class SpecEngine:
                         auto_cache_dir: str | os.PathLike | None = None,
                         auto_log: Callable[[str], None] | None = None,
                         auto_streamed: bool = False,
-                        quantization: QuantizationConfig | str | None = None) -> "SpecEngine":
+                        quantization: QuantizationConfig | str | None = None,
+                        enable_expert_parallel: bool = False) -> "SpecEngine":
         """Loads a converted checkpoint directory (``jspec convert``; ``jspec.bundled_model()`` for the bundled one).
 
         drafter: None (plain decoding), a name from ``jspec.drafters.DRAFTERS`` (``"ngram"``: prompt lookup, no
@@ -168,7 +179,7 @@ class SpecEngine:
         quantization: vLLM's name; "int8", "fp8" or "int4" (or a ``models.quantization.QuantizationConfig``): the
         target's and the drafter's linear layers weight-only quantized at load (see ``__init__``); None: the scheme
         of the quantized checkpoint ``target_dir`` was converted from (``models.checkpoint.hf_quantized``), if any;
-        "none": the weights as stored.
+        "none": the weights as stored. enable_expert_parallel: see ``__init__``.
         """
         target_dir = os.fspath(target_dir)
         keep_floats = quantization == "none"
@@ -199,7 +210,7 @@ class SpecEngine:
         engine = cls(config, params, tokenizer=load_tokenizer(target_dir), drafter=static_drafter,
                      drafter_params=drafter_params, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      dtype=dtype, eos_token_ids=generation_eos(target_dir), force_accept=force_accept, mesh=mesh,
-                     quantization=quantization)
+                     quantization=quantization, enable_expert_parallel=enable_expert_parallel)
         engine.chat_template = load_chat_template(target_dir)
         return engine
 

@@ -85,7 +85,8 @@ def mesh_sizes(mesh: Mesh) -> tuple[int, int]:
 def check_tensor_parallel(config: ModelConfig, tensor_parallel_size: int, what: str = "target") -> None:
     """Raises ValueError naming both numbers when a split dimension does not divide by the "model" axis."""
     tp = tensor_parallel_size
-    for name, value in (("num_attention_heads", config.num_heads), ("intermediate_size", config.intermediate_size)):
+    for name, value in (("num_attention_heads", config.num_heads), ("intermediate_size", config.intermediate_size),
+                        ("moe_intermediate_size", config.moe_intermediate_size)):
         if value % tp:
             raise ValueError(f"{what} {name}={value} is not divisible by tensor_parallel_size={tp}")
     kv = config.num_kv_heads
@@ -166,6 +167,8 @@ def param_specs(params: Any, config: ModelConfig, tensor_parallel_size: int) -> 
         rule = _rule(names[:-1] if quantized else names, vocab_split)
         shape = np.shape(leaf)
         axes = (None,) * (len(shape) - len(rule)) + rule
+        if config.expert_parallel and "experts" in names:  # [..., E, in, out]: whole experts over "data"
+            axes = axes[:-3] + ("data",) + axes[-2:]
         if quantized:  # a QArray's qvalue splits like its kernel; its scale where its axis still divides
             axes = tuple(a if a is None or shape[i] % tensor_parallel_size == 0 else None for i, a in enumerate(axes))
         return P(*axes) if rule else P()

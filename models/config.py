@@ -76,6 +76,9 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    # How a mesh holds the experts (not the model's, the engine's: SpecEngine(enable_expert_parallel=True)): False,
+    # a slice of every expert on each "model" device; True, whole experts split over "data" too (vLLM's EP).
+    expert_parallel: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",

@@ -6,7 +6,9 @@ the top ``num_experts_per_tok`` kept, renormalised to sum to one with ``norm_top
 of width ``moe_intermediate_size``; a token's output is its experts' outputs weighted by their router scores.
 
 The experts run as grouped matmuls (``jax.lax.ragged_dot``): the N * k (token, expert) assignments sorted by expert,
-each expert's rows multiplied by its own weights, the results added back to their tokens. Every assignment is
+each expert's rows multiplied by its own weights, the results added back to their tokens (:func:`combine`). On a
+mesh each device holds a shard of every expert (tensor parallelism), or with expert parallelism whole experts
+(:func:`split_experts`). Every assignment is
 computed (no capacity, nothing dropped), so the output is the dense definition's whatever the routing. On a GPU or
 TPU ragged_dot is a grouped matmul reading each routed expert's weights once; XLA:CPU computes it densely.
 
@@ -26,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import qwix
 
+from jax.sharding import PartitionSpec as P
+
 from models.config import ModelConfig
 from models.dense import Dense
 
@@ -38,19 +42,6 @@ def route(logits: jax.Array, top_k: int, normalize: bool) -> tuple[jax.Array, ja
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights, experts
-
-
-def grouped_swiglu(x: jax.Array, experts: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
-    """Each row of x [N, k, H] through its expert's SwiGLU MLP (experts i32[N, k]; gate, up [E, H, I], down [E, I, H])
-    -> [N, k, H], as ragged_dot over the rows sorted by expert."""
-    num_tokens, top_k, hidden = x.shape
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    rows = x.reshape(-1, hidden)[order]  # [N * k, H], expert 0's rows first
-    sizes = jnp.bincount(flat, length=gate.shape[0]).astype(jnp.int32)
-    h = nn.silu(jax.lax.ragged_dot(rows, gate, sizes)) * jax.lax.ragged_dot(rows, up, sizes)
-    out = jax.lax.ragged_dot(h, down, sizes)  # [N * k, H], sorted
-    return jnp.zeros_like(out).at[order].set(out).reshape(num_tokens, top_k, hidden)
 
 
 class MoE(nn.Module):
@@ -67,11 +58,55 @@ class MoE(nn.Module):
         logits = Dense(cfg.num_experts, use_bias=False, dtype=self.dtype, param_dtype=self.dtype, name="gate")(tokens)
         weights, experts = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
         kernels = Experts(cfg, self.dtype, name="experts")()
-        routed = jnp.broadcast_to(tokens[:, None, :], (tokens.shape[0], cfg.num_experts_per_tok, shape[-1]))
-        out = grouped_swiglu(routed, experts, *kernels)
-        # transformers scales each expert's output in the compute dtype, then sums them into the token's row
-        out = jnp.sum(out * weights.astype(self.dtype)[..., None], axis=1)
+        weights = weights.astype(self.dtype)
+        if jax.sharding.get_abstract_mesh().empty:
+            out = combine(tokens, weights, experts, *kernels)
+        else:
+            out = split_experts(tokens, weights, experts, kernels, expert_parallel=cfg.expert_parallel)
         return out.reshape(shape).astype(self.dtype)
+
+
+def combine(tokens: jax.Array, weights: jax.Array, experts: jax.Array, gate: jax.Array, up: jax.Array,
+            down: jax.Array, first_expert: jax.Array | int = 0) -> jax.Array:
+    """tokens [N, H] through their experts (experts i32[N, k] of weights [N, k]) held here: gate, up [E', H, I'],
+    down [E', I', H] are experts first_expert .. first_expert + E' - 1 (a shard's; every expert's by default); the
+    others' assignments add nothing -> [N, H] (transformers scales each expert's output in the compute dtype, then
+    sums a token's experts)."""
+    num_tokens, top_k = experts.shape
+    local = experts - first_expert
+    held = (local >= 0) & (local < gate.shape[0])
+    flat = jnp.where(held, local, gate.shape[0]).reshape(-1)  # assignments elsewhere sort last, past every group
+    order = jnp.argsort(flat, stable=True)
+    rows = jnp.repeat(tokens, top_k, axis=0)[order]
+    sizes = jnp.bincount(flat, length=gate.shape[0]).astype(jnp.int32)
+    h = nn.silu(jax.lax.ragged_dot(rows, gate, sizes)) * jax.lax.ragged_dot(rows, up, sizes)
+    out = jax.lax.ragged_dot(h, down, sizes)  # rows past the groups (elsewhere) are zero
+    out = jnp.zeros_like(out).at[order].set(out).reshape(num_tokens, top_k, -1)
+    return jnp.sum(out * weights[..., None], axis=1)
+
+
+def split_experts(tokens: jax.Array, weights: jax.Array, experts: jax.Array, kernels: tuple, *,
+                  expert_parallel: bool) -> jax.Array:
+    """:func:`combine` on a ("data", "model") mesh, each device its shard of the experts: every expert's width split
+    over "model" (tensor parallelism; the partial sums added over it), and with ``expert_parallel`` the experts
+    split over "data" (vLLM's expert parallelism): each device takes every data shard's tokens, runs them through
+    its experts, and the sums are added and scattered back to the tokens' own shard."""
+    mesh = jax.sharding.get_abstract_mesh()
+    rows = P("data", None)
+    expert_axis = "data" if expert_parallel else None
+    kernel_specs = (P(expert_axis, None, "model"), P(expert_axis, None, "model"), P(expert_axis, "model", None))
+
+    def shard(tokens, weights, experts, gate, up, down):
+        first = 0
+        if expert_parallel:
+            tokens, weights, experts = (jax.lax.all_gather(x, "data", axis=0, tiled=True)
+                                        for x in (tokens, weights, experts))
+            first = jax.lax.axis_index("data") * gate.shape[0]
+        out = jax.lax.psum(combine(tokens, weights, experts, gate, up, down, first), "model")
+        return jax.lax.psum_scatter(out, "data", scatter_dimension=0, tiled=True) if expert_parallel else out
+
+    return jax.shard_map(shard, mesh=mesh, in_specs=(rows, rows, rows, *kernel_specs), out_specs=rows,
+                         check_vma=False)(tokens, weights, experts, *kernels)
 
 
 class Experts(nn.Module):

@@ -6,8 +6,9 @@ operation the engine does (unstacking layers, slicing, sharding, donation) appli
 ``models.dense.Dense`` multiplies by it through ``qwix.dot_general`` (the weight dequantized next to the matmul,
 which XLA fuses into it: the int8 / int4 bytes are what is read from memory). Activations stay in the compute dtype.
 
-Which kernels: every ``Dense`` kernel (``kernel`` leaves of rank >= 2: attention and MLP projections, an EAGLE-3
-head's ``fc``, MTP's ``eh_proj``, DFlash's projections), ``lm_head`` only with ``lm_head=True``, the target's
+Which kernels: every ``Dense`` kernel (``kernel`` leaves of rank >= 2: attention and MLP projections, a mixture's
+experts but not its router, an EAGLE-3 head's ``fc``, MTP's ``eh_proj``, DFlash's projections), ``lm_head`` only
+with ``lm_head=True``, the target's
 ``embed_tokens`` table only with ``embeddings=True`` (vLLM's and llm-compressor's default is to leave ``lm_head`` and
 the embeddings unquantized).
 Scales are absmax (qwix's default calibration): symmetric, no zero point.
@@ -66,6 +67,8 @@ def quantizes(names: Sequence[str], ndim: int, config: QuantizationConfig) -> bo
     if names[-1] == "embedding":
         return config.embeddings and len(names) >= 2 and names[-2] == "embed_tokens"
     if names[-1] != "kernel":
+        return False
+    if tuple(names[-3:-1]) == ("mlp", "gate"):  # a mixture of experts' router stays in float (llm-compressor's default)
         return False
     return config.lm_head or (len(names) < 2 or names[-2] != "lm_head")
 

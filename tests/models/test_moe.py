@@ -1,0 +1,90 @@
+"""Mixture-of-experts targets (models/moe.py): the grouped experts equal a loop over experts, and speculation on a
+MoE target is lossless (greedy, float32) with every drafter kind, int8 weights included. (Logits against
+transformers: test_llama_vs_hf[qwen3_moe]; greedy generation: test_engine_vs_hf[qwen3_moe].)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec.drafters.draft_model import DraftModelDrafter
+from jspec.drafters.eagle3 import Eagle3Drafter
+from jspec.drafters.ngram import NgramDrafter
+from models.llama import init_params
+from models.moe import combine, route
+from models.quantization import quantize_params
+from tests import spec_fixtures as fx
+
+MOE = dataclasses.replace(fx.TARGET, model_type="qwen3_moe", qk_norm=True, num_experts=8, num_experts_per_tok=2,
+                          moe_intermediate_size=16, norm_topk_prob=True)
+
+
+def test_grouped_experts_equal_a_loop_over_experts():
+    """Tokens routed unevenly (some experts get none, one gets most) through ragged_dot = each expert on its rows,
+    weighted; and the experts held in two shards (expert parallelism) add up to the same."""
+    rng = np.random.default_rng(0)
+    n, k, h, i, e = 11, 3, 8, 6, 6
+    x = rng.normal(size=(n, h)).astype(np.float32)
+    experts = rng.choice([0, 0, 0, 2, 3, 5], size=(n, k)).astype(np.int32)  # experts 1 and 4 get nothing
+    weights = rng.uniform(size=(n, k)).astype(np.float32)
+    gate, up = rng.normal(size=(2, e, h, i)).astype(np.float32)
+    down = rng.normal(size=(e, i, h)).astype(np.float32)
+    want = np.zeros_like(x)
+    for t in range(n):
+        for j in range(k):
+            g, u = x[t] @ gate[experts[t, j]], x[t] @ up[experts[t, j]]
+            want[t] += weights[t, j] * ((g / (1 + np.exp(-g)) * u) @ down[experts[t, j]])
+    args = [jnp.asarray(a) for a in (x, weights, experts)]
+    np.testing.assert_allclose(np.asarray(combine(*args, gate, up, down)), want, rtol=1e-5, atol=1e-5)
+    halves = sum(np.asarray(combine(*args, gate[s], up[s], down[s], first_expert=s.start))
+                 for s in (slice(0, 3), slice(3, 6)))
+    np.testing.assert_allclose(halves, want, rtol=1e-5, atol=1e-5)
+
+
+def test_routing_keeps_the_top_k_and_renormalises():
+    logits = jnp.asarray([[0.0, 2.0, 1.0, -1.0]])
+    weights, experts = route(logits, 2, normalize=True)
+    assert experts.tolist() == [[1, 2]]
+    probs = np.exp([2.0, 1.0]) / np.exp([0.0, 2.0, 1.0, -1.0]).sum()
+    np.testing.assert_allclose(np.asarray(weights), [probs / probs.sum()], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(route(logits, 2, normalize=False)[0]), [probs], rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def moe_params():
+    params = init_params(MOE, jax.random.key(0))
+    params["layers"]["self_attn"]["o_proj"]["kernel"] = params["layers"]["self_attn"]["o_proj"]["kernel"] * 0.05
+    params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 6.0  # near-bigram: drafts get accepted
+    return params
+
+
+def drafters(params):
+    chain = fx.SPECS["chain"]
+    return {"ngram-chain": (NgramDrafter(chain, fx.MAX_SEQ_LEN), {}),
+            "eagle3-dynamic": (Eagle3Drafter(fx.HEAD, MOE, fx.SPECS["dynamic"], fx.MAX_SEQ_LEN), fx.random_head()),
+            "draft-model-chain": (DraftModelDrafter(MOE, MOE, chain, fx.MAX_SEQ_LEN), params)}
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_speculation_on_a_moe_target_equals_plain_decoding(moe_params, quantization):
+    prompts = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
+    kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, quantization=quantization)
+    plain = jspec.SpecEngine(MOE, moe_params, **kwargs).generate(prompts, max_new_tokens=24).token_ids
+    for name, (drafter, drafter_params) in drafters(moe_params).items():
+        out = jspec.SpecEngine(MOE, moe_params, drafter=drafter, drafter_params=drafter_params,
+                               **kwargs).generate(prompts, max_new_tokens=24)
+        assert out.token_ids == plain, name
+        if name == "draft-model-chain":  # the target drafting for itself: every draft accepted
+            assert out.stats.acceptance_length > 4.0, out.stats
+
+
+def test_int8_experts_are_quantized_and_the_router_is_not(moe_params):
+    quantized = quantize_params(moe_params, "int8")["layers"]["mlp"]
+    assert quantized["experts"]["gate_proj"]["kernel"].qvalue.dtype == jnp.int8
+    assert quantized["experts"]["gate_proj"]["kernel"].scale.shape == (MOE.num_layers, MOE.num_experts, 1, 16)
+    assert quantized["gate"]["kernel"].dtype == jnp.float32
