@@ -70,7 +70,9 @@ def drafters(params):
             "draft-model-chain": (DraftModelDrafter(MOE, MOE, chain, fx.MAX_SEQ_LEN), params)}
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
+# slow: [int8]; default tier: [None], and test_int8_experts_are_quantized_and_the_router_is_not (the quantized
+# experts' tree), test_quantized_engine's int8 speculation on a dense target
+@pytest.mark.parametrize("quantization", [None, pytest.param("int8", marks=pytest.mark.slow)])
 def test_speculation_on_a_moe_target_equals_plain_decoding(moe_params, quantization):
     prompts = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
     kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, quantization=quantization)
