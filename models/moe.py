@@ -71,14 +71,23 @@ def combine(tokens: jax.Array, weights: jax.Array, experts: jax.Array, gate: jax
     """tokens [N, H] through their experts (experts i32[N, k] of weights [N, k]) held here: gate, up [E', H, I'],
     down [E', I', H] are experts first_expert .. first_expert + E' - 1 (a shard's; every expert's by default); the
     others' assignments add nothing -> [N, H] (transformers scales each expert's output in the compute dtype, then
-    sums a token's experts)."""
+    sums a token's experts). A step of fewer assignments (N * k) than experts gathers the experts they route to and
+    multiplies by those alone: the step reads what its tokens use, whatever ragged_dot's lowering reads (XLA's GPU
+    lowering multiplies every row by every group)."""
     num_tokens, top_k = experts.shape
+    num_experts, slots = gate.shape[0], num_tokens * top_k
     local = experts - first_expert
-    held = (local >= 0) & (local < gate.shape[0])
-    flat = jnp.where(held, local, gate.shape[0]).reshape(-1)  # assignments elsewhere sort last, past every group
+    held = (local >= 0) & (local < num_experts)
+    flat = jnp.where(held, local, num_experts).reshape(-1)  # assignments elsewhere sort last, past every group
+    groups = num_experts
+    if slots < num_experts:  # a decode or verify step: only the experts its tokens route to are read
+        present = jnp.unique(flat, size=slots, fill_value=num_experts)  # distinct, ascending, then fill
+        flat = jnp.where(flat < num_experts, jnp.searchsorted(present, flat), slots)
+        pick = jnp.where(present < num_experts, present, present[0])  # a fill reads a routed expert again
+        gate, up, down, groups = gate[pick], up[pick], down[pick], slots
     order = jnp.argsort(flat, stable=True)
     rows = jnp.repeat(tokens, top_k, axis=0)[order]
-    sizes = jnp.bincount(flat, length=gate.shape[0]).astype(jnp.int32)
+    sizes = jnp.bincount(flat, length=groups).astype(jnp.int32)
     h = nn.silu(jax.lax.ragged_dot(rows, gate, sizes)) * jax.lax.ragged_dot(rows, up, sizes)
     out = jax.lax.ragged_dot(h, down, sizes)  # rows past the groups (elsewhere) are zero
     out = jnp.zeros_like(out).at[order].set(out).reshape(num_tokens, top_k, -1)

@@ -54,13 +54,21 @@ class ModelShapes:
 
 
 def _head_hf(target_hf: dict) -> dict:
-    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
-            "rms_norm_eps", "rope_theta")
-    return {**{k: target_hf[k] for k in keep}, "draft_vocab_size": 32000}
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "vocab_size", "rms_norm_eps", "rope_theta")
+    return {**{k: target_hf[k] for k in keep if k in target_hf}, "draft_vocab_size": 32000}
 
+
+# Qwen3-30B-A3B's config.json: 48 layers of 128 experts (8 a token, 768 wide) and GQA attention (32 heads of 128,
+# 4 KV heads) over a 2048-wide residual; 30.5B parameters, 3.3B active a token.
+QWEN3_30B_A3B = dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                     num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                     rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+                     tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                     norm_topk_prob=True)
 
 MODELS = {name: ModelShapes(hf, _head_hf(hf), dflash_hf(hf, num_layers=5, block_size=16))
-          for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", LLAMA3_70B))}
+          for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", LLAMA3_70B), ("qwen3-30b-a3b", QWEN3_30B_A3B))}
 # Three layers of width 64 (the roofline benchmark's CPU smoke shapes): every program's structure, compiled in
 # seconds (tests/aot).
 MODELS["tiny"] = ModelShapes(TINY, dict(_head_hf(dict(TINY, rms_norm_eps=1e-5, rope_theta=10000.0)),
@@ -91,7 +99,8 @@ class Deployment:
 DEPLOYMENTS = {d.name: d for d in (
     Deployment("llama3-8b", "v5e", 1, "int8"), Deployment("llama3-8b", "v5e", 4), Deployment("llama3-8b", "v6e", 4),
     Deployment("llama3-70b", "v5p", 4), Deployment("llama3-70b", "v6e", 8),
-    Deployment("llama3-8b", "h100", 1), Deployment("llama3-70b", "h100", 8))}
+    Deployment("llama3-8b", "h100", 1), Deployment("llama3-70b", "h100", 8),
+    Deployment("qwen3-30b-a3b", "h100", 1), Deployment("qwen3-30b-a3b", "v5p", 1))}
 # v5p chips are megacores (one JAX device of two TensorCores): v5p-8 in Cloud's naming of cores is 4 chips.
 
 

@@ -44,6 +44,11 @@ def test_grouped_experts_equal_a_loop_over_experts():
     halves = sum(np.asarray(combine(*args, gate[s], up[s], down[s], first_expert=s.start))
                  for s in (slice(0, 3), slice(3, 6)))
     np.testing.assert_allclose(halves, want, rtol=1e-5, atol=1e-5)
+    # two tokens (6 assignments, fewer than the experts): the routed experts gathered, the others unused
+    few = [a[:2] for a in args]
+    junk = np.where(np.isin(np.arange(e), experts[:2]), 0.0, 1e3).astype(np.float32)[:, None, None]
+    np.testing.assert_allclose(np.asarray(combine(*few, gate + junk, up + junk, down + junk)), want[:2], rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_routing_keeps_the_top_k_and_renormalises():

@@ -1,0 +1,37 @@
+"""The expected experts a verify pass reads (jspec/tools/roofline/moe_bytes.py) against routing drawn at random, and
+the step bytes against the model's own parameter count."""
+
+import jax
+import numpy as np
+import pytest
+
+from jspec.tools.aot_programs import QWEN3_30B_A3B
+from jspec.tools.roofline.moe_bytes import expected_experts, step_bytes, step_table
+from models.config import from_hf_config
+from models.llama import param_shapes
+
+QWEN3_MOE = from_hf_config(QWEN3_30B_A3B)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 16, 64])
+def test_expected_experts_match_uniform_routing_drawn_at_random(tokens):
+    rng = np.random.default_rng(tokens)
+    touched = [len({e for _ in range(tokens) for e in rng.choice(128, 8, replace=False)}) for _ in range(2000)]
+    assert expected_experts(128, 8, tokens) == pytest.approx(np.mean(touched), rel=0.01)
+
+
+def test_a_plain_step_reads_the_active_parameters_and_a_verify_reads_more():
+    params = sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(param_shapes(QWEN3_MOE)))
+    assert params == pytest.approx(30.5e9, rel=0.01)  # Qwen3-30B-A3B's published count
+    plain = step_bytes(QWEN3_MOE, rows=1, tokens=1, context=0)
+    # "A3B": 3.3B active a token, the published count taking the whole embedding table (a step reads one row of it)
+    active = (plain.expert_bytes + plain.other_weight_bytes) / 2 + QWEN3_MOE.vocab_size * QWEN3_MOE.hidden_size
+    assert active == pytest.approx(3.3e9, rel=0.03)
+    table = step_table(QWEN3_MOE, rows=1, verify_tokens=(1, 4, 16), context=2048)
+    assert [row["experts_read"] for row in table] == [8.0, pytest.approx(29.1, abs=0.1), pytest.approx(82.4, abs=0.1)]
+    assert 1.0 == table[0]["bytes_over_plain"] < table[1]["bytes_over_plain"] < table[2]["bytes_over_plain"]
+
+
+def test_a_dense_model_is_refused():
+    with pytest.raises(ValueError, match="no experts"):
+        step_bytes(from_hf_config(dict(QWEN3_30B_A3B, model_type="qwen3", num_experts=0)), 1, 1, 0)
