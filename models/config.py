@@ -33,18 +33,26 @@ import numpy as np
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo", "qwen3_moe")
 QKV_BIAS_MODEL_TYPES = ("qwen2", "mimo")  # Qwen2 and its descendants: bias on q/k/v always, never on o
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Rope frequency scaling. ``rope_type`` "default" (none), "linear" or "llama3" (Llama 3.1+)."""
+    """Rope frequency scaling. ``rope_type`` "default" (none), "linear", "llama3" (Llama 3.1+) or "yarn" (Qwen3's
+    long context, gpt-oss, DeepSeek: ``beta_fast``, ``beta_slow``, ``truncate`` and the cos/sin scale
+    ``attention_factor``, or where absent the one ``mscale`` and ``mscale_all_dim`` give)."""
 
     rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +135,20 @@ class ModelConfig:
             inv_freq = inv_freq / scaling.factor
         elif scaling.rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
+        elif scaling.rope_type == "yarn":
+            inv_freq = _yarn_inv_freq(inv_freq, scaling, self.rope_theta, dim)
         return inv_freq.astype(np.float32)
+
+    def rope_attention_scaling(self) -> float:
+        """The factor cos and sin are scaled by (yarn's attention factor; 1 otherwise)."""
+        scaling = self.rope_scaling
+        if scaling.rope_type != "yarn":
+            return 1.0
+        if scaling.attention_factor is not None:
+            return float(scaling.attention_factor)
+        if scaling.mscale and scaling.mscale_all_dim:
+            return _yarn_mscale(scaling.factor, scaling.mscale) / _yarn_mscale(scaling.factor, scaling.mscale_all_dim)
+        return _yarn_mscale(scaling.factor)
 
     def to_json_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,6 +174,28 @@ def _llama3_inv_freq(inv_freq: np.ndarray, scaling: RopeScaling) -> np.ndarray:
     return np.where(is_medium, smoothed, scaled)
 
 
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(inv_freq: np.ndarray, scaling: RopeScaling, base: float, dim: int) -> np.ndarray:
+    """YaRN (arXiv 2309.00071): frequencies that turn fewer than ``beta_slow`` times over the original context are
+    interpolated (divided by ``factor``), those turning more than ``beta_fast`` times kept, a linear ramp between."""
+    def correction_dim(rotations):
+        turns = scaling.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return dim * math.log(turns) / (2 * math.log(base))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    return inv_freq / scaling.factor * (1 - extrapolation) + inv_freq * extrapolation
+
+
 def rope_scaling_from_hf(hf: dict[str, Any]) -> RopeScaling:
     """The RoPE scaling of a Hugging Face ``config.json`` (``rope_scaling``, or transformers >= 5's
     ``rope_parameters``); ValueError naming an unsupported ``rope_type``."""
@@ -165,12 +208,22 @@ def rope_scaling_from_hf(hf: dict[str, Any]) -> RopeScaling:
                          f"{SUPPORTED_ROPE_TYPES}")
     if rope_type == "default":
         return RopeScaling()
+    factor = raw.get("factor")
+    original = raw.get("original_max_position_embeddings", 8192)
+    if factor is None and rope_type == "yarn":  # DeepSeek-V3: the ratio of the context to the pretrained one
+        factor = hf["max_position_embeddings"] / original
+    optional = {name: float(raw[name]) for name in ("attention_factor", "mscale", "mscale_all_dim")
+                if raw.get(name) is not None}
     return RopeScaling(
         rope_type=rope_type,
-        factor=float(raw.get("factor", 1.0)),
+        factor=float(1.0 if factor is None else factor),
         low_freq_factor=float(raw.get("low_freq_factor", 1.0)),
         high_freq_factor=float(raw.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(raw.get("original_max_position_embeddings", 8192)),
+        original_max_position_embeddings=int(original),
+        beta_fast=float(raw.get("beta_fast") or 32.0),
+        beta_slow=float(raw.get("beta_slow") or 1.0),
+        truncate=bool(raw.get("truncate", True)),
+        **optional,
     )
 
 

@@ -316,7 +316,8 @@ class DFlashDraft(nn.Module):
         return self.confidence_head(features)
 
     def _rope(self, positions):
-        return rope_cos_sin(positions, self.config.layer.rope_inv_freq(), self.dtype)
+        layer = self.config.layer
+        return rope_cos_sin(positions, layer.rope_inv_freq(), self.dtype, layer.rope_attention_scaling())
 
     def context(self, features: jax.Array, positions: jax.Array, cache: KVCache, start: jax.Array) -> KVCache:
         """features: [B, N, n_ctx * H_target] (the target layers' outputs, concatenated in target_layer_ids

@@ -60,11 +60,15 @@ class RMSNorm(nn.Module):
         return weight * normed.astype(x.dtype)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, dtype) -> tuple[jax.Array, jax.Array]:
-    """positions: i32[B, T] -> cos, sin: [B, T, 1, D] (HF's concatenated-halves layout)."""
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, dtype,
+                 scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """positions: i32[B, T] -> cos, sin: [B, T, 1, D] (HF's concatenated-halves layout), times ``scale`` (yarn's
+    attention factor, ``ModelConfig.rope_attention_scaling``)."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+    if scale == 1.0:
+        return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+    return (jnp.cos(emb) * scale).astype(dtype), (jnp.sin(emb) * scale).astype(dtype)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -173,7 +177,7 @@ class LlamaModel(nn.Module):
         embed = Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
                       name="embed_tokens")
         x = embed(tokens)
-        cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype)
+        cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype, cfg.rope_attention_scaling())
 
         tapped = sorted(set(tap_layers))
         _tap_slots(tapped, cfg.num_layers)  # validates the layer indices

@@ -29,10 +29,13 @@ FAMILIES = {
                                               head_dim=24),
     "mistral": lambda: transformers.MistralConfig(**COMMON, num_attention_heads=8, num_key_value_heads=2,
                                                   sliding_window=4096),
-    # 8 experts, 2 a token: a 16-token prompt routes to most of them
+    # 8 experts, 2 a token: a 16-token prompt routes to most of them; yarn rope (Qwen3's long-context setting, with an
+    # original context of 64: the ramp between kept and interpolated frequencies falls inside head_dim 16)
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**COMMON, num_attention_heads=4, num_key_value_heads=2,
                                                      head_dim=16, num_experts=8, num_experts_per_tok=2,
-                                                     moe_intermediate_size=24, norm_topk_prob=True),
+                                                     moe_intermediate_size=24, norm_topk_prob=True,
+                                                     rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                   "original_max_position_embeddings": 64}),
 }
 MODEL_CLASSES = {
     "llama": transformers.LlamaForCausalLM,

@@ -15,15 +15,33 @@ BASE = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate
 def test_rope_inv_freq_matches_transformers(family):
     hf_config = FAMILIES[family]()
     config = from_hf_config(hf_config.to_dict())
-    rotary_cls = getattr(transformers.models, family)
-    module = getattr(rotary_cls, f"modeling_{family}")
-    rotary = getattr(module, f"{ {'llama': 'Llama', 'qwen2': 'Qwen2', 'qwen3': 'Qwen3', 'mistral': 'Mistral'}[family]}RotaryEmbedding")(hf_config)
+    module = getattr(getattr(transformers.models, family), f"modeling_{family}")
+    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "qwen3_moe": "Qwen3Moe"}
+    rotary = getattr(module, f"{name[family]}RotaryEmbedding")(hf_config)
     np.testing.assert_allclose(config.rope_inv_freq(), rotary.inv_freq.numpy(), rtol=1e-6)
+    assert config.rope_attention_scaling() == pytest.approx(rotary.attention_scaling, rel=1e-12)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+     "mscale": 1.0, "mscale_all_dim": 1.0},  # DeepSeek-V3's (attention factor 1)
+    {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+     "beta_slow": 1.0, "truncate": False},  # gpt-oss's
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "attention_factor": 1.2},
+])
+def test_yarn_matches_transformers(rope):
+    hf_config = transformers.Qwen3Config(vocab_size=10, hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
+                                         head_dim=64,
+                                         max_position_embeddings=131072, rope_theta=150000.0, rope_scaling=rope)
+    config = from_hf_config(hf_config.to_dict())
+    rotary = transformers.models.qwen3.modeling_qwen3.Qwen3RotaryEmbedding(hf_config)
+    np.testing.assert_allclose(config.rope_inv_freq(), rotary.inv_freq.numpy(), rtol=1e-6)
+    assert config.rope_attention_scaling() == pytest.approx(rotary.attention_scaling, rel=1e-6)
 
 
 @pytest.mark.parametrize("change, message", [
     ({"model_type": "gpt2"}, "model_type='gpt2'"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_type='longrope'"),
     ({"vocab_size": None}, "vocab_size=None"),
     ({"num_key_value_heads": 3, "num_attention_heads": 4, "hidden_size": 8}, "not a multiple"),
 ])
