@@ -56,10 +56,14 @@ class Counter:
 class Server:
     """The app over a warm slot engine, served by uvicorn in a background thread on a free local port."""
 
-    def __init__(self, max_batch_size: int, max_seq_len: int = MAX_SEQ_LEN, **slot_kwargs):
-        drafter, spec = bundled.default_method("cpu")
-        self.engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec,
-                                                       max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+    def __init__(self, max_batch_size: int, max_seq_len: int = MAX_SEQ_LEN, engine: jspec.SpecEngine | None = None,
+                 **slot_kwargs):
+        """engine: what it serves (default: the bundled model with its default drafter)."""
+        if engine is None:
+            drafter, spec = bundled.default_method("cpu")
+            engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec,
+                                                      max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+        self.engine = engine
         # A KV pool of what the tests need, not the CPU default's 65,536 slots: the test session's legacy XLA
         # emitters copy the pool in a speculative step (tests/conftest.py; users' programs update it in place), and
         # at the default size that copy made each served chunk cost about 20 plain ones.
