@@ -187,8 +187,9 @@ class SpecEngine:
         if isinstance(spec, str) and spec == "auto":
             from jspec.autotune import from_pretrained_auto
 
-            if quantization is not None:
-                raise ValueError("spec='auto' with quantization: not supported yet; name a drafter and a tree")
+            if quantization is not None or enable_expert_parallel:
+                raise ValueError("spec='auto' with quantization or enable_expert_parallel: not supported yet; name a "
+                                 "drafter and a tree")
             return from_pretrained_auto(cls, target_dir, drafter, max_batch_size=max_batch_size,
                                         max_seq_len=max_seq_len, dtype=dtype,
                                         tensor_parallel_size=tensor_parallel_size,

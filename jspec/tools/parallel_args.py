@@ -19,6 +19,9 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                        help="devices the target's weights are split over (heads, MLP features, vocabulary)")
     group.add_argument("-dp", "--data-parallel-size", type=int, default=1,
                        help="groups of tensor-parallel devices that the batch rows are split across")
+    group.add_argument("--enable-expert-parallel", action="store_true",
+                       help="a mixture-of-experts target's experts split whole over the -dp groups (each expert "
+                            "sliced over -tp), instead of every device holding a slice of every expert")
     group.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
                        help="multi-host: process 0's address, the same on every process (jax.distributed)")
     group.add_argument("--num-processes", type=int, default=None, help="multi-host: how many processes in all")
@@ -72,4 +75,7 @@ def _initialize(args: argparse.Namespace) -> None:
 
 def mesh_kwargs(args: argparse.Namespace) -> dict:
     """The flags as ``SpecEngine.from_pretrained`` keyword arguments."""
-    return {"tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size}
+    kwargs = {"tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size}
+    if args.enable_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
+    return kwargs
