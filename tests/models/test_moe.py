@@ -75,14 +75,19 @@ def drafters(params):
             "draft-model-chain": (DraftModelDrafter(MOE, MOE, chain, fx.MAX_SEQ_LEN), params)}
 
 
-# slow: [int8]; default tier: [None], and test_int8_experts_are_quantized_and_the_router_is_not (the quantized
-# experts' tree), test_quantized_engine's int8 speculation on a dense target
-@pytest.mark.parametrize("quantization", [None, pytest.param("int8", marks=pytest.mark.slow)])
-def test_speculation_on_a_moe_target_equals_plain_decoding(moe_params, quantization):
+# slow: [int8] and the draft model's chain; default tier: [None] with n-gram and EAGLE-3 drafting, and
+# test_int8_experts_are_quantized_and_the_router_is_not (the quantized experts' tree), test_quantized_engine's int8
+# speculation on a dense target
+@pytest.mark.parametrize("quantization,kinds", [
+    (None, ("ngram-chain", "eagle3-dynamic")),
+    pytest.param(None, ("draft-model-chain",), marks=pytest.mark.slow),
+    pytest.param("int8", ("ngram-chain", "eagle3-dynamic", "draft-model-chain"), marks=pytest.mark.slow)])
+def test_speculation_on_a_moe_target_equals_plain_decoding(moe_params, quantization, kinds):
     prompts = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
     kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, quantization=quantization)
     plain = jspec.SpecEngine(MOE, moe_params, **kwargs).generate(prompts, max_new_tokens=24).token_ids
-    for name, (drafter, drafter_params) in drafters(moe_params).items():
+    for name in kinds:
+        drafter, drafter_params = drafters(moe_params)[name]
         out = jspec.SpecEngine(MOE, moe_params, drafter=drafter, drafter_params=drafter_params,
                                **kwargs).generate(prompts, max_new_tokens=24)
         assert out.token_ids == plain, name
