@@ -76,6 +76,10 @@ MODELS["tiny"] = ModelShapes(TINY, dict(_head_hf(dict(TINY, rms_norm_eps=1e-5, r
                              chain=SpecConfig(tree="chain", num_steps=3),
                              dynamic=SpecConfig(tree="dynamic", num_steps=3, topk=3, num_draft_tokens=8),
                              dynamic16=SpecConfig(tree="dynamic", num_steps=2, topk=2, num_draft_tokens=4))
+# The same with Qwen3-MoE's mixture of experts (8 experts, 2 a token) in every layer.
+MODELS["tiny-moe"] = dataclasses.replace(
+    MODELS["tiny"], target_hf=dict(TINY, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                                   moe_intermediate_size=32, norm_topk_prob=True))
 # eagle3-dynamic: the 32-node tree; eagle3-dynamic16: the 16-node one
 METHODS = ("plain", "eagle3-chain", "eagle3-dynamic16", "eagle3-dynamic", "dflash-block")
 

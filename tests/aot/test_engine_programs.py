@@ -42,6 +42,19 @@ def test_a_method_compiles_for_one_chip(chip, method):
     assert_kernels_inside(programs, chip)
 
 
+@pytest.mark.parametrize("chip,grouped_matmul", [("v5e", "tpu_custom_call"), ("h100", "__gpu$xla.gpu.triton")])
+def test_a_mixture_of_experts_verify_step_runs_its_experts_as_grouped_matmuls(chip, grouped_matmul):
+    """A MoE target's EAGLE-3 verify step, split over two chips: the experts' grouped matmuls are kernels (XLA's
+    own on a TPU; tokamax's Triton kernel on an H100, where XLA's ragged_dot multiplies every row by every expert),
+    each expert's width split over the chips (the partial sums all-reduced)."""
+    programs = compile_engine_programs(Deployment("tiny-moe", chip, 2), "eagle3-chain", batch=2, whole=False, **TINY)
+    text = programs.step.as_text()
+    kernels = [line for line in text.splitlines() if f'custom_call_target="{grouped_matmul}"' in line]
+    # gate, up and down in each of the 3 layers (their metadata names ragged_dot; XLA's TPU kernel may take more)
+    assert sum("ragged" in line for line in kernels) >= 9, kernels
+    assert "all-reduce" in text
+
+
 @pytest.mark.parametrize("chip,chips", [("v5e", 4), ("h100", 4)])
 def test_a_speculative_step_compiles_split_over_chips(chip, chips):
     programs = compile_engine_programs(Deployment("tiny", chip, chips), "eagle3-dynamic", batch=chips, whole=False,
