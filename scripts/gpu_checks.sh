@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks a session runs when it is lent a GPU, in one call (figures and logs under $OUT):
-#     OUT=/some/dir bash scripts/gpu_checks.sh kernels   # the Pallas kernels' and paged serving path's tests (in the
+#     OUT=/some/dir bash scripts/gpu_checks.sh kernels   # the Pallas kernels', tokamax's grouped matmul (a mixture
+#                                                        # of experts) and the paged serving path's tests (in the
 #                                                        # background, a small share of the GPU's memory), and the
 #                                                        # paged-attention sweep (jspec bench --kernel-sweep)
 #     OUT=/some/dir bash scripts/gpu_checks.sh serve     # the load adapter's step programs (short chain included)
@@ -30,7 +31,7 @@ pytest="python3 -m pytest -o addopts= -p no:cacheprovider -q --durations=8"
 case "$what" in
 kernels)
     (export XLA_PYTHON_CLIENT_MEM_FRACTION=0.04
-     timeout 200 $pytest -n 2 -m gpu tests/pallas_kernels >"$OUT/tests.txt" 2>&1
+     timeout 200 $pytest -n 2 -m gpu tests/pallas_kernels tests/models/test_moe_gpu.py >"$OUT/tests.txt" 2>&1
      echo "kernel tests exit $?" >>"$OUT/tests.txt"
      timeout 330 $pytest -n 4 --dist loadscope -m "" tests/models/test_paged_kv.py tests/jspec/serve/test_paged.py \
          tests/jspec/serve/test_paged_scheduler.py tests/jspec/serve/test_slots.py \
