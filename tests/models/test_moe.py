@@ -60,12 +60,16 @@ def test_routing_keeps_the_top_k_and_renormalises():
     np.testing.assert_allclose(np.asarray(route(logits, 2, normalize=False)[0]), [probs], rtol=1e-6)
 
 
-@pytest.fixture(scope="module")
-def moe_params():
+def near_bigram_moe() -> dict:
     params = init_params(MOE, jax.random.key(0))
     params["layers"]["self_attn"]["o_proj"]["kernel"] = params["layers"]["self_attn"]["o_proj"]["kernel"] * 0.05
     params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 6.0  # near-bigram: drafts get accepted
     return params
+
+
+@pytest.fixture(scope="module")
+def moe_params():
+    return near_bigram_moe()
 
 
 def drafters(params):

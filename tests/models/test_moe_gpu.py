@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from models.moe import combine
-from tests.models.test_moe import MOE, drafters, moe_params  # noqa: F401 -- the module fixture
+from tests.models.test_moe import MOE, drafters, near_bigram_moe
 
 pytestmark = pytest.mark.gpu
 
@@ -35,10 +35,11 @@ def test_tokamax_grouped_experts_equal_a_loop(tokens):
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0.05, atol=0.05)
 
 
-def test_speculation_on_a_moe_target_equals_plain_decoding_on_the_gpu(moe_params):  # noqa: F811
+def test_speculation_on_a_moe_target_equals_plain_decoding_on_the_gpu():
     import jspec
     from tests import spec_fixtures as fx
 
+    moe_params = near_bigram_moe()
     prompts = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
     kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN)
     plain = jspec.SpecEngine(MOE, moe_params, **kwargs).generate(prompts, max_new_tokens=24).token_ids
