@@ -6,6 +6,7 @@ and several sampling settings. The EAGLE-3 drafts are deterministic (top-k), so 
 sample-at-every-node walk of pallas_kernels.tree_verify.
 """
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,3 +108,20 @@ def test_a_quantized_target_is_followed_exactly():
     assert np.abs(joint - exact_triples(TARGET, params, PROMPT, 1.0)).max() > 0  # the quantized target differs
     assert_triples_follow(out.token_ids, joint, "int8", min_cells=0)
 
+
+# slow: sampled speculation on a mixture-of-experts target follows its exact distribution (chi-square); default tier:
+# the float chi-square [dynamic] (the same verify walk) and test_moe's greedy speculation on a MoE target
+@pytest.mark.slow
+def test_a_mixture_of_experts_target_is_followed_exactly():
+    """A Qwen3-MoE target (4 experts, 2 a token) through a dynamic tree at T=1: 12,000 rows of 3 tokens
+    (36,000 routed tokens a verify) follow the target's distribution, enumerated from the same weights."""
+    moe = dataclasses.replace(TARGET, model_type="qwen3_moe", qk_norm=True, num_experts=4, num_experts_per_tok=2,
+                              moe_intermediate_size=16, norm_topk_prob=True)
+    params = varied(init_params(moe, jax.random.key(9)))
+    head = {"head": init_eagle3_params(HEAD, jax.random.key(8)), "d2t": jnp.zeros((VOCAB,), jnp.int32)}
+    spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
+    engine = jspec.SpecEngine(moe, params, drafter=Eagle3Drafter(HEAD, moe, spec, 16), drafter_params=head,
+                              max_batch_size=ROWS, max_seq_len=16)
+    out = engine.generate([PROMPT] * ROWS, max_new_tokens=3, temperature=1.0, seed=9)
+    assert out.stats.acceptance_length > 1.1, "drafts were never accepted: the test would prove nothing"
+    assert_triples_follow(out.token_ids, exact_triples(moe, params, PROMPT, 1.0), "moe", min_cells=0)
