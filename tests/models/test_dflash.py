@@ -42,6 +42,11 @@ def write_zlab(directory, hf: dict, tensors: dict) -> str:
 
 @pytest.fixture(scope="module")
 def reference() -> DFlashReference:
+    return make_reference()
+
+
+def make_reference() -> DFlashReference:
+    """z-lab's DFlashDraftModel (the torch replica) of :data:`HF`, random weights, norms not all ones."""
     torch.manual_seed(0)
     model = DFlashReference(qwen3.Qwen3Config(**HF), num_context_layers=2).eval()
     with torch.no_grad():
