@@ -104,7 +104,8 @@ def serve_config(engine, *, max_seq_len: int | None = None, max_queue: int = 256
     speculative steps may also verify only its first short_draft_len drafts (a third program the adapter
     chooses, for high occupancy; ``default_short_draft_len``), 0: never; max_stop_ids: stop token ids per request (EOS
     included); block_size: token slots per page; max_total_tokens: the KV pool in token slots (default: on a GPU or TPU,
-    ``kv_cache_memory_fraction`` of the device memory less what is in use, over the bytes one slot takes; elsewhere
+    ``kv_cache_memory_fraction`` of the device memory less what is in use and the largest programs' workspace
+    (``ModelRunner.pool_tokens``), over the bytes one slot takes; elsewhere
     ``model_runner.CPU_MAX_TOTAL_TOKENS``); enable_prefix_caching: reuse the pages of committed tokens a request's
     prompt starts with (vLLM's automatic prefix caching; for plain decoding and every drafter that continues from a
     cached prefix, ``paged.continues_from_cache``: all but MTP, for which it is ignored with a warning);

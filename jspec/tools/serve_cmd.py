@@ -55,7 +55,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="the KV cache in token slots, over all requests (default: on a GPU or TPU, "
                              "--kv-cache-memory-fraction of device memory; on a CPU, 65536)")
     server.add_argument("--kv-cache-memory-fraction", type=float, default=0.9,
-                        help="on a GPU, the fraction of device memory weights, programs and KV cache may fill")
+                        help="on a GPU or TPU, the fraction of device memory weights, programs' workspace and the KV "
+                             "cache may fill (vLLM's --gpu-memory-utilization)")
     server.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="prompt tokens prefilled between two decode chunks; a longer prompt is prefilled "
                              "in pieces (chunked prefill; default 2048; MTP prefills a prompt whole: at least "
