@@ -137,8 +137,8 @@ class ModelRunner:
         workspace = self.workspace_bytes(layout)
         free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0) - workspace
         tokens = (int(free // per_slot) // self.block_size - 1) * self.block_size  # whole pages, and the null page
-        logger.info("KV pool: %.2f GiB of %.2f GiB free after weights (%.2f GiB in use) and the largest program's "
-                    "workspace (%.2f GiB)", max(tokens, 0) * per_slot / 2**30,
+        logger.info("KV pool: %.2f GiB, %.0f%% of %.2f GiB less %.2f GiB in use (weights) and the largest program's "
+                    "workspace, %.2f GiB", max(tokens, 0) * per_slot / 2**30, 100 * self.kv_cache_memory_fraction,
                     stats["bytes_limit"] / 2**30, stats.get("bytes_in_use", 0) / 2**30, workspace / 2**30)
         return max(tokens, layout.pages_per_row * self.block_size)
 
