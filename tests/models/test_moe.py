@@ -79,19 +79,41 @@ def drafters(params):
             "draft-model-chain": (DraftModelDrafter(MOE, MOE, chain, fx.MAX_SEQ_LEN), params)}
 
 
-# slow: [int8] and the draft model's chain; default tier: [None] with n-gram and EAGLE-3 drafting, and
-# test_int8_experts_are_quantized_and_the_router_is_not (the quantized experts' tree), test_quantized_engine's int8
-# speculation on a dense target
-@pytest.mark.parametrize("quantization,kinds", [
-    (None, ("ngram-chain", "eagle3-dynamic")),
-    pytest.param(None, ("draft-model-chain",), marks=pytest.mark.slow),
-    pytest.param("int8", ("ngram-chain", "eagle3-dynamic", "draft-model-chain"), marks=pytest.mark.slow)])
-def test_speculation_on_a_moe_target_equals_plain_decoding(moe_params, quantization, kinds):
+def test_a_converted_qwen3_moe_decodes_as_transformers_and_speculation_keeps_it(hf_checkpoint):
+    """transformers' Qwen3-MoE (yarn rope) converted: the engine's greedy tokens equal transformers' generate, and
+    n-gram and EAGLE-3 dynamic-tree speculation return the same tokens (one plain program serves both checks)."""
+    from models.eagle3 import eagle3_config_from_hf, init_eagle3_params
+    from tests.jspec.test_engine_vs_hf import hf_greedy, prompts_for
+
+    model, _, out_dir = hf_checkpoint("qwen3_moe")
+    loaded = jspec.SpecEngine.from_pretrained(out_dir, max_batch_size=4, max_seq_len=64)
+    config, params = loaded.config, loaded.params
+    prompts = prompts_for(config.vocab_size)
+    plain = jspec.SpecEngine(config, params, max_batch_size=4, max_seq_len=64).generate(prompts, max_new_tokens=12)
+    model.generation_config.eos_token_id = None  # random weights: run to max_new_tokens on both sides
+    assert plain.token_ids == [hf_greedy(model, prompt, 12) for prompt in prompts]
+    head = eagle3_config_from_hf({"hidden_size": config.hidden_size, "intermediate_size": 64,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": config.vocab_size})
+    for drafter, drafter_params in (
+            (NgramDrafter(fx.SPECS["chain"], 64), {}),
+            (Eagle3Drafter(head, config, fx.SPECS["dynamic"], 64),
+             {"head": init_eagle3_params(head, jax.random.key(1)), "d2t": jnp.zeros((config.vocab_size,), jnp.int32)})):
+        out = jspec.SpecEngine(config, params, drafter=drafter, drafter_params=drafter_params, max_batch_size=4,
+                               max_seq_len=64).generate(prompts, max_new_tokens=12)
+        assert out.token_ids == plain.token_ids, type(drafter).__name__
+
+
+# slow: the near-bigram MoE (drafts accepted) with every drafter, float and int8; default tier:
+# test_a_converted_qwen3_moe_decodes_as_transformers_and_speculation_keeps_it (n-gram and EAGLE-3 on a MoE),
+# test_int8_experts_are_quantized_and_the_router_is_not, test_quantized_engine's int8 speculation on a dense target
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_speculation_on_a_moe_target_equals_plain_decoding(moe_params, quantization):
     prompts = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
     kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, quantization=quantization)
     plain = jspec.SpecEngine(MOE, moe_params, **kwargs).generate(prompts, max_new_tokens=24).token_ids
-    for name in kinds:
-        drafter, drafter_params = drafters(moe_params)[name]
+    for name, (drafter, drafter_params) in drafters(moe_params).items():
         out = jspec.SpecEngine(MOE, moe_params, drafter=drafter, drafter_params=drafter_params,
                                **kwargs).generate(prompts, max_new_tokens=24)
         assert out.token_ids == plain, name
