@@ -74,9 +74,11 @@ class TensorCheck:
         missing = []
         for path, (shape, _) in self.expected.items():
             arity = 0 if path[0] != "layers" else 2 if "experts" in path else 1
-            absent = set(itertools.product(*map(range, shape[:arity]))) - self.filled.get(path, set())
+            absent = sorted(set(itertools.product(*map(range, shape[:arity]))) - self.filled.get(path, set()))
             if absent:
-                missing.append("/".join(path) + (f" (at {sorted(absent)[:8]})" if arity else ""))
+                where = ("" if not arity else f" (layers {[at[0] for at in absent]})" if arity == 1
+                         else f" (layer, expert {absent[:8]}{' ...' if len(absent) > 8 else ''})")
+                missing.append("/".join(path) + where)
         problems = []
         if missing:
             problems.append(f"missing: {missing}")
