@@ -1,14 +1,12 @@
 """Tiny random Hugging Face checkpoints of each supported family, made by transformers itself.
 
-Each is saved with ``save_pretrained`` (the format users download) and converted with our script, so tests
-exercise the whole path: HF directory -> scripts/convert_checkpoint.py -> SpecEngine.from_pretrained.
+Each is saved with ``save_pretrained`` (the format users download) and converted with ``jspec convert``, so tests
+exercise the whole path: HF directory -> jspec convert -> SpecEngine.from_pretrained.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import torch
 import transformers
@@ -68,12 +66,14 @@ def perturbed(model: transformers.PreTrainedModel, bf16_values: bool = False) ->
 
 def save_and_convert(model: transformers.PreTrainedModel, root: str, dtype: str = "float32",
                      **save_kwargs) -> tuple[str, str]:
-    """save_pretrained into root/hf, convert with the script into root/jspec; returns both directories."""
+    """save_pretrained into root/hf, convert with ``jspec convert`` (in this process: what
+    scripts/convert_checkpoint.py calls, without a Python and JAX start-up per family and worker; the script itself
+    runs in tests/models/test_eagle3.py) into root/jspec; returns both directories."""
+    from jspec.tools.cli import main as cli_main
+
     hf_dir, out_dir = os.path.join(root, "hf"), os.path.join(root, "jspec")
     model.save_pretrained(hf_dir, **save_kwargs)
-    done = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "convert_checkpoint.py"), "--src", hf_dir,
-                           "--dst", out_dir, "--dtype", dtype], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    assert cli_main(["convert", "--src", hf_dir, "--dst", out_dir, "--dtype", dtype]) == 0
     return hf_dir, out_dir
 
 

@@ -1,6 +1,6 @@
 """The Flax decoder's logits equal transformers' on tiny random models of every family (float32, CPU).
 
-Checkpoints come from transformers' save_pretrained and go through scripts/convert_checkpoint.py and the loader.
+Checkpoints come from transformers' save_pretrained and go through jspec convert and the loader.
 Prefill and cached decode steps (one token, then a block of three) are compared, max abs diff < 1e-4.
 """
 
