@@ -27,7 +27,7 @@ def prompts_for(vocab_size, seed=0):
 
 
 # slow: Mistral's, Qwen2's and Qwen3-MoE's greedy generation = transformers'; default tier: [llama], [qwen3], and
-# test_moe's converted Qwen3-MoE (its greedy tokens = transformers', speculation keeping them)
+# test_moe's converted Qwen3-MoE (n-gram speculation = transformers' greedy tokens)
 @pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.slow)
                                     if family in ("mistral", "qwen2", "qwen3_moe") else family
                                     for family in sorted(FAMILIES)])

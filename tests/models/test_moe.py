@@ -79,26 +79,22 @@ def drafters(params):
             "draft-model-chain": (DraftModelDrafter(MOE, MOE, chain, fx.MAX_SEQ_LEN), params)}
 
 
-def test_a_converted_qwen3_moe_decodes_as_transformers_and_speculation_keeps_it(hf_checkpoint):
-    """transformers' Qwen3-MoE (yarn rope) converted: the engine's greedy tokens equal transformers' generate, and
-    n-gram chain speculation (a verify of 5 tokens through the experts) returns the same tokens (one plain program
-    serves both checks)."""
+def test_a_converted_qwen3_moe_speculates_transformers_greedy_tokens(hf_checkpoint):
+    """transformers' Qwen3-MoE (yarn rope) converted: n-gram chain speculation (verifies of 5 tokens through the
+    experts, decode steps through the gathered ones) returns transformers' greedy generate token for token."""
     from tests.jspec.test_engine_vs_hf import hf_greedy, prompts_for
 
     model, _, out_dir = hf_checkpoint("qwen3_moe")
     loaded = jspec.SpecEngine.from_pretrained(out_dir, max_batch_size=4, max_seq_len=64)
-    config, params = loaded.config, loaded.params
-    prompts = prompts_for(config.vocab_size)
-    plain = jspec.SpecEngine(config, params, max_batch_size=4, max_seq_len=64).generate(prompts, max_new_tokens=12)
+    prompts = prompts_for(loaded.config.vocab_size)
+    out = jspec.SpecEngine(loaded.config, loaded.params, drafter=NgramDrafter(fx.SPECS["chain"], 64),
+                           drafter_params={}, max_batch_size=4, max_seq_len=64).generate(prompts, max_new_tokens=12)
     model.generation_config.eos_token_id = None  # random weights: run to max_new_tokens on both sides
-    assert plain.token_ids == [hf_greedy(model, prompt, 12) for prompt in prompts]
-    out = jspec.SpecEngine(config, params, drafter=NgramDrafter(fx.SPECS["chain"], 64), drafter_params={},
-                           max_batch_size=4, max_seq_len=64).generate(prompts, max_new_tokens=12)
-    assert out.token_ids == plain.token_ids
+    assert out.token_ids == [hf_greedy(model, prompt, 12) for prompt in prompts]
 
 
 # slow: the near-bigram MoE (drafts accepted) with every drafter (EAGLE-3's dynamic tree, the draft model's chain),
-# float and int8; default tier: test_a_converted_qwen3_moe_decodes_as_transformers_and_speculation_keeps_it (n-gram),
+# float and int8; default tier: test_a_converted_qwen3_moe_speculates_transformers_greedy_tokens (n-gram),
 # test_int8_experts_are_quantized_and_the_router_is_not, test_quantized_engine's int8 speculation on a dense target
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization", [None, "int8"])
