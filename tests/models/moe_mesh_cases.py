@@ -23,7 +23,7 @@ HEAD = eagle3_config_from_hf({"hidden_size": 64, "intermediate_size": 128, "num_
 SPEC = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
 PROMPTS = [[5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6], [7], [200, 100, 50, 25, 12, 6]]
 # name -> (tensor_parallel_size, data_parallel_size, enable_expert_parallel)
-MESHES = {"tp2": (2, 1, False), "tp2xdp4": (2, 4, False), "tp2xep4": (2, 4, True)}
+MESHES = {"tp2xdp4": (2, 4, False), "tp2xep4": (2, 4, True)}  # tp 2 within each data group; whole experts on top
 
 
 def main() -> None:

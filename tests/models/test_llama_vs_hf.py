@@ -1,7 +1,8 @@
 """The Flax decoder's logits equal transformers' on tiny random models of every family (float32, CPU).
 
 Checkpoints come from transformers' save_pretrained and go through jspec convert and the loader.
-Prefill and cached decode steps (one token, then a block of three) are compared, max abs diff < 1e-4.
+Prefill and cached decode steps (one token, then a block of three) are compared, max abs diff < 1e-4; the
+mixture of experts also through the engine: n-gram speculation returns transformers' greedy tokens.
 """
 
 import jax.numpy as jnp
@@ -9,10 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+import jspec
+from jspec.drafters.ngram import NgramDrafter
 from models.attention import KVCache
 from models.checkpoint import load_llama
 from models.llama import LlamaModel
+from tests import spec_fixtures as fx
 from tests.hf_models import FAMILIES
+from tests.jspec.test_engine_vs_hf import hf_greedy, prompts_for
 
 ATOL = 1e-4
 
@@ -112,3 +117,15 @@ def test_tree_mask_equals_separate_causal_branches(converted):
     got = np.asarray(out.logits)[0]
     np.testing.assert_allclose(got[[0, 1, 2]], seq_a[5:8], atol=ATOL, rtol=0)
     np.testing.assert_allclose(got[3], seq_b[6], atol=ATOL, rtol=0)
+
+
+def test_a_converted_qwen3_moe_speculates_transformers_greedy_tokens(hf_checkpoint):
+    """transformers' Qwen3-MoE (yarn rope) converted: n-gram chain speculation (verifies of 5 tokens through the
+    experts, decode steps through the gathered ones) returns transformers' greedy generate token for token."""
+    model, _, out_dir = hf_checkpoint("qwen3_moe")
+    loaded = jspec.SpecEngine.from_pretrained(out_dir, max_batch_size=4, max_seq_len=64)
+    prompts = prompts_for(loaded.config.vocab_size)
+    out = jspec.SpecEngine(loaded.config, loaded.params, drafter=NgramDrafter(fx.SPECS["chain"], 64),
+                           drafter_params={}, max_batch_size=4, max_seq_len=64).generate(prompts, max_new_tokens=12)
+    model.generation_config.eos_token_id = None  # random weights: run to max_new_tokens on both sides
+    assert out.token_ids == [hf_greedy(model, prompt, 12) for prompt in prompts]

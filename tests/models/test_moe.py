@@ -1,6 +1,6 @@
 """Mixture-of-experts targets (models/moe.py): the grouped experts equal a loop over experts, and speculation on a
 MoE target is lossless (greedy, float32) with every drafter kind, int8 weights included. (Logits against
-transformers: test_llama_vs_hf[qwen3_moe]; greedy generation: test_engine_vs_hf[qwen3_moe].)"""
+transformers, and n-gram speculation returning transformers' greedy tokens: test_llama_vs_hf.)"""
 
 from __future__ import annotations
 
@@ -79,28 +79,14 @@ def drafters(params):
             "draft-model-chain": (DraftModelDrafter(MOE, MOE, chain, fx.MAX_SEQ_LEN), params)}
 
 
-def test_a_converted_qwen3_moe_speculates_transformers_greedy_tokens(hf_checkpoint):
-    """transformers' Qwen3-MoE (yarn rope) converted: n-gram chain speculation (verifies of 5 tokens through the
-    experts, decode steps through the gathered ones) returns transformers' greedy generate token for token."""
-    from tests.jspec.test_engine_vs_hf import hf_greedy, prompts_for
-
-    model, _, out_dir = hf_checkpoint("qwen3_moe")
-    loaded = jspec.SpecEngine.from_pretrained(out_dir, max_batch_size=4, max_seq_len=64)
-    prompts = prompts_for(loaded.config.vocab_size)
-    out = jspec.SpecEngine(loaded.config, loaded.params, drafter=NgramDrafter(fx.SPECS["chain"], 64),
-                           drafter_params={}, max_batch_size=4, max_seq_len=64).generate(prompts, max_new_tokens=12)
-    model.generation_config.eos_token_id = None  # random weights: run to max_new_tokens on both sides
-    assert out.token_ids == [hf_greedy(model, prompt, 12) for prompt in prompts]
-
-
-# slow: the near-bigram MoE (drafts accepted) with every drafter (EAGLE-3's dynamic tree, the draft model's chain),
-# float and int8; default tier: test_a_converted_qwen3_moe_speculates_transformers_greedy_tokens (n-gram),
+# slow: the near-bigram MoE (drafts accepted) in int8 with every drafter (n-gram, EAGLE-3's dynamic tree, the draft
+# model's chain); default tier: test_llama_vs_hf's converted Qwen3-MoE speculating transformers' tokens (n-gram),
 # test_int8_experts_are_quantized_and_the_router_is_not, test_quantized_engine's int8 speculation on a dense target
 @pytest.mark.slow
-@pytest.mark.parametrize("quantization", [None, "int8"])
-def test_speculation_on_a_moe_target_equals_plain_decoding(moe_params, quantization):
+def test_speculation_on_an_int8_moe_target_equals_plain_decoding(moe_params):
+    """(In float32, EAGLE-3 on a MoE: test_moe_mesh's one-device engines, test_moe_drafters.)"""
     prompts = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
-    kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, quantization=quantization)
+    kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, quantization="int8")
     plain = jspec.SpecEngine(MOE, moe_params, **kwargs).generate(prompts, max_new_tokens=24).token_ids
     for name, (drafter, drafter_params) in drafters(moe_params).items():
         out = jspec.SpecEngine(MOE, moe_params, drafter=drafter, drafter_params=drafter_params,
