@@ -299,10 +299,13 @@ def _moe_fields(hf: dict[str, Any]) -> dict[str, Any]:
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"config.json hidden_act={act!r}: expected 'silu'")
-    experts = hf.get("num_experts", hf.get("num_local_experts"))
-    return dict(num_experts=int(experts), num_experts_per_tok=int(hf["num_experts_per_tok"]),
-                moe_intermediate_size=int(hf["moe_intermediate_size"]),
-                norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+    fields = {"num_experts": hf.get("num_experts", hf.get("num_local_experts")),
+              "num_experts_per_tok": hf.get("num_experts_per_tok"),
+              "moe_intermediate_size": hf.get("moe_intermediate_size")}
+    for name, value in fields.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.json {name}={value!r}: a qwen3_moe model needs a positive integer")
+    return dict(fields, norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> ModelConfig:

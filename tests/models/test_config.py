@@ -43,6 +43,9 @@ def test_yarn_matches_transformers(rope):
     ({"model_type": "gpt2"}, "model_type='gpt2'"),
     ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_type='longrope'"),
     ({"vocab_size": None}, "vocab_size=None"),
+    ({"model_type": "qwen3_moe", "num_experts_per_tok": 2, "moe_intermediate_size": 8}, "num_experts=None"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+      "mlp_only_layers": [0]}, "mlp_only_layers=\\[0\\]"),
     ({"num_key_value_heads": 3, "num_attention_heads": 4, "hidden_size": 8}, "not a multiple"),
 ])
 def test_unsupported_configs_name_the_field(change, message):
