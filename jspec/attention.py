@@ -38,7 +38,8 @@ def is_verify_pass(q: jax.Array, local_mask: jax.Array | None, write_offset: jax
 
 def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
                      cache_len: jax.Array, local_mask: jax.Array | None, write_offset: jax.Array | int, *,
-                     scale: float, impl: ImplName = "auto") -> jax.Array:
+                     scale: float, impl: ImplName = "auto", window: int | jax.Array | None = None,
+                     sinks: jax.Array | None = None) -> jax.Array:
     """An ``models.attention.AttentionFn``; shapes as documented there.
 
     impl: the tree kernel's lowering for verify passes (``pallas_kernels.impl``): "auto" (Pallas on a GPU, Mosaic
@@ -48,7 +49,14 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
     ``paged_attention``, the prefix read through the page table, in jnp; or, with pages of a power-of-two size
     >= 16, to ``pallas_kernels.paged_tree_attention``: its TPU form on a TPU (or named), its GPU form only with
     impl "pallas" or "interpret" named (not "auto": the GPU form has not run on a GPU yet).
+
+    A layer with a sliding ``window`` or attention ``sinks`` (gpt-oss, Gemma-3, Mistral) goes to the jnp forms, whose
+    masks and softmax take them; the kernels do not yet.
     """
+    if window is not None or sinks is not None:
+        attend = paged_attention if isinstance(k_cache, PagedKV) else dense_attention
+        return attend(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale,
+                      window=window, sinks=sinks)
     if isinstance(k_cache, PagedKV):
         page_size = k_cache.page_size
         named = impl in ("pallas", "interpret") or resolve_impl(impl, "paged_tree_attention").is_tpu

@@ -49,7 +49,7 @@ def score_prompts(params_t, prompt_ids: jax.Array, prompt_lens: jax.Array, *, se
         def chunk(i):
             start = i * POSITION_CHUNK
             x = jax.lax.dynamic_slice_in_dim(hidden, start, POSITION_CHUNK, axis=1)
-            x = RMSNorm(cfg.rms_norm_eps, setup.jnp_dtype).apply({"params": params_t["norm"]}, x)
+            x = RMSNorm(cfg.rms_norm_eps, setup.jnp_dtype, cfg.norm_weight_offset).apply({"params": params_t["norm"]}, x)
             logits = x @ params_t["lm_head"]["kernel"]
             return of_tokens(logits, jax.lax.dynamic_slice_in_dim(following, start, POSITION_CHUNK, axis=1),
                              num_top)

@@ -169,7 +169,8 @@ def param_specs(params: Any, config: ModelConfig, tensor_parallel_size: int) -> 
         shape = np.shape(leaf)
         axes = (None,) * (len(shape) - len(rule)) + rule
         if config.expert_parallel and "experts" in names:  # [..., E, in, out]: whole experts over "data"
-            axes = axes[:-3] + ("data",) + axes[-2:]
+            rank = 2 if names[-1] == "bias" else 3  # a bias: [..., E, out]
+            axes = axes[:-rank] + ("data",) + axes[len(axes) - rank + 1:]
         if quantized:  # a QArray's qvalue splits like its kernel; its scale where its axis still divides
             axes = tuple(a if a is None or shape[i] % tensor_parallel_size == 0 else None for i, a in enumerate(axes))
         return P(*axes) if rule else P()

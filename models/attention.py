@@ -15,13 +15,24 @@ Slots past the window hold garbage and are never read. Cache layout of one layer
     slot:   0 ........ cache_len-1 | cache_len ......... cache_len+W-1 | ... S-1
             committed tokens        | the window (tree / draft tokens) | unused (garbage)
 
-``AttentionFn(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, *, scale) -> out`` with
+``AttentionFn(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, *, scale[, window, sinks])
+-> out`` with
 q: [B, T, Hq, D]; k_cache, v_cache: [B, S, Hkv, D] (already holding the new tokens); k_new, v_new:
 [B, T, Hkv, D]; cache_len: i32[B]; write_offset: where in the window the new tokens went, as the model received
 it (a Python int stays one, so an implementation can tell a static 0 at trace time; or an i32 scalar);
 out: [B, T, Hq, D]. An implementation may read the window from the cache or, only when W = T and write_offset
 is statically 0, from k_new/v_new (the tree-attention kernel does the latter): with any other offset, window slot
 j is not new token j.
+
+Two keywords only the layers that have them pass (so an attention that has neither need not take them):
+
+- ``window`` (an int, or an i32 scalar inside a scanned stack of layers; a sliding-window layer's): query at position
+  p reads keys at positions > p - window (transformers' ``sliding_window``). Committed slot s holds position s; a
+  query, and a window slot of a verify pass or causal continuation, sits at ``cache_len + depth``, its depth in the
+  tree being the number of its ancestors (:func:`tree_depths`). A window wider than T (a drafter growing a tree) has
+  no such depths: a sliding window there is refused.
+- ``sinks``: f32[Hq], a learned logit per query head that joins every softmax's denominator and reads no value
+  (gpt-oss's attention sinks).
 """
 
 from __future__ import annotations
@@ -77,12 +88,25 @@ def pad_slots(cache: KVCache, slots: int) -> KVCache:
 class AttentionFn(Protocol):
     def __call__(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array,
                  v_new: jax.Array, cache_len: jax.Array, local_mask: jax.Array | None,
-                 write_offset: jax.Array | int, *, scale: float) -> jax.Array: ...
+                 write_offset: jax.Array | int, *, scale: float, window: int | jax.Array | None = None,
+                 sinks: jax.Array | None = None) -> jax.Array: ...
+
+
+def tree_depths(local_mask: jax.Array | None, num_new: int) -> jax.Array:
+    """i32[B or 1, T]: each new token's depth (position - cache_len): its row's count of visible window slots less
+    one (itself and its ancestors) under a mask bool[B, T, T]; i under a causal continuation (None)."""
+    if local_mask is None:
+        return jnp.arange(num_new, dtype=jnp.int32)[None]
+    if local_mask.shape[2] != num_new:
+        raise ValueError(f"a sliding window needs each window slot's position: a window of T={num_new} slots, got a "
+                         f"mask of shape {local_mask.shape} (a drafter growing a tree in a wider window)")
+    return jnp.sum(local_mask, axis=2, dtype=jnp.int32) - 1
 
 
 def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new: int, cache_size: int,
-                    slots: jax.Array | None = None) -> jax.Array:
-    """bool[B, T, S]: whether query i may read cache slot s (committed, or a window slot its mask allows).
+                    slots: jax.Array | None = None, window: int | jax.Array | None = None) -> jax.Array:
+    """bool[B, T, S]: whether query i may read cache slot s (committed, or a window slot its mask allows; with a
+    sliding ``window``, only keys less than ``window`` positions behind it).
 
     slots: i32[B, L], the cache slots the mask's L columns stand for (an attention that reads only some); None:
     all S = cache_size slots in order."""
@@ -92,30 +116,37 @@ def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new:
     committed = rel < 0
     if local_mask is None:
         query = jnp.arange(num_new)[None, :, None]  # [1, T, 1]
-        return committed | ((rel >= 0) & (rel <= query))
-    window = local_mask.shape[2]
-    column = jnp.broadcast_to(jnp.clip(rel, 0, window - 1), (cache_len.shape[0], num_new, rel.shape[2]))
-    return committed | ((rel >= 0) & (rel < window) & jnp.take_along_axis(local_mask, column, axis=2))
+        mask = committed | ((rel >= 0) & (rel <= query))
+    else:
+        width = local_mask.shape[2]
+        column = jnp.broadcast_to(jnp.clip(rel, 0, width - 1), (cache_len.shape[0], num_new, rel.shape[2]))
+        mask = committed | ((rel >= 0) & (rel < width) & jnp.take_along_axis(local_mask, column, axis=2))
+    if window is None:
+        return mask
+    depth = tree_depths(local_mask, num_new)  # [B or 1, T]
+    key_depth = jnp.where(committed, rel, jnp.take_along_axis(
+        jnp.broadcast_to(depth, (cache_len.shape[0], num_new)), jnp.clip(rel[:, 0], 0, num_new - 1), axis=1)[:, None])
+    return mask & (depth[:, :, None] - key_depth < window)
 
 
 def dense_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
                     cache_len: jax.Array, local_mask: jax.Array | None, write_offset: jax.Array | int, *,
-                    scale: float) -> jax.Array:
+                    scale: float, window: int | jax.Array | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """Attention over the whole cache (``grouped_attention``). Reads the window from the cache, so any
     write_offset is right."""
     del k_new, v_new, write_offset  # already in the cache, wherever the model wrote them
-    mask = visibility_mask(cache_len, local_mask, q.shape[1], k_cache.shape[1])
-    return masked_attention(q, k_cache, v_cache, mask, scale=scale)
+    mask = visibility_mask(cache_len, local_mask, q.shape[1], k_cache.shape[1], window=window)
+    return masked_attention(q, k_cache, v_cache, mask, scale=scale, sinks=sinks)
 
 
 def masked_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, mask: jax.Array, *,
-                     scale: float) -> jax.Array:
+                     scale: float, sinks: jax.Array | None = None) -> jax.Array:
     """``grouped_attention`` over a cache whose slots no query reads (mask bool[B, T, S] all False there) may hold
     anything, NaN included: a masked score's weight is exactly 0, but 0 * NaN is NaN, so their values are zeroed
     first."""
     read = jnp.any(mask, axis=1)[:, :, None, None]  # [B, S, 1, 1]
     v_cache = jnp.where(read, v_cache, jnp.zeros((), v_cache.dtype))
-    return grouped_attention(q, k_cache, v_cache, mask, scale=scale)
+    return grouped_attention(q, k_cache, v_cache, mask, scale=scale, sinks=sinks)
 
 
 def recent_attention(recent: int) -> AttentionFn:
@@ -126,7 +157,8 @@ def recent_attention(recent: int) -> AttentionFn:
     if recent < 1:
         raise ValueError(f"recent={recent}: expected at least 1 committed slot to read")
 
-    def attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, *, scale):
+    def attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, *, scale, window=None,
+                  sinks=None):
         del k_new, v_new, write_offset  # already in the cache, wherever the model wrote them
         num_new, cache_size = q.shape[1], k_cache.shape[1]
         span = recent + (num_new if local_mask is None else local_mask.shape[2])
@@ -137,9 +169,9 @@ def recent_attention(recent: int) -> AttentionFn:
             slots = start[:, None] + jnp.arange(span)[None]               # [B, span]
             take = jax.vmap(lambda buffer, first: jax.lax.dynamic_slice_in_dim(buffer, first, span, axis=0))
             k_cache, v_cache = take(k_cache, start), take(v_cache, start)
-        mask = visibility_mask(cache_len, local_mask, num_new, cache_size, slots)
+        mask = visibility_mask(cache_len, local_mask, num_new, cache_size, slots, window=window)
         mask = mask & (slots >= (cache_len - recent)[:, None])[:, None]
-        return masked_attention(q, k_cache, v_cache, mask, scale=scale)
+        return masked_attention(q, k_cache, v_cache, mask, scale=scale, sinks=sinks)
 
     return attention
 
@@ -149,22 +181,30 @@ def recent_attention(recent: int) -> AttentionFn:
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float) -> jax.Array:
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
+                      sinks: jax.Array | None = None) -> jax.Array:
     """Softmax attention, query heads grouped over KV heads (GQA without repeating K/V), the softmax's division
     deferred to the output: ``exp(s - max) @ V / sum`` divides [T, D] values where softmax-then-matmul divides
     [T, S] scores, a pass over the scores fewer. On XLA:CPU (2 cores), the bundled model's plain decoding at 512 cache
     slots took 1.65-1.71 ms per token with it against 1.96 ms with ``jax.nn.dot_product_attention`` (same math,
     softmax first). Logits and the softmax in float32, as jax's; the weights meet V in V's dtype.
 
-    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; mask: bool[B, T, S] (True: may read) -> [B, T, Hq, D] in q's dtype.
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; mask: bool[B, T, S] (True: may read); sinks: f32[Hq] or None (a logit
+    per head that joins the softmax and reads no value) -> [B, T, Hq, D] in q's dtype.
     """
     batch, num_new, num_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     grouped = q.reshape(batch, num_new, kv_heads, num_heads // kv_heads, head_dim)
     logits = jnp.einsum("btkgd,bskd->bkgts", grouped, k, preferred_element_type=jnp.float32) * scale
     logits = jnp.where(mask[:, None, None], logits, _MASKED)
-    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, Hkv, G, T, S]
+    peak = jnp.max(logits, axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = sinks.astype(jnp.float32).reshape(1, kv_heads, num_heads // kv_heads, 1, 1)
+        peak = jnp.maximum(peak, sink)
+    weights = jnp.exp(logits - peak)                                      # [B, Hkv, G, T, S]
     total = jnp.sum(weights, axis=-1)                                     # [B, Hkv, G, T]
+    if sinks is not None:
+        total = total + jnp.exp(sink - peak)[..., 0]
     out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
     out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
     return out.reshape(batch, num_new, num_heads, head_dim).astype(q.dtype)

@@ -11,14 +11,21 @@ Supported Hugging Face architectures and what each adds to plain Llama:
 | mimo       | MiMoForCausalLM (XiaomiMiMo/MiMo-7B)   | Qwen2 (q/k/v bias) + MTP modules (below)    |
 | qwen3_moe  | Qwen3MoeForCausalLM (Qwen3-30B-A3B,    | Qwen3 with a mixture of experts in place of |
 |            | Qwen3-235B-A22B, Qwen3-Coder-30B-A3B)  | every MLP (models/moe.py)                   |
+| gpt_oss    | GptOssForCausalLM (gpt-oss-20b/120b)   | experts with biases and a clamped SwiGLU,   |
+|            |                                        | attention sinks, sliding and full layers    |
+|            |                                        | alternating, biases on q/k/v/o, yarn rope   |
+| gemma3_text| Gemma3ForCausalLM (Gemma-3 1B, and the | five sliding layers (local rope base) to    |
+|            | text model of the larger ones)         | one full, norms before and after attention  |
+|            |                                        | and MLP, (1 + w) RMSNorm, scaled embeddings,|
+|            |                                        | GELU (tanh), query_pre_attn_scalar          |
 
 Any family may ship multi-token-prediction modules (config.json ``num_nextn_predict_layers``, tensors
 ``model.mtp_layers.*`` or ``model.layers.{L + k}.*``): the target is the decoder above; the converter writes the
 modules beside it (models/mtp.py, models/checkpoint/mtp_layouts.py).
 
-A sliding window only matters when a sequence can grow past it; the engine refuses a config whose window is
-shorter than its ``max_seq_len`` (see :meth:`ModelConfig.check_max_seq_len`) instead of silently attending
-too far back.
+A sliding window binds: a layer of type "sliding_attention" (``layer_types``; every layer when a Mistral config
+gives ``sliding_window`` alone) reads only the keys less than ``sliding_window`` positions behind each query, in
+every attention path (``models.attention.AttentionFn``'s ``window``).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo", "qwen3_moe", "gpt_oss", "gemma3_text")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 QKV_BIAS_MODEL_TYPES = ("qwen2", "mimo")  # Qwen2 and its descendants: bias on q/k/v always, never on o
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -87,6 +95,20 @@ class ModelConfig:
     # How a mesh holds the experts (not the model's, the engine's: SpecEngine(enable_expert_parallel=True)): False,
     # a slice of every expert on each "model" device; True, whole experts split over "data" too (vLLM's EP).
     expert_parallel: bool = False
+    # Per layer "full_attention" or "sliding_attention" (gpt-oss, Gemma-3); () with a sliding_window: every layer slides
+    layer_types: tuple[str, ...] = ()
+    attention_sinks: bool = False        # gpt-oss: a learned logit per head in every softmax's denominator
+    moe_bias: bool = False               # gpt-oss: biases on the router and on every expert's projections
+    expert_activation: str = "silu"      # "silu" (SwiGLU) or "clamped_swiglu" (gpt-oss, swiglu_alpha/swiglu_limit)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    # Gemma-3
+    hidden_act: str = "silu"             # the dense MLP's: "silu" or "gelu_pytorch_tanh"
+    norm_weight_offset: float = 0.0      # RMSNorm scales by (offset + w): Gemma's 1
+    sandwich_norms: bool = False         # norms after attention and around the MLP too (Gemma-3)
+    embedding_multiplier: float = 1.0    # embeddings times this (Gemma: sqrt(hidden_size))
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (None: head_dim ** -0.5)
+    local_rope_theta: float | None = None       # sliding layers' rope base, default rope (Gemma-3); None: as full
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -105,6 +127,37 @@ class ModelConfig:
             raise ValueError(f"num_experts={self.num_experts}, num_experts_per_tok={self.num_experts_per_tok}, "
                              f"moe_intermediate_size={self.moe_intermediate_size}: expected 0 < experts per token "
                              f"<= experts and a positive expert width")
+        if self.layer_types and (len(self.layer_types) != self.num_layers
+                                 or not set(self.layer_types) <= set(LAYER_TYPES)):
+            raise ValueError(f"layer_types={list(self.layer_types)}: expected {self.num_layers} entries, each one of "
+                             f"{LAYER_TYPES}")
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ValueError(f"layer_types has sliding layers but sliding_window={self.sliding_window!r}: expected a "
+                             f"positive window")
+        if self.expert_activation not in ("silu", "clamped_swiglu"):
+            raise ValueError(f"expert_activation={self.expert_activation!r}: expected 'silu' or 'clamped_swiglu'")
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise ValueError(f"hidden_act={self.hidden_act!r}: expected 'silu' or 'gelu_pytorch_tanh'")
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (keys less than this many positions behind a query), None if it
+        attends to everything."""
+        if not self.sliding_window:
+            return None
+        if not self.layer_types or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    def layer_rope(self, layer: int) -> tuple[float, bool]:
+        """(rope base, whether the configured rope_scaling applies) of layer ``layer``: Gemma-3's sliding layers
+        turn at ``local_rope_theta`` without scaling, every other layer at ``rope_theta`` with it."""
+        if self.local_rope_theta is not None and self.layer_window(layer) is not None:
+            return self.local_rope_theta, False
+        return self.rope_theta, True
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -113,23 +166,22 @@ class ModelConfig:
     def check_max_seq_len(self, max_seq_len: int) -> None:
         """Refuses a ``max_seq_len`` this model cannot serve: past ``max_position_embeddings``, the positions it
         was trained on (times the factor of linear rope scaling, whose configs keep the original length there;
-        llama3 configs already give the scaled one), or past a sliding window that would bind (we attend to every
-        token)."""
+        llama3 configs already give the scaled one)."""
         limit, what = self.max_position_embeddings, f"max_position_embeddings={self.max_position_embeddings}"
         if self.rope_scaling.rope_type == "linear":
             limit = int(limit * self.rope_scaling.factor)
             what += f" x linear rope_scaling factor={self.rope_scaling.factor} = {limit}"
         if max_seq_len > limit:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's {what}")
-        if self.sliding_window is not None and self.sliding_window < max_seq_len:
-            raise ValueError(
-                f"sliding_window={self.sliding_window} is shorter than max_seq_len={max_seq_len}; jspec attends "
-                f"to the whole sequence, so use max_seq_len <= {self.sliding_window}")
 
-    def rope_inv_freq(self) -> np.ndarray:
-        """f32[head_dim // 2] inverse frequencies, with the configured scaling (numpy: trace-time constant)."""
+    def rope_inv_freq(self, layer: int | None = None) -> np.ndarray:
+        """f32[head_dim // 2] inverse frequencies, with the configured scaling (numpy: trace-time constant); of layer
+        ``layer`` where layers differ (:meth:`layer_rope`)."""
         dim = self.head_dim
-        inv_freq = 1.0 / (self.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+        base, scaled = (self.rope_theta, True) if layer is None else self.layer_rope(layer)
+        inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+        if not scaled:
+            return inv_freq.astype(np.float32)
         scaling = self.rope_scaling
         if scaling.rope_type == "linear":
             inv_freq = inv_freq / scaling.factor
@@ -139,10 +191,10 @@ class ModelConfig:
             inv_freq = _yarn_inv_freq(inv_freq, scaling, self.rope_theta, dim)
         return inv_freq.astype(np.float32)
 
-    def rope_attention_scaling(self) -> float:
+    def rope_attention_scaling(self, layer: int | None = None) -> float:
         """The factor cos and sin are scaled by (yarn's attention factor; 1 otherwise)."""
         scaling = self.rope_scaling
-        if scaling.rope_type != "yarn":
+        if scaling.rope_type != "yarn" or (layer is not None and not self.layer_rope(layer)[1]):
             return 1.0
         if scaling.attention_factor is not None:
             return float(scaling.attention_factor)
@@ -158,6 +210,7 @@ class ModelConfig:
         data = dict(data)
         data["rope_scaling"] = RopeScaling(**data.get("rope_scaling", {}))
         data["eos_token_ids"] = tuple(data.get("eos_token_ids", ()))
+        data["layer_types"] = tuple(data.get("layer_types", ()))
         return cls(**data)
 
 
@@ -250,7 +303,8 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"config.json model_type={model_type!r} (architectures={hf.get('architectures')}) is "
                          f"not supported; expected one of {SUPPORTED_MODEL_TYPES}")
-    moe = _moe_fields(hf) if model_type == "qwen3_moe" else {}
+    family = {"qwen3_moe": _moe_fields, "gpt_oss": _gpt_oss_fields, "gemma3_text": _gemma3_fields}
+    extra = family[model_type](hf) if model_type in family else {}
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         value = hf.get(field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -258,10 +312,14 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
     num_heads = int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
     # HF Llama and Qwen3 put attention_bias on q/k/v/o; Qwen2 (and MiMo) always bias q/k/v only; Mistral has none.
-    attention_bias = model_type in ("llama", "qwen3", "qwen3_moe") and bool(hf.get("attention_bias", False))
+    attention_bias = model_type in ("llama", "qwen3", "qwen3_moe", "gpt_oss", "gemma3_text") and bool(
+        hf.get("attention_bias", model_type == "gpt_oss"))
     sliding_window = hf.get("sliding_window")
     if model_type in QKV_BIAS_MODEL_TYPES + ("qwen3", "qwen3_moe") and not hf.get("use_sliding_window", False):
         sliding_window = None
+    rope = hf
+    if model_type == "gemma3_text":  # the full layers' rope (the sliding ones': local_rope_theta)
+        rope = _gemma3_global_rope(hf)
     return ModelConfig(
         vocab_size=int(hf["vocab_size"]),
         hidden_size=int(hf["hidden_size"]),
@@ -271,20 +329,87 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
         head_dim=int(head_dim),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta_from_hf(hf),
-        rope_scaling=rope_scaling_from_hf(hf),
+        rope_theta=rope_theta_from_hf(rope),
+        rope_scaling=rope_scaling_from_hf(rope),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma3_text")),
         qkv_bias=model_type in QKV_BIAS_MODEL_TYPES or attention_bias,
         o_bias=attention_bias,
         mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
         sliding_window=int(sliding_window) if sliding_window else None,
+        layer_types=_layer_types(hf, model_type, sliding_window),
         model_type=model_type,
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_eos_ids(hf.get("eos_token_id")),
-        **moe,
+        **extra,
     )
+
+
+def _layer_types(hf: dict[str, Any], model_type: str, sliding_window: int | None) -> tuple[str, ...]:
+    """Which layers slide: config.json ``layer_types``, or what transformers derives where it is absent (Qwen2/3:
+    layers from ``max_window_layers`` on; gpt-oss: every other one from the first; Gemma-3: all but every
+    ``sliding_window_pattern``-th); () where every layer is alike (Mistral: all slide)."""
+    layers = int(hf["num_hidden_layers"])
+    if not sliding_window:
+        return ()
+    if hf.get("layer_types"):
+        return tuple(hf["layer_types"])
+    if model_type in QKV_BIAS_MODEL_TYPES + ("qwen3", "qwen3_moe"):
+        first = int(hf.get("max_window_layers", 28))
+        return tuple("sliding_attention" if i >= first else "full_attention" for i in range(layers))
+    if model_type == "gpt_oss":
+        return tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers))
+    if model_type == "gemma3_text":
+        pattern = int(hf.get("sliding_window_pattern", 6))
+        return tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers))
+    return ()
+
+
+def _gpt_oss_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss: every layer's MLP a mixture of ``num_local_experts`` experts of width ``intermediate_size``, routed
+    by a biased top-k (softmax over the k logits: transformers' ``GptOssTopKRouter``, which equals softmax, top-k,
+    renormalise), experts with biases and the clamped SwiGLU, a sink per attention head."""
+    experts = hf.get("num_local_experts", hf.get("num_experts"))
+    fields = {"num_experts": experts, "num_experts_per_tok": hf.get("num_experts_per_tok"),
+              "moe_intermediate_size": hf.get("intermediate_size")}
+    for name, value in fields.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.json {name}={value!r}: a gpt_oss model needs a positive integer")
+    return dict(fields, norm_topk_prob=True, moe_bias=True, attention_sinks=True, expert_activation="clamped_swiglu",
+                swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)), swiglu_limit=float(hf.get("swiglu_limit", 7.0)))
+
+
+def _gemma3_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma-3's text decoder; ValueError naming what jspec does not run (logit soft-capping, bidirectional
+    attention)."""
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(name) is not None:
+            raise ValueError(f"config.json {name}={hf[name]!r}: soft-capping is not supported (Gemma-3 has none); "
+                             f"expected null")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("config.json use_bidirectional_attention=true: jspec decodes causally; expected false")
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"config.json hidden_activation={act!r}: expected 'gelu_pytorch_tanh'")
+    local = (hf.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"config.json rope_parameters.sliding_attention.rope_type={local['rope_type']!r}: expected "
+                         f"'default'")
+    return {"hidden_act": "gelu_pytorch_tanh", "norm_weight_offset": 1.0, "sandwich_norms": True,
+            "embedding_multiplier": float(hf["hidden_size"]) ** 0.5,
+            "query_pre_attn_scalar": float(hf.get("query_pre_attn_scalar", 256)),
+            "local_rope_theta": float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))}
+
+
+def _gemma3_global_rope(hf: dict[str, Any]) -> dict[str, Any]:
+    """The full-attention layers' rope fields of a Gemma-3 config, as a flat config dict: transformers >= 5 nests
+    them under ``rope_parameters.full_attention``; 4.x gives ``rope_theta`` (default 1e6) and ``rope_scaling``."""
+    nested = (hf.get("rope_parameters") or {}).get("full_attention")
+    if nested is not None:
+        return {"rope_parameters": nested, "max_position_embeddings": hf.get("max_position_embeddings", 4096)}
+    return {"rope_theta": hf.get("rope_theta", 1_000_000.0), "rope_scaling": hf.get("rope_scaling"),
+            "max_position_embeddings": hf.get("max_position_embeddings", 4096)}
 
 
 def _moe_fields(hf: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ Parameter tree (HF names; Dense kernels are HF weights transposed, [in, out])::
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import flax.linen as nn
@@ -47,16 +48,21 @@ class DecoderOutput(NamedTuple):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last axis; statistics in f32, the weight applied in the input dtype (as HF does)."""
+    """RMSNorm over the last axis; statistics in f32, the weight applied in the input dtype (as HF does). With an
+    ``offset`` (Gemma's 1), scaled by (offset + weight) in f32, then cast (as Gemma3RMSNorm does)."""
 
     eps: float
     dtype: jnp.dtype = jnp.float32
+    offset: float = 0.0
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        init = nn.initializers.zeros if self.offset else nn.initializers.ones
+        weight = self.param("weight", init, (x.shape[-1],), self.dtype)
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.offset:
+            return (normed * (self.offset + weight.astype(jnp.float32))).astype(x.dtype)
         return weight * normed.astype(x.dtype)
 
 
@@ -79,13 +85,17 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class Attention(nn.Module):
+    """window: this layer's sliding window (None: full attention; an i32 scalar inside a scanned stack, where the
+    full layers' is past any sequence)."""
+
     config: ModelConfig
     attention_fn: AttentionFn
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset=0):
+    def __call__(self, x, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset=0, window=None):
         cfg = self.config
+        norm = functools.partial(RMSNorm, cfg.rms_norm_eps, self.dtype, cfg.norm_weight_offset)
         batch, num_new, _ = x.shape
 
         def proj(features, bias, name):
@@ -98,13 +108,18 @@ class Attention(nn.Module):
         k = k.reshape(batch, num_new, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(batch, num_new, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q = RMSNorm(cfg.rms_norm_eps, self.dtype, name="q_norm")(q)
-            k = RMSNorm(cfg.rms_norm_eps, self.dtype, name="k_norm")(k)
+            q = norm(name="q_norm")(q)
+            k = norm(name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache = write_new_tokens(k_cache, k, cache_len + write_offset)
         v_cache = write_new_tokens(v_cache, v, cache_len + write_offset)
+        extra = {}  # only what the layer has: an attention without windows or sinks need not take them
+        if window is not None:
+            extra["window"] = window
+        if cfg.attention_sinks:
+            extra["sinks"] = self.param("sinks", nn.initializers.zeros, (cfg.num_heads,), self.dtype)
         out = self.attention_fn(q, k_cache, v_cache, k, v, cache_len, local_mask, write_offset,
-                                scale=cfg.head_dim ** -0.5)
+                                scale=cfg.attention_scale, **extra)
         out = out.reshape(batch, num_new, cfg.num_heads * cfg.head_dim).astype(self.dtype)
         return proj(cfg.hidden_size, cfg.o_bias, "o_proj")(out), k_cache, v_cache
 
@@ -122,30 +137,42 @@ class MLP(nn.Module):
 
         gate = proj(cfg.intermediate_size, "gate_proj")(x)
         up = proj(cfg.intermediate_size, "up_proj")(x)
-        return proj(cfg.hidden_size, "down_proj")(nn.silu(gate) * up)
+        act = nn.silu(gate) if cfg.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
+        return proj(cfg.hidden_size, "down_proj")(act * up)
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm block. Scanned: carry = (hidden [B,T,H], taps), xs = (k_cache, v_cache, tap_slot)."""
+    """One pre-norm block (Gemma-3: norms after attention and around the MLP too). Scanned: carry = (hidden
+    [B,T,H], taps), xs = (k_cache, v_cache, tap_slot, window, local_rope); unrolled, window and local_rope are the
+    layer's own (int or None, bool). ropes: (cos, sin) of the full layers, then of the sliding ones where their
+    rope differs (Gemma-3's local base)."""
 
     config: ModelConfig
     attention_fn: AttentionFn
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, carry, layer_xs, cos, sin, cache_len, local_mask, write_offset):
+    def __call__(self, carry, layer_xs, ropes, cache_len, local_mask, write_offset):
         cfg = self.config
+        norm = functools.partial(RMSNorm, cfg.rms_norm_eps, self.dtype, cfg.norm_weight_offset)
         x, taps = carry
-        k_cache, v_cache, tap_slot = layer_xs
+        k_cache, v_cache, tap_slot, window, local_rope = layer_xs
+        cos, sin = ropes[0]
+        if len(ropes) > 1:
+            cos, sin = (jnp.where(local_rope, local, full) for local, full in zip(ropes[1], ropes[0]))
         if taps is not None:
             taps = jax.lax.dynamic_update_index_in_dim(taps, x.astype(taps.dtype), tap_slot, 0)
-        h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="input_layernorm")(x)
+        h = norm(name="input_layernorm")(x)
         attn, k_cache, v_cache = Attention(cfg, self.attention_fn, self.dtype, name="self_attn")(
-            h, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset)
+            h, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset, window)
+        if cfg.sandwich_norms:
+            attn = norm(name="post_attention_layernorm")(attn)
         x = x + attn
-        h = RMSNorm(cfg.rms_norm_eps, self.dtype, name="post_attention_layernorm")(x)
-        x = x + (MoE if cfg.num_experts else MLP)(cfg, self.dtype, name="mlp")(h)
-        return (x, taps), (k_cache, v_cache)
+        h = norm(name="pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm")(x)
+        mlp = (MoE if cfg.num_experts else MLP)(cfg, self.dtype, name="mlp")(h)
+        if cfg.sandwich_norms:
+            mlp = norm(name="post_feedforward_layernorm")(mlp)
+        return (x + mlp, taps), (k_cache, v_cache)
 
 
 class LlamaModel(nn.Module):
@@ -177,20 +204,26 @@ class LlamaModel(nn.Module):
         embed = Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, param_dtype=self.dtype,
                       name="embed_tokens")
         x = embed(tokens)
-        cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype, cfg.rope_attention_scaling())
+        if cfg.embedding_multiplier != 1.0:
+            x = x * jnp.asarray(cfg.embedding_multiplier, self.dtype)
+        ropes = (rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype, cfg.rope_attention_scaling()),)
+        local = [i for i in range(cfg.num_layers) if not cfg.layer_rope(i)[1]]
+        if local:
+            ropes += (rope_cos_sin(positions, cfg.rope_inv_freq(local[0]), self.dtype,
+                                   cfg.rope_attention_scaling(local[0])),)
 
         tapped = sorted(set(tap_layers))
         _tap_slots(tapped, cfg.num_layers)  # validates the layer indices
         if self.scan_layers:
-            x, taps, cache = self._scanned_layers(x, cache, cos, sin, cache_len, local_mask, write_offset, tapped)
+            x, taps, cache = self._scanned_layers(x, cache, ropes, cache_len, local_mask, write_offset, tapped)
         else:
-            x, taps, cache = self._unrolled_layers(x, cache, cos, sin, cache_len, local_mask, write_offset, tapped)
+            x, taps, cache = self._unrolled_layers(x, cache, ropes, cache_len, local_mask, write_offset, tapped)
         if taps is not None:
             if cfg.num_layers in tapped:  # the residual after the last layer, before the final norm
                 taps = taps.at[tapped.index(cfg.num_layers)].set(x.astype(taps.dtype))
             taps = taps[np.asarray([tapped.index(layer) for layer in tap_layers])]
 
-        x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
+        x = RMSNorm(cfg.rms_norm_eps, self.dtype, cfg.norm_weight_offset, name="norm")(x)
         if logits_index is not None:
             x = jnp.take_along_axis(x, logits_index[:, :, None], axis=1)
         if cfg.tie_word_embeddings and self.scan_layers:
@@ -200,7 +233,7 @@ class LlamaModel(nn.Module):
                               name="lm_head")(x)
         return DecoderOutput(logits.astype(jnp.float32), cache, taps)
 
-    def _scanned_layers(self, x, cache, cos, sin, cache_len, local_mask, write_offset, tapped):
+    def _scanned_layers(self, x, cache, ropes, cache_len, local_mask, write_offset, tapped):
         """Layers under nn.scan: params stacked under ``layers``, cache stacked [L, B, S, Hkv, D]."""
         cfg = self.config
         if cache.per_layer:
@@ -213,14 +246,19 @@ class LlamaModel(nn.Module):
             DecoderLayer,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
         )(cfg, self.attention_fn, self.dtype, name="layers")
-        (x, taps), (k, v) = layers((x, taps), (cache.k, cache.v, jnp.asarray(tap_slot)), cos, sin, cache_len,
-                                   local_mask, write_offset)  # a broadcast Python int stays one
+        windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
+        window = None  # a full layer's in a stack with sliding ones: past any sequence
+        if any(windows):
+            window = jnp.asarray([w or np.iinfo(np.int32).max // 2 for w in windows], jnp.int32)
+        local_rope = jnp.asarray([not cfg.layer_rope(i)[1] for i in range(cfg.num_layers)])
+        (x, taps), (k, v) = layers((x, taps), (cache.k, cache.v, jnp.asarray(tap_slot), window, local_rope), ropes,
+                                   cache_len, local_mask, write_offset)  # a broadcast Python int stays one
         return x, taps, KVCache(k, v)
 
-    def _unrolled_layers(self, x, cache, cos, sin, cache_len, local_mask, write_offset, tapped):
+    def _unrolled_layers(self, x, cache, ropes, cache_len, local_mask, write_offset, tapped):
         """One module per layer (params ``layers_0`` .. ``layers_{L-1}``, see :func:`unstack_layers`) over a
         per-layer cache: every layer reads its weights and updates its K/V in place, with no slicing copies."""
         cfg = self.config
@@ -231,8 +269,8 @@ class LlamaModel(nn.Module):
             if i in tapped:
                 taps.append(x)
             layer = DecoderLayer(cfg, self.attention_fn, self.dtype, name=f"layers_{i}")
-            (x, _), (k, v) = layer((x, None), (cache.k[i], cache.v[i], None), cos, sin, cache_len, local_mask,
-                                   write_offset)
+            (x, _), (k, v) = layer((x, None), (cache.k[i], cache.v[i], None, cfg.layer_window(i),
+                                               not cfg.layer_rope(i)[1]), ropes, cache_len, local_mask, write_offset)
             ks.append(k)
             vs.append(v)
         if cfg.num_layers in tapped:

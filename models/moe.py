@@ -12,13 +12,18 @@ mesh each device holds a shard of every expert (tensor parallelism), or with exp
 computed (no capacity, nothing dropped), so the output is the dense definition's whatever the routing. On a GPU or
 TPU ragged_dot is a grouped matmul reading each routed expert's weights once; XLA:CPU computes it densely.
 
+gpt-oss (``moe_bias``, ``expert_activation`` "clamped_swiglu"): the router and every expert projection carry a bias,
+and an expert computes ``(clip(up, -l, l) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate, l)`` (transformers'
+``GptOssExperts``; its interleaved ``gate_up_proj`` is split into gate and up by the converter). The router's softmax
+over its k largest logits is the softmax over all, top-k, renormalised (``norm_topk_prob``).
+
 Parameters (HF's per-expert tensors stacked on an expert axis; kernels [in, out] as ``models.dense.Dense``'s, so
 tensor parallelism splits them as the dense MLP's and weight-only quantization applies)::
 
-    gate/kernel                 [H, E]       router
-    experts/gate_proj/kernel    [E, H, I]
-    experts/up_proj/kernel      [E, H, I]
-    experts/down_proj/kernel    [E, I, H]
+    gate/kernel (+bias)                 [H, E] ([E])       router
+    experts/gate_proj/kernel (+bias)    [E, H, I] ([E, I])
+    experts/up_proj/kernel (+bias)      [E, H, I] ([E, I])
+    experts/down_proj/kernel (+bias)    [E, I, H] ([E, H])
 """
 
 from __future__ import annotations
@@ -54,15 +59,34 @@ class MoE(nn.Module):
         cfg = self.config
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        logits = Dense(cfg.num_experts, use_bias=False, dtype=self.dtype, param_dtype=self.dtype, name="gate")(tokens)
+        logits = Dense(cfg.num_experts, use_bias=cfg.moe_bias, dtype=self.dtype, param_dtype=self.dtype,
+                       name="gate")(tokens)
         weights, experts = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
-        kernels = Experts(cfg, self.dtype, name="experts")()
+        kernels, biases = Experts(cfg, self.dtype, name="experts")()
         weights = weights.astype(self.dtype)
+        activation = clamped_swiglu(cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.expert_activation != "silu" else swiglu
         if jax.sharding.get_abstract_mesh().empty:
-            out = combine(tokens, weights, experts, *kernels)
+            out = combine(tokens, weights, experts, *kernels, biases=biases[:2], activation=activation)
         else:
-            out = split_experts(tokens, weights, experts, kernels, expert_parallel=cfg.expert_parallel)
+            out = split_experts(tokens, weights, experts, kernels, expert_parallel=cfg.expert_parallel,
+                                biases=biases[:2], activation=activation)
+        if biases[2] is not None:  # each token's experts' down biases, weighted: outside the shards' partial sums
+            out = out + jnp.einsum("nk,nkh->nh", weights, biases[2][experts])
         return out.reshape(shape).astype(self.dtype)
+
+
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    return nn.silu(gate) * up
+
+
+def clamped_swiglu(alpha: float, limit: float):
+    """gpt-oss's expert activation (transformers' ``GptOssExperts._apply_gate``)."""
+    def activation(gate: jax.Array, up: jax.Array) -> jax.Array:
+        gate = jnp.minimum(gate, limit)
+        up = jnp.clip(up, -limit, limit)
+        return (up + 1) * (gate * jax.nn.sigmoid(gate * alpha))
+
+    return activation
 
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, sizes: jax.Array) -> jax.Array:
@@ -95,13 +119,15 @@ def _platform() -> str:
 
 
 def combine(tokens: jax.Array, weights: jax.Array, experts: jax.Array, gate: jax.Array, up: jax.Array,
-            down: jax.Array, first_expert: jax.Array | int = 0) -> jax.Array:
+            down: jax.Array, first_expert: jax.Array | int = 0, *, biases: tuple = (None, None),
+            activation=swiglu) -> jax.Array:
     """tokens [N, H] through their experts (experts i32[N, k] of weights [N, k]) held here: gate, up [E', H, I'],
     down [E', I', H] are experts first_expert .. first_expert + E' - 1 (a shard's; every expert's by default); the
     others' assignments add nothing -> [N, H] (transformers scales each expert's output in the compute dtype, then
     sums a token's experts). A step of fewer assignments (N * k) than experts gathers the experts they route to and
     multiplies by those alone: the step reads what its tokens use, whatever ragged_dot's lowering reads (XLA's GPU
-    lowering multiplies every row by every group)."""
+    lowering multiplies every row by every group). biases: the gate and up projections' [E', I'] (or None);
+    activation(gate, up) -> the experts' hidden [rows, I']."""
     num_tokens, top_k = experts.shape
     num_experts, slots = gate.shape[0], num_tokens * top_k
     local = experts - first_expert
@@ -113,17 +139,25 @@ def combine(tokens: jax.Array, weights: jax.Array, experts: jax.Array, gate: jax
         flat = jnp.where(flat < num_experts, jnp.searchsorted(present, flat), slots)
         pick = jnp.where(present < num_experts, present, present[0])  # a fill reads a routed expert again
         gate, up, down, groups = gate[pick], up[pick], down[pick], slots
+        biases = tuple(None if b is None else b[pick] for b in biases)
     order = jnp.argsort(flat, stable=True)
     rows = jnp.repeat(tokens, top_k, axis=0)[order]
     sizes = jnp.bincount(flat, length=groups).astype(jnp.int32)
-    h = nn.silu(grouped_matmul(rows, gate, sizes)) * grouped_matmul(rows, up, sizes)
+    group = jnp.minimum(flat[order], groups - 1)  # each sorted row's expert (rows past the groups: discarded)
+
+    def project(kernel, bias):
+        out = grouped_matmul(rows, kernel, sizes)
+        return out if bias is None else out + bias[group]
+
+    h = activation(project(gate, biases[0]), project(up, biases[1]))
+    h = jnp.where((flat[order] < groups)[:, None], h, jnp.zeros((), h.dtype))  # rows elsewhere stay zero
     out = grouped_matmul(h, down, sizes)  # rows past the groups (elsewhere) are zero
     out = jnp.zeros_like(out).at[order].set(out).reshape(num_tokens, top_k, -1)
     return jnp.sum(out * weights[..., None], axis=1)
 
 
 def split_experts(tokens: jax.Array, weights: jax.Array, experts: jax.Array, kernels: tuple, *,
-                  expert_parallel: bool) -> jax.Array:
+                  expert_parallel: bool, biases: tuple = (None, None), activation=swiglu) -> jax.Array:
     """:func:`combine` on a ("data", "model") mesh, each device its shard of the experts: every expert's width split
     over "model" (tensor parallelism; the partial sums added over it), and with ``expert_parallel`` the experts
     split over "data" (vLLM's expert parallelism): each device takes every data shard's tokens, runs them through
@@ -132,46 +166,55 @@ def split_experts(tokens: jax.Array, weights: jax.Array, experts: jax.Array, ker
     rows = P("data", None)
     expert_axis = "data" if expert_parallel else None
     kernel_specs = (P(expert_axis, None, "model"), P(expert_axis, None, "model"), P(expert_axis, "model", None))
+    bias_specs = tuple(None if b is None else P(expert_axis, "model") for b in biases)
 
-    def shard(tokens, weights, experts, gate, up, down):
+    def shard(tokens, weights, experts, gate, up, down, biases):
         first = 0
         if expert_parallel:
             tokens, weights, experts = (jax.lax.all_gather(x, "data", axis=0, tiled=True)
                                         for x in (tokens, weights, experts))
             first = jax.lax.axis_index("data") * gate.shape[0]
-        out = jax.lax.psum(combine(tokens, weights, experts, gate, up, down, first), "model")
+        out = combine(tokens, weights, experts, gate, up, down, first, biases=biases, activation=activation)
+        out = jax.lax.psum(out, "model")
         return jax.lax.psum_scatter(out, "data", scatter_dimension=0, tiled=True) if expert_parallel else out
 
-    return jax.shard_map(shard, mesh=mesh, in_specs=(rows, rows, rows, *kernel_specs), out_specs=rows,
-                         check_vma=False)(tokens, weights, experts, *kernels)
+    return jax.shard_map(shard, mesh=mesh, in_specs=(rows, rows, rows, *kernel_specs, bias_specs), out_specs=rows,
+                         check_vma=False)(tokens, weights, experts, *kernels, tuple(biases))
 
 
 class Experts(nn.Module):
-    """The experts' stacked kernels (gate, up, down), dequantized to the compute dtype where quantized."""
+    """The experts' stacked kernels (gate, up, down), dequantized to the compute dtype where quantized, and their
+    biases [E, out] (None each without ``moe_bias``)."""
 
     config: ModelConfig
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def __call__(self) -> tuple[tuple[jax.Array, ...], tuple[jax.Array | None, ...]]:
         cfg = self.config
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        out = []
+        kernels, biases = [], []
         for name, shape in (("gate_proj", (e, h, i)), ("up_proj", (e, h, i)), ("down_proj", (e, i, h))):
-            value = ExpertKernel(shape, self.dtype, name=name)()
-            out.append(qwix.dequantize(value).astype(self.dtype) if isinstance(value, qwix.QArray)
-                       else value.astype(self.dtype))
-        return tuple(out)
+            value, bias = ExpertKernel(shape, cfg.moe_bias, self.dtype, name=name)()
+            kernels.append(qwix.dequantize(value).astype(self.dtype) if isinstance(value, qwix.QArray)
+                           else value.astype(self.dtype))
+            biases.append(bias)
+        return tuple(kernels), tuple(biases)
 
 
 class ExpertKernel(nn.Module):
-    """One stacked expert kernel, ``kernel`` [E, in, out] (a module of its own: its path ends in ``<proj>/kernel``
-    as a Dense kernel's does)."""
+    """One stacked expert kernel, ``kernel`` [E, in, out], and with ``use_bias`` its ``bias`` [E, out] (a module of
+    its own: its path ends in ``<proj>/kernel`` as a Dense kernel's does)."""
 
     shape: tuple[int, int, int]
+    use_bias: bool
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self) -> jax.Array:
+    def __call__(self) -> tuple[jax.Array, jax.Array | None]:
         init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
-        return self.param("kernel", init, self.shape, self.dtype)
+        kernel = self.param("kernel", init, self.shape, self.dtype)
+        if not self.use_bias:
+            return kernel, None
+        bias = self.param("bias", nn.initializers.zeros, (self.shape[0], self.shape[2]), self.dtype)
+        return kernel, bias.astype(self.dtype)

@@ -99,9 +99,9 @@ class MtpModule(nn.Module):
         parts = [state, token] if self.config.layout == "mimo" else [token, state]
         fused = Dense(cfg.hidden_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                          name="input_proj")(jnp.concatenate(parts, axis=-1))
-        cos, sin = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype, cfg.rope_attention_scaling())
+        rope = rope_cos_sin(positions, cfg.rope_inv_freq(), self.dtype, cfg.rope_attention_scaling())
         (x, _), (k, v) = DecoderLayer(cfg, self.attention_fn, self.dtype, name="block")(
-            (fused, None), (cache.k[0], cache.v[0], None), cos, sin, cache_len, local_mask, write_offset)
+            (fused, None), (cache.k[0], cache.v[0], None, None, False), (rope,), cache_len, local_mask, write_offset)
         normed = RMSNorm(cfg.rms_norm_eps, self.dtype, name="final_norm")(x)
         return MtpOutput(x, normed, KVCache(k[None], v[None]))
 

@@ -73,11 +73,14 @@ def move_paged(cache: PagedKV, source: jax.Array, target: jax.Array) -> PagedKV:
 
 def paged_attention(q: jax.Array, k_cache: PagedKV, v_cache: PagedKV, k_new: jax.Array, v_new: jax.Array,
                     cache_len: jax.Array, local_mask: jax.Array | None, write_offset: jax.Array | int, *,
-                    scale: float) -> jax.Array:
+                    scale: float, window: int | jax.Array | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """An ``models.attention.AttentionFn`` over paged K/V for new tokens that fill their window from its start
     (a verify pass: local_mask bool[B, T, T]; a causal continuation: None): query i reads positions
     ``< cache_len[b]`` through the page table and new token j where the mask allows (causal: j <= i), from
     k_new/v_new. q: [B, T, Hq, D]; k_new, v_new: [B, T, Hkv, D]; cache_len: i32[B] -> [B, T, Hq, D] in q's dtype.
+    A sliding ``window`` and ``sinks`` f32[Hq] as ``models.attention.AttentionFn`` defines them: a query at depth i
+    (position cache_len + i) reads prefix positions > cache_len + i - window and tree nodes less than window deep
+    above it; each sink joins its head's denominator as a third partial that reads no value.
 
     Logits and the softmax in float32, as ``models.attention.grouped_attention``'s; the weights meet V in V's dtype.
     """
@@ -95,11 +98,18 @@ def paged_attention(q: jax.Array, k_cache: PagedKV, v_cache: PagedKV, k_new: jax
     pages = k_cache.page_table.shape[1]
     keys = k_cache.pages[k_cache.page_table].reshape(batch, pages * k_cache.page_size, kv_heads, head_dim)
     values = v_cache.pages[v_cache.page_table].reshape(keys.shape)
-    committed = jnp.arange(keys.shape[1])[None] < cache_len[:, None]  # [B, S]
+    positions = jnp.arange(keys.shape[1])[None]
+    committed = positions < cache_len[:, None]  # [B, S]
     values = jnp.where(committed[:, :, None, None], values, jnp.zeros((), values.dtype))  # 0 * NaN is NaN
-    prefix = _partial(grouped, keys, values, committed[:, None, :], scale)
-    fresh = _partial(grouped, k_new, v_new, local_mask, scale)
-    out = _merge(prefix, fresh)
+    prefix_mask, fresh_mask = committed[:, None, :], local_mask
+    if window is not None:
+        depth = jnp.sum(local_mask, axis=2, dtype=jnp.int32) - 1  # [B, T]: each node's position - cache_len
+        query = cache_len[:, None] + depth
+        prefix_mask = prefix_mask & (positions[:, None, :] > query[:, :, None] - window)
+        fresh_mask = fresh_mask & (depth[:, :, None] - depth[:, None, :] < window)
+    prefix = _partial(grouped, keys, values, prefix_mask, scale)
+    fresh = _partial(grouped, k_new, v_new, fresh_mask, scale)
+    out = _merge(prefix, fresh, None if sinks is None else sinks.reshape(kv_heads, num_heads // kv_heads))
     return out.reshape(batch, num_new, num_heads, head_dim).astype(q.dtype)
 
 
@@ -114,12 +124,18 @@ def _partial(grouped: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.A
     return out, peak, jnp.sum(weights, axis=-1)
 
 
-def _merge(first, second) -> jax.Array:
-    """Two partials of :func:`_partial` merged by log-sum-exp -> f32[B, T, Hkv, G, D]."""
+def _merge(first, second, sinks: jax.Array | None = None) -> jax.Array:
+    """Two partials of :func:`_partial` merged by log-sum-exp -> f32[B, T, Hkv, G, D]; sinks f32[Hkv, G]: a logit
+    per head added to the denominator (a partial of sum 1 at that logit, reading nothing)."""
     (out_a, max_a, sum_a), (out_b, max_b, sum_b) = first, second
     peak = jnp.maximum(max_a, max_b)
+    if sinks is not None:
+        sink = sinks.astype(jnp.float32)[None, :, :, None]  # [1, Hkv, G, 1]
+        peak = jnp.maximum(peak, sink)
     scale_a, scale_b = jnp.exp(max_a - peak), jnp.exp(max_b - peak)  # [B, Hkv, G, T]
     total = sum_a * scale_a + sum_b * scale_b
+    if sinks is not None:
+        total = total + jnp.exp(sink - peak)
 
     def rows(x):  # [B, Hkv, G, T] -> [B, T, Hkv, G, 1]
         return jnp.transpose(x, (0, 3, 1, 2))[..., None]

@@ -34,13 +34,33 @@ FAMILIES = {
                                                      moe_intermediate_size=24, norm_topk_prob=True,
                                                      rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                                    "original_max_position_embeddings": 64}),
+    # 8 experts with biases, 2 a token; attention sinks; layers sliding (window 16), full, sliding; yarn rope as
+    # gpt-oss ships it (truncate false), its original context short enough for the ramp to fall inside head_dim 16
+    "gpt_oss": lambda: transformers.GptOssConfig(**dict(COMMON, intermediate_size=24), num_attention_heads=4,
+                                                 num_key_value_heads=2, head_dim=16, num_local_experts=8,
+                                                 num_experts_per_tok=2, sliding_window=16,
+                                                 rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                                                  "beta_slow": 1.0, "truncate": False,
+                                                                  "original_max_position_embeddings": 64,
+                                                                  "rope_theta": 150000.0}),
+    # sliding (window 16, local rope base 10k), full (its own base, linear scaling), sliding; a query scale
+    # (query_pre_attn_scalar 24) other than head_dim 16's
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(
+        **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
+        query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}),
 }
+# the families whose windows bind at 16 positions (tests/models/test_windowed_families.py)
+WINDOWED_FAMILIES = ("gpt_oss", "gemma3_text")
 MODEL_CLASSES = {
     "llama": transformers.LlamaForCausalLM,
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
     "mistral": transformers.MistralForCausalLM,
     "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+    "gpt_oss": transformers.GptOssForCausalLM,
+    "gemma3_text": transformers.Gemma3ForCausalLM,
 }
 
 
@@ -57,8 +77,10 @@ def perturbed(model: transformers.PreTrainedModel, bf16_values: bool = False) ->
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.add_(0.1 * torch.randn_like(param))
-            if name.endswith(".bias"):
+            if name.endswith(".bias") or name.endswith("_bias"):
                 param.normal_(0.0, 0.1)
+            if name.endswith(".sinks"):  # gpt-oss: a sink logit near the scores' scale, so it moves the softmax
+                param.normal_(0.0, 1.0)
             if bf16_values:
                 param.copy_(param.to(torch.bfloat16).to(torch.float32))
     return model

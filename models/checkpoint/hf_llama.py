@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from models.checkpoint.hf_gpt_oss import GptOssReader
 from models.checkpoint.hf_mtp import plan_mtp, stream_mtp_leaves
 from models.checkpoint.hf_params import (UNUSED_TENSOR, TensorCheck, expected_shapes, naming_config, resolve_dtype,
                                          stacked_index)
@@ -26,6 +27,11 @@ from models.quantization import QuantizationConfig, stored_leaves
 
 _LLAMA_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)$")
+# gpt-oss: every expert of a layer in one tensor ([E, in, out], or [E, out] for _bias: hf_gpt_oss's virtual names),
+# the router, and the attention sinks
+_STACKED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_proj|up_proj|down_proj)(_bias)?$")
+_ROUTER = re.compile(r"^model\.layers\.(\d+)\.mlp\.router\.(weight|bias)$")
+_SINKS = re.compile(r"^model\.layers\.(\d+)\.self_attn\.sinks$")
 
 
 def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | tuple[int, ...] | None, bool] | None:
@@ -37,6 +43,14 @@ def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | tuple[int, ..
         return ("norm", "weight"), None, False
     if hf_name == "lm_head.weight":
         return ("lm_head", "kernel"), None, True
+    if match := _STACKED_EXPERTS.match(hf_name):
+        leaf = "bias" if match.group(3) else "kernel"
+        return ("layers", "mlp", "experts", match.group(2), leaf), int(match.group(1)), False
+    if match := _ROUTER.match(hf_name):
+        weight = match.group(2) == "weight"
+        return ("layers", "mlp", "gate", "kernel" if weight else "bias"), int(match.group(1)), weight
+    if match := _SINKS.match(hf_name):
+        return ("layers", "self_attn", "sinks"), int(match.group(1)), False
     match = _LLAMA_LAYER.match(hf_name)
     if not match:
         return None
@@ -115,8 +129,14 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     files = safetensors_files(src)
     abstract = param_shapes(config, DTYPES[dtype])
     headers = tensor_headers(files)
-    quantized = read_quantization(src, hf_config)
+    mxfp4 = (hf_config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+    if mxfp4 and config.model_type != "gpt_oss":
+        raise ValueError(f"{src}: quantization_config.quant_method='mxfp4' is read for gpt_oss experts only, not "
+                         f"{config.model_type}")
+    quantized = None if mxfp4 else read_quantization(src, hf_config)  # MXFP4 experts: dequantized by the reader
     reader = DequantizingReader(headers) if quantized is not None else None
+    if config.model_type == "gpt_oss":
+        reader = GptOssReader(headers)
     tensors = reader.listing() if reader is not None else ((f, n, s) for n, (f, s) in headers.items())
     mtp_names = {name for name in headers
                  if not UNUSED_TENSOR.match(name) and split_mtp_name(name, config.num_layers) is not None}

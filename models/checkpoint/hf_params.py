@@ -73,8 +73,11 @@ class TensorCheck:
     def raise_problems(self) -> None:
         missing = []
         for path, (shape, _) in self.expected.items():
+            filled = self.filled.get(path, set())
             arity = 0 if path[0] != "layers" else 2 if "experts" in path else 1
-            absent = sorted(set(itertools.product(*map(range, shape[:arity]))) - self.filled.get(path, set()))
+            if filled:  # as the checkpoint indexes it: gpt-oss stores a layer's experts in one tensor
+                arity = len(next(iter(filled)))
+            absent = sorted(set(itertools.product(*map(range, shape[:arity]))) - filled)
             if absent:
                 where = ("" if not arity else f" (layers {[at[0] for at in absent]})" if arity == 1
                          else f" (layer, expert {absent[:8]}{' ...' if len(absent) > 8 else ''})")

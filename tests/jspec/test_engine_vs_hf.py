@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jspec
-from tests.hf_models import FAMILIES
+from tests.hf_models import FAMILIES, WINDOWED_FAMILIES
 
 PROMPT_LENS = (3, 11, 6)
 
@@ -27,9 +27,11 @@ def prompts_for(vocab_size, seed=0):
 
 
 # slow: Mistral's and Qwen2's greedy generation = transformers'; default tier: [llama], [qwen3] (Qwen3-MoE's:
-# test_llama_vs_hf's n-gram speculation on the converted model = transformers' greedy tokens)
+# test_llama_vs_hf's n-gram speculation on the converted model = transformers' greedy tokens; gpt-oss's and Gemma-3's:
+# tests/models/test_windowed_families.py, past their windows)
 @pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.slow) if family in ("mistral", "qwen2")
-                                    else family for family in sorted(FAMILIES) if family != "qwen3_moe"])
+                                    else family for family in sorted(FAMILIES)
+                                    if family not in ("qwen3_moe",) + WINDOWED_FAMILIES])
 def test_greedy_matches_transformers(family, hf_checkpoint):
     model, _, out_dir = hf_checkpoint(family)
     model.generation_config.eos_token_id = None  # random weights: run to max_new_tokens on both sides

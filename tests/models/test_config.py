@@ -15,9 +15,17 @@ BASE = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate
 def test_rope_inv_freq_matches_transformers(family):
     hf_config = FAMILIES[family]()
     config = from_hf_config(hf_config.to_dict())
-    module = getattr(getattr(transformers.models, family), f"modeling_{family}")
-    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "qwen3_moe": "Qwen3Moe"}
+    package = "gemma3" if family == "gemma3_text" else family
+    module = getattr(getattr(transformers.models, package), f"modeling_{package}")
+    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "qwen3_moe": "Qwen3Moe",
+            "gpt_oss": "GptOss", "gemma3_text": "Gemma3"}
     rotary = getattr(module, f"{name[family]}RotaryEmbedding")(hf_config)
+    if family == "gemma3_text":  # a rope per layer type: layer 0 slides, layer 1 is full
+        for layer, kind in ((0, "sliding_attention"), (1, "full_attention")):
+            np.testing.assert_allclose(config.rope_inv_freq(layer), getattr(rotary, f"{kind}_inv_freq").numpy(),
+                                       rtol=1e-6)
+            assert config.rope_attention_scaling(layer) == getattr(rotary, f"{kind}_attention_scaling")
+        return
     np.testing.assert_allclose(config.rope_inv_freq(), rotary.inv_freq.numpy(), rtol=1e-6)
     assert config.rope_attention_scaling() == pytest.approx(rotary.attention_scaling, rel=1e-12)
 
@@ -60,13 +68,32 @@ def test_missing_field_named():
         from_hf_config(config)
 
 
-def test_sliding_window_refused_only_when_it_binds():
-    mistral = from_hf_config({**BASE, "model_type": "mistral", "sliding_window": 256})
-    mistral.check_max_seq_len(256)
-    with pytest.raises(ValueError, match="sliding_window=256 is shorter than max_seq_len=512"):
-        mistral.check_max_seq_len(512)
+def test_which_layers_slide_follows_transformers():
+    """Mistral: every layer; Qwen2 with use_sliding_window: from max_window_layers on (none without it); gpt-oss:
+    every other from the first; Gemma-3: all but every sliding_window_pattern-th; layer_types where given."""
+    mistral = from_hf_config({**BASE, "model_type": "mistral", "sliding_window": 256, "num_hidden_layers": 2})
+    mistral.check_max_seq_len(4096)  # a window that binds is served, not refused
+    assert [mistral.layer_window(i) for i in range(2)] == [256, 256]
     qwen = from_hf_config({**BASE, "model_type": "qwen2", "sliding_window": 16, "use_sliding_window": False})
-    assert qwen.sliding_window is None
+    assert qwen.sliding_window is None and qwen.layer_window(0) is None
+    qwen = from_hf_config({**BASE, "model_type": "qwen2", "sliding_window": 16, "use_sliding_window": True,
+                           "max_window_layers": 1, "num_hidden_layers": 2})
+    assert [qwen.layer_window(i) for i in range(2)] == [None, 16]
+    oss = from_hf_config({**BASE, "model_type": "gpt_oss", "sliding_window": 128, "num_local_experts": 4,
+                          "num_experts_per_tok": 2, "num_hidden_layers": 4})
+    assert oss.layer_types == ("sliding_attention", "full_attention") * 2 and oss.attention_sinks
+    gemma = from_hf_config({**BASE, "model_type": "gemma3_text", "sliding_window": 512, "num_hidden_layers": 7,
+                            "rope_local_base_freq": 10000.0, "rope_theta": 1e6})
+    assert [gemma.layer_window(i) for i in range(7)] == [512] * 5 + [None, 512]
+    assert [gemma.layer_rope(i) for i in (0, 5)] == [(10000.0, False), (1e6, True)]
+    given = from_hf_config({**BASE, "model_type": "gemma3_text", "sliding_window": 8,
+                            "num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]})
+    assert [given.layer_window(i) for i in range(2)] == [None, 8]
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
+        from_hf_config({**BASE, "model_type": "gemma3_text", "final_logit_softcapping": 30.0})
+    with pytest.raises(ValueError, match="layer_types=.*expected 2 entries"):
+        from_hf_config({**BASE, "model_type": "gpt_oss", "sliding_window": 8, "num_local_experts": 4,
+                        "num_experts_per_tok": 2, "num_hidden_layers": 2, "layer_types": ["sliding_attention"]})
 
 
 def test_max_seq_len_beyond_max_position_embeddings_refused_naming_both():
