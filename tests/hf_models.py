@@ -36,7 +36,7 @@ FAMILIES = {
                                                                    "original_max_position_embeddings": 64}),
     # 8 experts with biases, 2 a token; attention sinks; layers sliding (window 16), full, sliding; yarn rope as
     # gpt-oss ships it (truncate false), its original context short enough for the ramp to fall inside head_dim 16
-    "gpt_oss": lambda: transformers.GptOssConfig(**dict(COMMON, intermediate_size=24), num_attention_heads=4,
+    "gpt_oss": lambda: transformers.GptOssConfig(**dict(COMMON, intermediate_size=32), num_attention_heads=4,
                                                  num_key_value_heads=2, head_dim=16, num_local_experts=8,
                                                  num_experts_per_tok=2, sliding_window=16,
                                                  rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models.attention import dense_attention
 from models.paged_kv import PagedKV, move_paged, paged_attention, read_paged, write_paged
 
 PAGE = 4
@@ -77,6 +78,55 @@ def test_paged_attention_equals_dense_attention_over_the_same_tokens(dtype, tol,
     reference = _oracle(q, dense_k, dense_v, k_new, v_new, cache_len, causal if mask is None else mask, 0.3)
     assert ours.dtype == dtype and np.isfinite(np.asarray(ours, np.float32)).all()
     np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(reference), rtol=tol, atol=tol)
+
+
+def _window_sink_oracle(q, dense_k, dense_v, k_new, v_new, cache_len, mask, scale, window, sinks):
+    """Per query, in numpy, as transformers' eager gpt-oss attention reads it: the keys at positions > its position
+    - window among the prefix and its tree ancestors, scores with the head's sink logit appended, softmax, the sink's
+    share dropped."""
+    q, dense_k, dense_v, k_new, v_new, mask = (np.asarray(a, np.float64) if a.dtype != bool else np.asarray(a)
+                                               for a in (q, dense_k, dense_v, k_new, v_new, mask))
+    batch, num_new, heads, _ = q.shape
+    group = heads // k_new.shape[2]
+    out = np.zeros(q.shape)
+    for b in range(batch):
+        length = int(cache_len[b])
+        depth = mask[b].sum(1) - 1
+        for i in range(num_new):
+            position = length + depth[i]
+            prefix = [p for p in range(length) if p > position - window]
+            nodes = [j for j in range(num_new) if mask[b, i, j] and depth[i] - depth[j] < window]
+            keys = np.concatenate([dense_k[b, prefix], k_new[b, nodes]])
+            values = np.concatenate([dense_v[b, prefix], v_new[b, nodes]])
+            for h in range(heads):
+                scores = np.append(keys[:, h // group] @ q[b, i, h] * scale, sinks[h])
+                weights = np.exp(scores - scores.max())
+                out[b, i, h] = (weights[:-1] / weights.sum()) @ values[:, h // group]
+    return out
+
+
+@pytest.mark.parametrize("masked", ["tree", "causal"])
+def test_sliding_window_and_sinks_paged_and_dense_equal_a_per_query_reference(masked):
+    """A window of 6 positions (shorter than most rows' prefixes) and a sink per head: paged_attention and
+    dense_attention (the prefix and the new tokens in one buffer) both equal the per-query reference."""
+    q, k_cache, v_cache, k_new, v_new, cache_len, dense_k, dense_v = _paged_case(7, heads=4, kv_heads=2)
+    batch, num_new = q.shape[:2]
+    mask = _tree_mask(8, batch, num_new) if masked == "tree" else None
+    full = jnp.broadcast_to(jnp.tril(jnp.ones((num_new, num_new), bool)), (batch, num_new, num_new))
+    sinks = jnp.asarray([0.5, -1.0, 2.0, 0.0], jnp.float32)
+    want = _window_sink_oracle(q, dense_k, dense_v, k_new, v_new, cache_len, full if mask is None else mask, 0.3,
+                               6, sinks)
+    paged = paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, mask, 0, scale=0.3, window=6, sinks=sinks)
+    np.testing.assert_allclose(np.asarray(paged), want, rtol=2e-5, atol=2e-5)
+    rows = jnp.arange(batch)[:, None]
+    cache_k = jnp.pad(dense_k, ((0, 0), (0, num_new), (0, 0), (0, 0))).at[rows, cache_len[:, None] + jnp.arange(
+        num_new)].set(k_new)
+    cache_v = jnp.pad(dense_v, ((0, 0), (0, num_new), (0, 0), (0, 0))).at[rows, cache_len[:, None] + jnp.arange(
+        num_new)].set(v_new)
+    dense = dense_attention(q, cache_k, cache_v, k_new, v_new, cache_len, mask, 0, scale=0.3, window=6, sinks=sinks)
+    np.testing.assert_allclose(np.asarray(dense), want, rtol=2e-5, atol=2e-5)
+    unwindowed = paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, mask, 0, scale=0.3, sinks=sinks)
+    assert np.abs(np.asarray(unwindowed) - want).max() > 1e-2  # the window binds in this case
 
 
 def test_paged_attention_refuses_a_window_it_cannot_read_from_the_new_tokens():

@@ -1,0 +1,166 @@
+"""gpt-oss and Gemma-3 past their sliding windows, against transformers (float32, CPU).
+
+Tiny random checkpoints made by transformers (tests/hf_models.py: windows of 16 positions, layers sliding, full,
+sliding; gpt-oss's sinks and router biases moved away from zero) go through ``jspec convert``. Sequences run to 60
+positions, so every sliding layer drops keys: logits equal transformers' within 1e-4 for a prefill, cached decode
+steps and a tree pass, in the engine's unrolled layout and the scanned one, and the same checkpoint with its windows
+switched off differs (the window binds). Through the engine, n-gram speculation returns transformers' greedy tokens.
+gpt-oss's MXFP4 experts (the published checkpoints' form) convert to what transformers dequantizes.
+"""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import jspec
+from jspec.drafters.ngram import NgramDrafter
+from models.attention import KVCache
+from models.checkpoint import load_llama
+from models.checkpoint.hf_gpt_oss import FP4_VALUES, dequantize_mxfp4
+from models.llama import LlamaModel, unstack_layers
+from tests import spec_fixtures as fx
+from tests.hf_models import WINDOWED_FAMILIES
+from tests.jspec.test_engine_vs_hf import hf_greedy
+
+ATOL = 1e-4
+SEQ = 60
+
+
+@pytest.fixture(scope="module", params=WINDOWED_FAMILIES)
+def converted(request, hf_checkpoint):
+    model, hf_dir, out_dir = hf_checkpoint(request.param)
+    config, params, _ = load_llama(out_dir)
+    return request.param, model, config, params, out_dir
+
+
+def _tree_case(rng, vocab):
+    """A prefix of 50 tokens, then a tree of 4 nodes: root (the prefix's last token), a0 -> a1 under it, b0 beside
+    a0 -> (prefix, tokens [1, 4], mask [1, 4, 4], depths [1, 4], branch a, branch b)."""
+    prefix = rng.integers(0, vocab, (1, 50))
+    a, b = rng.integers(0, vocab, 2), rng.integers(0, vocab, 1)
+    parents = [-1, 0, 1, 0]
+    mask = np.zeros((1, 4, 4), bool)
+    for i in range(4):
+        j = i
+        while j >= 0:
+            mask[0, i, j], j = True, parents[j]
+    return prefix, np.array([[prefix[0, -1], a[0], a[1], b[0]]]), mask, np.array([[0, 1, 2, 1]]), a, b
+
+
+def _run(config, params, scan, ids, steps):
+    """Logits of ``ids`` [B, N] fed in blocks of ``steps`` through a cached model -> [B, N, V]."""
+    model = jax.jit(LlamaModel(config, scan_layers=scan).apply)  # one program per width, not an op at a time
+    params = params if scan else unstack_layers(params, config)
+    batch = ids.shape[0]
+    cache = KVCache.zeros(config.num_layers, batch, 64, config.num_kv_heads, config.head_dim, jnp.float32,
+                          per_layer=not scan)
+    cache = jax.tree.map(lambda buffer: buffer + jnp.nan, cache)  # unused slots: a read of one would show
+    out, start = [], 0
+    for width in steps:
+        positions = np.broadcast_to(np.arange(start, start + width), (batch, width))
+        step = model({"params": params}, jnp.asarray(ids[:, start:start + width]), jnp.asarray(positions), cache,
+                     jnp.full((batch,), start, jnp.int32))
+        out.append(np.asarray(step.logits))
+        cache, start = step.cache, start + width
+    return np.concatenate(out, axis=1), cache
+
+
+def test_logits_equal_transformers_past_the_window(converted):
+    family, model, config, params, _ = converted
+    assert config.model_type == family and config.sliding_window == 16
+    assert [config.layer_window(i) for i in range(3)] == [16, None, 16]
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, config.vocab_size, (2, SEQ))
+    with torch.no_grad():
+        want = model(torch.tensor(ids)).logits.numpy()
+    # the engine's unrolled layout: a prefill, then cached steps; the stored (scanned) one: the whole sequence
+    for scan, steps in ((False, (40, 1, 3, 16)), (True, (SEQ,))):
+        got, _ = _run(config, params, scan, ids, steps)
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"scan_layers={scan}")
+    unwindowed = dataclasses.replace(config, sliding_window=None, layer_types=())
+    got, _ = _run(unwindowed, params, True, ids, (SEQ,))
+    assert np.abs(got - want)[:, 20:].max() > 1e-2  # the window binds: attending to everything is another model
+
+    # a tree pass 50 positions in: each branch equals the branch run on its own
+    prefix, tree, mask, depth, a, b = _tree_case(rng, config.vocab_size)
+    with torch.no_grad():
+        seq_a = model(torch.tensor(np.concatenate([prefix, a[None]], 1))).logits.numpy()[0]
+        seq_b = model(torch.tensor(np.concatenate([prefix, b[None]], 1))).logits.numpy()[0]
+    _, cache = _run(config, params, False, prefix[:, :-1], (49,))
+    out = jax.jit(LlamaModel(config, scan_layers=False).apply)(
+        {"params": unstack_layers(params, config)}, jnp.asarray(tree), jnp.asarray(49 + depth), cache,
+        jnp.full((1,), 49, jnp.int32), local_mask=jnp.asarray(mask))
+    got = np.asarray(out.logits)[0]
+    np.testing.assert_allclose(got[[0, 1, 2]], seq_a[49:52], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got[3], seq_b[50], atol=ATOL, rtol=0)
+
+
+def test_ngram_speculation_returns_transformers_greedy_tokens_past_the_window(converted):
+    """Prompts of 3-11 tokens and 40 new ones: verify passes of 5 tokens cross the window of 16 in every sliding
+    layer."""
+    _, model, config, params, _ = converted
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (3, 11, 6)]
+    prompts[1][5:10] = prompts[1][0:5]  # a repeat for the n-gram drafter to find
+    engine = jspec.SpecEngine(config, params, drafter=NgramDrafter(fx.SPECS["chain"], 96), drafter_params={},
+                              max_batch_size=4, max_seq_len=96)
+    out = engine.generate(prompts, max_new_tokens=40)
+    model.generation_config.eos_token_id = None  # random weights: run to max_new_tokens on both sides
+    assert out.token_ids == [hf_greedy(model, prompt, 40) for prompt in prompts]
+
+
+def _quantize_mxfp4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """f32[E, R, C] (C a multiple of 32) -> (blocks u8[E, R, C / 32, 16], scales u8[E, R, C / 32]): each block of 32
+    scaled by a power of two that fits its largest magnitude in FP4's 6, each value rounded to the nearest code."""
+    blocks = weight.reshape(weight.shape[:2] + (-1, 32))
+    exponent = np.ceil(np.log2(np.maximum(np.abs(blocks).max(-1), 1e-30) / 6.0)).astype(np.int32)
+    scaled = blocks / np.ldexp(1.0, exponent)[..., None]
+    codes = np.abs(scaled[..., None] - FP4_VALUES).argmin(-1).astype(np.uint8)  # [E, R, G, 32]
+    packed, scales = codes[..., 0::2] | (codes[..., 1::2] << 4), (exponent + 127).astype(np.uint8)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(scales)  # safetensors.numpy writes a strided array's
+                                                                       # buffer as it lies in memory
+
+
+def test_mxfp4_experts_convert_to_what_transformers_dequantizes(hf_checkpoint, tmp_path):
+    """The gpt-oss checkpoint rewritten as published (experts in MXFP4 blocks and scales, quant_method "mxfp4"):
+    jspec's dequantization equals transformers' ``convert_moe_packed_tensors``, and the converted model's logits
+    equal transformers' on the same model with its experts dequantized by transformers (dequantize, then run)."""
+    import safetensors.numpy
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model, hf_dir, _ = hf_checkpoint("gpt_oss")
+    tensors = safetensors.numpy.load_file(os.path.join(hf_dir, "model.safetensors"))
+    reference = type(model)(model.config).eval()
+    reference.load_state_dict(model.state_dict())
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = _quantize_mxfp4(np.swapaxes(tensors.pop(name), 1, 2))  # rows: output features
+        tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
+        theirs = convert_moe_packed_tensors(torch.tensor(blocks), torch.tensor(scales), dtype=torch.float32)
+        np.testing.assert_array_equal(dequantize_mxfp4(blocks, scales), theirs.numpy())
+        layer = reference.model.layers[int(name.split(".")[2])]
+        getattr(layer.mlp.experts, name.rsplit(".", 1)[1]).data.copy_(theirs)
+    src = tmp_path / "mxfp4"
+    src.mkdir()
+    safetensors.numpy.save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        hf_config = json.load(f)
+    (src / "config.json").write_text(json.dumps({**hf_config, "quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                            "model.embed_tokens", "lm_head"]}}))
+    from jspec.tools.cli import main as cli_main
+
+    assert cli_main(["convert", "--src", str(src), "--dst", str(tmp_path / "out"), "--dtype", "float32"]) == 0
+    config, params, _ = load_llama(str(tmp_path / "out"))
+    ids = np.random.default_rng(3).integers(0, config.vocab_size, (1, 24))
+    with torch.no_grad():
+        want = reference(torch.tensor(ids)).logits.numpy()
+        plain = model(torch.tensor(ids)).logits.numpy()
+    got, _ = _run(config, params, False, ids, (24,))
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+    assert np.abs(plain - want).max() > 1e-3  # the 4-bit experts are another model: the check sees which one ran
