@@ -29,8 +29,8 @@ Two keywords only the layers that have them pass (so an attention that has neith
 - ``window`` (an int, or an i32 scalar inside a scanned stack of layers; a sliding-window layer's): query at position
   p reads keys at positions > p - window (transformers' ``sliding_window``). Committed slot s holds position s; a
   query, and a window slot of a verify pass or causal continuation, sits at ``cache_len + depth``, its depth in the
-  tree being the number of its ancestors (:func:`tree_depths`). A window wider than T (a drafter growing a tree) has
-  no such depths: a sliding window there is refused.
+  tree being the number of its ancestors (:func:`tree_depths`). A window wider than T (a drafter growing a tree) gives
+  no depths for its slots: there only committed keys slide, and the sliding window must be at least W wide.
 - ``sinks``: f32[Hq], a learned logit per query head that joins every softmax's denominator and reads no value
   (gpt-oss's attention sinks).
 """
@@ -41,6 +41,7 @@ from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models.paged_kv import PagedKV, write_paged
 
@@ -94,12 +95,9 @@ class AttentionFn(Protocol):
 
 def tree_depths(local_mask: jax.Array | None, num_new: int) -> jax.Array:
     """i32[B or 1, T]: each new token's depth (position - cache_len): its row's count of visible window slots less
-    one (itself and its ancestors) under a mask bool[B, T, T]; i under a causal continuation (None)."""
+    one (itself and its ancestors) under a mask bool[B, T, W]; i under a causal continuation (None)."""
     if local_mask is None:
         return jnp.arange(num_new, dtype=jnp.int32)[None]
-    if local_mask.shape[2] != num_new:
-        raise ValueError(f"a sliding window needs each window slot's position: a window of T={num_new} slots, got a "
-                         f"mask of shape {local_mask.shape} (a drafter growing a tree in a wider window)")
     return jnp.sum(local_mask, axis=2, dtype=jnp.int32) - 1
 
 
@@ -124,6 +122,13 @@ def visibility_mask(cache_len: jax.Array, local_mask: jax.Array | None, num_new:
     if window is None:
         return mask
     depth = tree_depths(local_mask, num_new)  # [B or 1, T]
+    if local_mask is not None and local_mask.shape[2] != num_new:
+        # A drafter growing a tree in a wider window: its slots' depths are not in the mask, but every ancestor lies
+        # less than W deep above a node, so a window of at least W reads them all; only the committed keys slide.
+        if isinstance(window, (int, np.integer)) and window < local_mask.shape[2]:
+            raise ValueError(f"sliding window {window} is narrower than the drafter's window of "
+                             f"{local_mask.shape[2]} slots: expected a window of at least the tree's width")
+        return mask & (~committed | (depth[:, :, None] - rel < window))
     key_depth = jnp.where(committed, rel, jnp.take_along_axis(
         jnp.broadcast_to(depth, (cache_len.shape[0], num_new)), jnp.clip(rel[:, 0], 0, num_new - 1), axis=1)[:, None])
     return mask & (depth[:, :, None] - key_depth < window)

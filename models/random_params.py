@@ -50,9 +50,11 @@ def _draw(path, leaf: jax.ShapeDtypeStruct, rng: np.random.Generator) -> jax.Arr
         values = np.zeros(shape, np.float32)
     elif name == "weight":
         values = np.ones(shape, np.float32)
+    elif name == "sinks":  # attention sinks: logits on the scores' scale, so they move the softmax
+        values = rng.standard_normal(shape, np.float32)
     else:
         raise ValueError(f"random_params: parameter {jax.tree_util.keystr(path)} {shape} has no known initializer "
-                         f"(expected a leaf named kernel, embedding, bias or weight)")
+                         f"(expected a leaf named kernel, embedding, bias, weight or sinks)")
     return jax.numpy.asarray(values.astype(leaf.dtype))
 
 

@@ -73,9 +73,12 @@ class Eagle3Drafter(DrafterBase):
             return Eagle3Head(self.head, DTYPES[self.dtype])
         return Eagle3Head(self.head, DTYPES[self.dtype], recent_attention(self.attention_span))
 
-    @staticmethod
-    def _embed(params_t: Any, tokens: jax.Array) -> jax.Array:
-        return jnp.take(params_t["embed_tokens"]["embedding"], tokens, axis=0)
+    def _embed(self, params_t: Any, tokens: jax.Array) -> jax.Array:
+        """The target's input embeddings of tokens, as its ``embed_tokens`` module gives them (Gemma-3 scales)."""
+        embeds = jnp.take(params_t["embed_tokens"]["embedding"], tokens, axis=0)
+        if self.target.embedding_multiplier != 1.0:
+            embeds = embeds * jnp.asarray(self.target.embedding_multiplier, embeds.dtype)
+        return embeds
 
     @staticmethod
     def _features(taps: jax.Array) -> jax.Array:

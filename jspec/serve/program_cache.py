@@ -44,6 +44,7 @@ class ProgramCache:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._stopping = False
         self.maps_per_program: int | None = None  # memory mappings one compiled program took (CPU)
         self.compiled_on_demand: list[Key] = []  # in the order they finished
 
@@ -102,9 +103,10 @@ class ProgramCache:
         self._wanted.put(key)
 
     def stop(self) -> None:
-        """Ends the compiling thread after the compile in progress (the rest of the queue is dropped)."""
+        """Ends the compiling thread after the compile in progress (the rest of the queue is dropped: a server
+        shutting down does not wait for programs no request will run)."""
         with self._lock:
-            thread = self._thread
+            thread, self._stopping = self._thread, True
         if thread is not None:
             self._wanted.put(None)
             thread.join()
@@ -128,6 +130,8 @@ class ProgramCache:
             try:
                 if key is None:
                     return
+                if self._stopping:  # dropped: stop() is waiting
+                    continue
                 if not memory_maps.room_for(1, self.maps_per_program):
                     if not self._warned:
                         self._warned = True

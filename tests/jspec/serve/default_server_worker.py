@@ -40,6 +40,7 @@ def main(argv: list[str]) -> None:
 
     slots.submit(Request(prompt_ids=prompt, max_tokens=24, sink=sink))
     assert done.wait(120), "the request did not finish"
+    slots.runner.programs.wait_idle()  # the programs the request asked for count in the mappings measured below
     slots.shutdown()
     expected = slots.engine.generate([prompt], max_new_tokens=24).token_ids[0]
     print(json.dumps({"maps": memory_maps.maps_in_use(), "warm_seconds": warm_seconds, "tokens": tokens,
