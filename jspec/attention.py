@@ -50,34 +50,49 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
     >= 16, to ``pallas_kernels.paged_tree_attention``: its TPU form on a TPU (or named), its GPU form only with
     impl "pallas" or "interpret" named (not "auto": the GPU form has not run on a GPU yet).
 
-    A layer with a sliding ``window`` or attention ``sinks`` (gpt-oss, Gemma-3, Mistral) goes to the jnp forms, whose
-    masks and softmax take them; the kernels do not yet.
+    A layer's sliding ``window`` and attention ``sinks`` (gpt-oss, Gemma-3, Mistral) go wherever the call goes: the
+    kernels take a window that is a Python int (an unrolled layer's) and read only its blocks; a traced one (a
+    scanned stack's) goes to the jnp forms.
     """
-    if window is not None or sinks is not None:
+    extra = dict(window=window, sinks=sinks)
+    if window is not None and not isinstance(window, (int, np.integer)):
         attend = paged_attention if isinstance(k_cache, PagedKV) else dense_attention
-        return attend(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale,
-                      window=window, sinks=sinks)
+        return attend(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale, **extra)
+    if window is not None:
+        extra["window"] = int(window)
     if isinstance(k_cache, PagedKV):
         page_size = k_cache.page_size
         named = impl in ("pallas", "interpret") or resolve_impl(impl, "paged_tree_attention").is_tpu
         if named and page_size >= 16 and not page_size & (page_size - 1):
             return _paged_kernel(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset,
-                                 scale=scale, impl=impl)
-        return paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
+                                 scale=scale, impl=impl, **extra)
+        return paged_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale,
+                               **extra)
     tree_mask = local_mask
     if local_mask is None and q.shape[1] == 1:  # a plain decode step's one token: a tree of one node
         tree_mask = jnp.ones((q.shape[0], 1, 1), bool)
     if is_verify_pass(q, tree_mask, write_offset) and resolve_impl(impl, "tree_attention") is not Impl.REFERENCE:
         # On a mesh each device runs the kernel on its rows and its heads (KV heads split as its query heads are).
-        kernel = per_shard(lambda *a: tree_attention(*a, scale=scale, impl=impl),
-                           in_specs=(KV_CACHE, KV_CACHE, KV_CACHE, P("data"), KV_CACHE, KV_CACHE, P("data")),
-                           out_specs=KV_CACHE)
-        return kernel(q, k_cache, v_cache, cache_len, k_new, v_new, tree_mask)
-    return dense_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale)
+        args, specs = _with_sinks([q, k_cache, v_cache, cache_len, k_new, v_new, tree_mask],
+                                  [KV_CACHE, KV_CACHE, KV_CACHE, P("data"), KV_CACHE, KV_CACHE, P("data")], sinks)
+        kernel = per_shard(lambda *a: tree_attention(*a[:7], scale=scale, impl=impl, window=extra["window"],
+                                                     sinks=a[7] if len(a) > 7 else None),
+                           in_specs=specs, out_specs=KV_CACHE)
+        return kernel(*args)
+    return dense_attention(q, k_cache, v_cache, k_new, v_new, cache_len, local_mask, write_offset, scale=scale,
+                           **extra)
+
+
+def _with_sinks(args: list, specs: list, sinks: jax.Array | None) -> tuple[tuple, tuple]:
+    """A kernel's arguments and their PartitionSpecs, the sinks f32[Hq] last where the layer has them (split over
+    "model" as the query heads are)."""
+    if sinks is None:
+        return tuple(args), tuple(specs)
+    return tuple(args) + (sinks,), tuple(specs) + (P("model"),)
 
 
 def _paged_kernel(q, k_cache: PagedKV, v_cache: PagedKV, k_new, v_new, cache_len, local_mask, write_offset, *,
-                  scale: float, impl: ImplName):
+                  scale: float, impl: ImplName, window: int | None = None, sinks: jax.Array | None = None):
     """``paged_attention``'s contract (new tokens at the window's start; causal without a mask) through the paged
     tree-attention kernel, each device on its rows and its KV heads on a mesh."""
     batch, num_new = q.shape[:2]
@@ -86,7 +101,10 @@ def _paged_kernel(q, k_cache: PagedKV, v_cache: PagedKV, k_new, v_new, cache_len
                          f"{write_offset!r}")
     if local_mask is None:
         local_mask = jnp.broadcast_to(jnp.tril(jnp.ones((num_new, num_new), bool)), (batch, num_new, num_new))
-    kernel = per_shard(lambda *a: paged_tree_attention(*a, scale=scale, impl=impl),
-                       in_specs=(KV_CACHE, KV_POOL, KV_POOL, P("data"), P("data"), KV_CACHE, KV_CACHE, P("data")),
-                       out_specs=KV_CACHE)
-    return kernel(q, k_cache.pages, v_cache.pages, k_cache.page_table, cache_len, k_new, v_new, local_mask)
+    args, specs = _with_sinks(
+        [q, k_cache.pages, v_cache.pages, k_cache.page_table, cache_len, k_new, v_new, local_mask],
+        [KV_CACHE, KV_POOL, KV_POOL, P("data"), P("data"), KV_CACHE, KV_CACHE, P("data")], sinks)
+    kernel = per_shard(lambda *a: paged_tree_attention(*a[:8], scale=scale, impl=impl, window=window,
+                                                       sinks=a[8] if len(a) > 8 else None),
+                       in_specs=specs, out_specs=KV_CACHE)
+    return kernel(*args)

@@ -31,32 +31,65 @@ def flash_init(rows: int, head_dim: int) -> tuple:
             jnp.zeros((rows,), jnp.float32))
 
 
-def flash_step(q, k, v, valid, carry, *, scale: float, precision) -> tuple:
+def flash_step(q, k, v, valid, carry, *, scale: float, precision, row_first=None, positions=None) -> tuple:
     """One block of an online softmax inside a kernel: q [R, D] against keys k and values v [K, D] where valid
     bool[K] -> the carry (o, m, l) updated. Invalid keys are masked and their V rows zeroed (unused slots may hold
-    anything, and ``0 * NaN = NaN``)."""
+    anything, and ``0 * NaN = NaN``). Under a sliding window, row r reads only the keys whose position (i32[K]
+    ``positions``) is at least ``row_first`` i32[R][r] (``window_starts``)."""
     o_prev, m_prev, l_prev = carry
     v = jnp.where(valid[:, None], v, jnp.zeros_like(v))
     scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision)
-    scores = jnp.where(valid[None, :], scores * scale, MASK_VALUE)  # [R, K]
+    seen = valid[None, :]  # [1 or R, K]
+    if row_first is not None:
+        seen = seen & (positions[None, :] >= row_first[:, None])
+    scores = jnp.where(seen, scores * scale, MASK_VALUE)  # [R, K]
     m_next = jnp.maximum(m_prev, scores.max(axis=-1))
     correction = jnp.exp(m_prev - m_next)
-    p = jnp.where(valid[None, :], jnp.exp(scores - m_next[:, None]), 0.0)
+    p = jnp.where(seen, jnp.exp(scores - m_next[:, None]), 0.0)
     l_next = l_prev * correction + p.sum(axis=-1)
     pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32, precision=precision)
     return o_prev * correction[:, None] + pv, m_next, l_next
 
 
-def with_tree(q_rows, o, m, l, k_new, v_new, mask, *, scale: float, dtype):
+def with_tree(q_rows, o, m, l, k_new, v_new, mask, *, scale: float, dtype, window: int | None = None,
+              sinks=None):
     """The prefix partials (o f32[B, Hkv, S, R', D'] unnormalised, m, l f32[B, Hkv, S, R'], rows and D possibly
-    padded) merged with the tree block's of the unpadded q_rows [B, Hkv, R, D] -> [B, T, Hq, D] in ``dtype``."""
-    rows, head_dim = q_rows.shape[2], q_rows.shape[3]
+    padded) merged with the tree block's of the unpadded q_rows [B, Hkv, R, D] -> [B, T, Hq, D] in ``dtype``. A
+    sliding ``window`` keeps a node's ancestors less than window deep above it; ``sinks`` f32[Hq] join each head's
+    denominator as one more partial that reads no value."""
+    batch, kv_heads, rows, head_dim = q_rows.shape
+    if window is not None:
+        depth = tree_depths(mask)
+        mask = mask & (depth[:, :, None] - depth[:, None, :] < window)
     o_tree, m_tree, l_tree = tree_partial(q_rows, k_new, v_new, mask, scale=scale)
-    out = merge_partials(
-        jnp.concatenate([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], axis=2),
-        jnp.concatenate([m[:, :, :, :rows], m_tree[:, :, None]], axis=2),
-        jnp.concatenate([l[:, :, :, :rows], l_tree[:, :, None]], axis=2))
+    parts = ([o[:, :, :, :rows, :head_dim], o_tree[:, :, None]], [m[:, :, :, :rows], m_tree[:, :, None]],
+             [l[:, :, :, :rows], l_tree[:, :, None]])
+    if sinks is not None:  # row r = t * G + g holds query head h * G + g
+        sink = jnp.tile(sinks.astype(jnp.float32).reshape(kv_heads, -1), (1, mask.shape[1]))  # [Hkv, R]
+        parts[0].append(jnp.zeros((batch, kv_heads, 1, rows, head_dim), jnp.float32))
+        parts[1].append(jnp.broadcast_to(sink, (batch, kv_heads, rows))[:, :, None])
+        parts[2].append(jnp.ones((batch, kv_heads, 1, rows), jnp.float32))
+    out = merge_partials(*(jnp.concatenate(part, axis=2) for part in parts))
     return unstack_query_heads(out, mask.shape[1]).astype(dtype)
+
+
+def tree_depths(mask):
+    """mask bool[B, T, T] (each node sees itself and its ancestors) -> i32[B, T]: each node's depth."""
+    return jnp.sum(mask, axis=-1, dtype=jnp.int32) - 1
+
+
+def window_starts(mask, cache_len, window: int | None, group: int, rows: int):
+    """Each stacked row's first visible prefix position under a sliding window -> i32[B, rows] (rows past the
+    T * G real ones, padding: the last real row's): node t at position cache_len + depth(t) reads prefix positions
+    past cache_len + depth(t) - window. No window: zeros."""
+    batch, num_tokens = mask.shape[:2]
+    if window is None:
+        return jnp.zeros((batch, rows), jnp.int32)
+    first = cache_len[:, None] + tree_depths(mask) - window + 1  # [B, T]
+    first = jnp.repeat(jnp.maximum(first, 0), group, axis=1)      # [B, T * G]
+    if rows == first.shape[1]:
+        return first
+    return jnp.concatenate([first, jnp.broadcast_to(first[:, -1:], (batch, rows - first.shape[1]))], axis=1)
 
 
 def stack_query_heads(q, kv_heads: int):

@@ -34,10 +34,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.attention_parts import (dot_precision, flash_init, flash_step, next_pow2, pad_axis,
-                                            stack_query_heads, with_tree)
+                                            stack_query_heads, window_starts, with_tree)
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.paged_tree_attention_tpu import paged_tree_attention_tpu
-from pallas_kernels.tree_attention import MIN_TILE, TARGET_PROGRAMS, tree_attention_reference
+from pallas_kernels.tree_attention import MIN_TILE, TARGET_PROGRAMS, tree_attention_reference, validate_window
 
 
 def gather_pages(pages: jax.Array, page_table: jax.Array) -> jax.Array:
@@ -47,16 +47,17 @@ def gather_pages(pages: jax.Array, page_table: jax.Array) -> jax.Array:
     return gathered.reshape(batch, per_row * pages.shape[1], *pages.shape[2:])
 
 
-@functools.partial(jax.jit, static_argnames=("scale",))
+@functools.partial(jax.jit, static_argnames=("scale", "window"))
 def paged_tree_attention_reference(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *,
-                                   scale: float):
-    """Dense paged tree attention: the pages gathered, then ``tree_attention_reference``.
+                                   scale: float, window: int | None = None, sinks=None):
+    """Dense paged tree attention: the pages gathered, then ``tree_attention_reference`` (window and sinks as
+    there).
 
     q: [B, T, Hq, D]; k_pages, v_pages: [P, page_size, Hkv, D]; page_table: i32[B, N]; cache_len: i32[B]
     (<= N * page_size); k_new, v_new: [B, T, Hkv, D]; mask: bool[B, T, T] -> [B, T, Hq, D] in q.dtype.
     """
     return tree_attention_reference(q, gather_pages(k_pages, page_table), gather_pages(v_pages, page_table),
-                                    cache_len, k_new, v_new, mask, scale=scale)
+                                    cache_len, k_new, v_new, mask, scale=scale, window=window, sinks=sinks)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -67,6 +68,7 @@ def paged_tree_attention_reference(q, k_pages, v_pages, page_table, cache_len, k
 def _page_split_kernel(
     cache_len_ref,  # i32[]  cache_len[b]
     table_ref,      # i32[N]  page_table[b]
+    first_ref,      # i32[block_rows]  each row's first visible position (a sliding window's; 0 without)
     q_ref,          # [block_rows, D]  rows t * G + g of KV head h
     k_ref,          # [P, page_size, D]  k_pages[:, :, h]
     v_ref,          # [P, page_size, D]  v_pages[:, :, h]
@@ -76,21 +78,28 @@ def _page_split_kernel(
     *,
     scale: float,
     pages_per_split: int,
+    windowed: bool,
 ):
     page_size = k_ref.shape[1]
     block_rows, head_dim = q_ref.shape
     length = cache_len_ref[()]
     first = pl.program_id(1) * pages_per_split
+    end = first + pages_per_split
+    row_first = first_ref[...] if windowed else None
+    if windowed:  # pages before every row's window are never read
+        first = jnp.maximum(first, jnp.min(row_first) // page_size)
     used = (length + page_size - 1) // page_size  # pages holding a position < length
-    count = jnp.maximum(jnp.minimum(first + pages_per_split, used) - first, 0)
+    count = jnp.maximum(jnp.minimum(end, used) - first, 0)
     q = q_ref[...]
     precision = dot_precision(q.dtype)
 
     def body(i, carry):
         index = first + i
         page = table_ref[index]
-        valid = index * page_size + jnp.arange(page_size) < length  # [page_size]
-        return flash_step(q, k_ref[page], v_ref[page], valid, carry, scale=scale, precision=precision)
+        positions = index * page_size + jnp.arange(page_size)
+        valid = positions < length  # [page_size]
+        return flash_step(q, k_ref[page], v_ref[page], valid, carry, scale=scale, precision=precision,
+                          row_first=row_first, positions=positions)
 
     o, m, l = lax.fori_loop(0, count, body, flash_init(block_rows, head_dim))
     o_ref[...] = o
@@ -98,8 +107,8 @@ def _page_split_kernel(
     l_ref[...] = l
 
 
-def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, block_rows, num_splits,
-                   num_warps, num_stages, interpret):
+def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, row_first, *, scale, block_rows, num_splits,
+                   num_warps, num_stages, interpret, windowed):
     """Per-split partial attention of the stacked rows over each row's pages.
 
     q_rows: [B, Hkv, R, D] (R and D powers of two >= 16, block_rows divides R); k_pages, v_pages:
@@ -117,7 +126,7 @@ def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, bl
     num_splits = -(-per_row // pages_per_split)
     if num_warps is None:
         num_warps = 4 if block_rows * head_dim <= 64 * 64 else 8
-    kernel = functools.partial(_page_split_kernel, scale=scale, pages_per_split=pages_per_split)
+    kernel = functools.partial(_page_split_kernel, scale=scale, pages_per_split=pages_per_split, windowed=windowed)
     out_shape = [
         jax.ShapeDtypeStruct((batch, kv_heads, num_splits, rows, head_dim), jnp.float32),
         jax.ShapeDtypeStruct((batch, kv_heads, num_splits, rows), jnp.float32),
@@ -129,6 +138,7 @@ def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, bl
         in_specs=[
             pl.BlockSpec((None,), lambda r, s, h, b: (b,)),
             pl.BlockSpec((None, per_row), lambda r, s, h, b: (b, 0)),
+            pl.BlockSpec((None, block_rows), lambda r, s, h, b: (b, r)),
             pl.BlockSpec((None, None, block_rows, head_dim), lambda r, s, h, b: (b, h, r, 0)),
             pl.BlockSpec((num_pages, page_size, None, head_dim), lambda r, s, h, b: (0, 0, h, 0)),
             pl.BlockSpec((num_pages, page_size, None, head_dim), lambda r, s, h, b: (0, 0, h, 0)),
@@ -142,13 +152,13 @@ def _page_partials(q_rows, k_pages, v_pages, page_table, cache_len, *, scale, bl
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="paged_tree_attention",
-    )(cache_len, page_table, q_rows, k_pages, v_pages)
+    )(cache_len, page_table, row_first, q_rows, k_pages, v_pages)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_rows", "num_splits", "num_warps", "num_stages",
-                                             "interpret"))
-def _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *, scale,
-                                 block_rows, num_splits, num_warps, num_stages, interpret):
+                                             "interpret", "window"))
+def _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, sinks, *, scale,
+                                 block_rows, num_splits, num_warps, num_stages, interpret, window):
     """Shapes as paged_tree_attention_reference; the pages in Pallas, the tree in jnp."""
     head_dim = q.shape[3]
     kv_heads = k_pages.shape[2]
@@ -162,10 +172,11 @@ def _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_n
     q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
     limit = page_table.shape[1] * k_pages.shape[1]
     cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, limit)
-    o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, scale=scale,
-                             block_rows=block_rows, num_splits=num_splits, num_warps=num_warps,
-                             num_stages=num_stages, interpret=interpret)
-    return with_tree(q_rows, o, m, l, k_new, v_new, mask, scale=scale, dtype=q.dtype)
+    row_first = window_starts(mask, cache_len, window, q.shape[2] // kv_heads, padded_rows)
+    o, m, l = _page_partials(q_padded, k_pages, v_pages, page_table.astype(jnp.int32), cache_len, row_first,
+                             scale=scale, block_rows=block_rows, num_splits=num_splits, num_warps=num_warps,
+                             num_stages=num_stages, interpret=interpret, windowed=window is not None)
+    return with_tree(q_rows, o, m, l, k_new, v_new, mask, scale=scale, dtype=q.dtype, window=window, sinks=sinks)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,7 +215,8 @@ def _validate(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask):
 
 def paged_tree_attention(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, *,
                          scale: float | None = None, impl: ImplName | str = "auto", block_rows: int = 64,
-                         num_splits: int | None = None, num_warps: int | None = None, num_stages: int = 2):
+                         num_splits: int | None = None, num_warps: int | None = None, num_stages: int = 2,
+                         window: int | None = None, sinks=None):
     """Attention of T tree queries over each row's paged prefix (positions < cache_len) and the masked tree.
 
     Args:
@@ -221,6 +233,8 @@ def paged_tree_attention(q, k_pages, v_pages, page_table, cache_len, k_new, v_ne
       block_rows: stacked (token, head) rows per program (power of two >= 16).
       num_splits: page splits per (b, KV head); None picks one from the shapes.
       num_warps, num_stages: Triton launch parameters (reasoned, not tuned on a GPU).
+      window, sinks: a sliding window and attention sinks, as ``tree_attention``'s (the loop starts at the page
+        holding the window's first position).
 
     Returns:
       [B, T, Hq, D] in q.dtype. Every query must see at least one key (node t sees itself).
@@ -231,14 +245,15 @@ def paged_tree_attention(q, k_pages, v_pages, page_table, cache_len, k_new, v_ne
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits={num_splits} must be >= 1 (or None for automatic)")
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    validate_window(window, sinks, q.shape[2])
     resolved = resolve_impl(impl, "paged_tree_attention")
     if resolved.is_tpu:
         return paged_tree_attention_tpu(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, scale=scale,
-                                        interpret=resolved.interpreted)
+                                        interpret=resolved.interpreted, window=window, sinks=sinks)
     if resolved is Impl.REFERENCE:
         return paged_tree_attention_reference(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask,
-                                              scale=scale)
-    return _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask,
+                                              scale=scale, window=window, sinks=sinks)
+    return _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_new, v_new, mask, sinks,
                                         scale=scale, block_rows=block_rows, num_splits=num_splits,
                                         num_warps=num_warps, num_stages=num_stages,
-                                        interpret=resolved is Impl.INTERPRET)
+                                        interpret=resolved is Impl.INTERPRET, window=window)

@@ -44,7 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.attention_parts import (dot_precision, flash_init, flash_step, next_pow2, pad_axis,
-                                            stack_query_heads, with_tree)
+                                            stack_query_heads, window_starts, with_tree)
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.paged_tree_attention_tpu import tree_attention_tpu
 
@@ -57,13 +57,15 @@ TARGET_PROGRAMS = 264  # ~2 waves of an H100's 132 SMs; more splits than this bu
 # ----------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("scale",))
-def tree_attention_reference(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, scale: float):
+@functools.partial(jax.jit, static_argnames=("scale", "window"))
+def tree_attention_reference(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, scale: float,
+                             window: int | None = None, sinks=None):
     """Dense tree attention: softmax over concat(cache, tree) with one boolean mask.
 
     q: [B, T, Hq, D]; k_cache, v_cache: [B, L, Hkv, D]; cache_len: i32[B];
     k_new, v_new: [B, T, Hkv, D]; mask: bool[B, T, T] -> [B, T, Hq, D] in q.dtype.
-    Query head h reads KV head h // (Hq // Hkv).
+    Query head h reads KV head h // (Hq // Hkv). window: node t (position cache_len + depth(t)) reads the keys less
+    than ``window`` positions behind it; sinks f32[Hq]: a logit per head in the softmax that reads no value.
     """
     batch, num_tokens, q_heads, _ = q.shape
     cache_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -75,12 +77,21 @@ def tree_attention_reference(q, k_cache, v_cache, cache_len, k_new, v_new, mask,
     values = jnp.concatenate([v_cache, v_new], axis=1).astype(jnp.float32)
     keys = jnp.repeat(keys, q_heads // kv_heads, axis=2)  # [B, L+T, Hq, D]
     values = jnp.repeat(values, q_heads // kv_heads, axis=2)
-    visible = jnp.concatenate(
-        [jnp.broadcast_to(in_cache[:, None, :], (batch, num_tokens, cache_size)), mask], axis=2)
+    prefix = jnp.broadcast_to(in_cache[:, None, :], (batch, num_tokens, cache_size))
+    if window is not None:
+        depth = jnp.sum(mask, axis=-1) - 1  # [B, T]
+        query = cache_len[:, None] + depth
+        prefix = prefix & (jnp.arange(cache_size)[None, None, :] > query[:, :, None] - window)
+        mask = mask & (depth[:, :, None] - depth[:, None, :] < window)
+    visible = jnp.concatenate([prefix, mask], axis=2)
     logits = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32), keys,
                         precision=lax.Precision.HIGHEST) * scale  # [B, Hq, T, L+T]
     logits = jnp.where(visible[:, None], logits, -jnp.inf)
-    weights = jax.nn.softmax(logits, axis=-1)
+    if sinks is not None:  # one more column, dropped after the softmax (as transformers' eager gpt-oss attention)
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, None, None], logits.shape[:3] + (1,))
+        weights = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+    else:
+        weights = jax.nn.softmax(logits, axis=-1)
     out = jnp.einsum("bhts,bshd->bthd", weights, values, precision=lax.Precision.HIGHEST)
     return out.astype(q.dtype)
 
@@ -92,6 +103,7 @@ def tree_attention_reference(q, k_cache, v_cache, cache_len, k_new, v_new, mask,
 
 def _cache_split_kernel(
     cache_len_ref,  # i32[]  cache_len[b], clipped to [0, L]
+    first_ref,      # i32[block_rows]  each row's first visible position (a sliding window's; 0 without)
     q_ref,          # [block_rows, D]  rows t * G + g of KV head h
     k_ref,          # [L, D]  k_cache[b, :, h]
     v_ref,          # [L, D]  v_cache[b, :, h]
@@ -102,11 +114,15 @@ def _cache_split_kernel(
     scale: float,
     block_k: int,
     split_size: int,
+    windowed: bool,
 ):
     cache_size = k_ref.shape[0]
     block_rows, head_dim = q_ref.shape
     split_start = pl.program_id(1) * split_size
     split_end = jnp.minimum(split_start + split_size, cache_len_ref[()])
+    row_first = first_ref[...] if windowed else None
+    if windowed:  # keys before every row's window are never read
+        split_start = jnp.maximum(split_start, jnp.min(row_first))
     num_blocks = (jnp.maximum(split_end - split_start, 0) + block_k - 1) // block_k
     q = q_ref[...]
     precision = dot_precision(q.dtype)
@@ -120,7 +136,8 @@ def _cache_split_kernel(
         valid = (positions >= start) & (positions < split_end)  # [block_k]
         k = k_ref[pl.ds(window, block_k), :]
         v = v_ref[pl.ds(window, block_k), :]
-        return flash_step(q, k, v, valid, carry, scale=scale, precision=precision)
+        return flash_step(q, k, v, valid, carry, scale=scale, precision=precision, row_first=row_first,
+                          positions=positions)
 
     o, m, l = lax.fori_loop(0, num_blocks, body, flash_init(block_rows, head_dim))
     o_ref[...] = o
@@ -141,13 +158,14 @@ def _default_num_splits(batch: int, kv_heads: int, row_blocks: int, rows: int, c
     return max(1, min(fill, traffic, -(-cache_size // block_k)))
 
 
-def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, block_rows,
-                    num_splits, num_warps, num_stages, interpret):
+def _cache_partials(q_rows, k_cache, v_cache, cache_len, row_first, *, scale, block_k, block_rows,
+                    num_splits, num_warps, num_stages, interpret, windowed):
     """Per-split partial attention of the stacked rows over the cache.
 
     q_rows: [B, Hkv, R, D] (R and D powers of two >= 16, block_rows divides R);
-    k_cache, v_cache: [B, L, Hkv, D] with L >= block_k; cache_len: i32[B] in [0, L]
-    -> o f32[B, Hkv, S, R, D] (unnormalised), m, l f32[B, Hkv, S, R].
+    k_cache, v_cache: [B, L, Hkv, D] with L >= block_k; cache_len: i32[B] in [0, L]; row_first: i32[B, R] each
+    row's first visible position (read when ``windowed``) -> o f32[B, Hkv, S, R, D] (unnormalised), m, l
+    f32[B, Hkv, S, R].
     """
     batch, kv_heads, rows, head_dim = q_rows.shape
     cache_size = k_cache.shape[1]
@@ -159,7 +177,7 @@ def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, bloc
     if num_warps is None:  # as jax's pallas/ops/gpu/attention.py: more warps for bigger tiles
         num_warps = 4 if block_rows * head_dim <= 64 * 64 else 8
     kernel = functools.partial(_cache_split_kernel, scale=scale, block_k=block_k,
-                               split_size=split_size)
+                               split_size=split_size, windowed=windowed)
     out_shape = [
         jax.ShapeDtypeStruct((batch, kv_heads, num_splits, rows, head_dim), jnp.float32),
         jax.ShapeDtypeStruct((batch, kv_heads, num_splits, rows), jnp.float32),
@@ -171,6 +189,7 @@ def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, bloc
         grid=(row_blocks, num_splits, kv_heads, batch),
         in_specs=[
             pl.BlockSpec((None,), lambda r, s, h, b: (b,)),
+            pl.BlockSpec((None, block_rows), lambda r, s, h, b: (b, r)),
             pl.BlockSpec((None, None, block_rows, head_dim), lambda r, s, h, b: (b, h, r, 0)),
             pl.BlockSpec((None, cache_size, None, head_dim), lambda r, s, h, b: (b, 0, h, 0)),
             pl.BlockSpec((None, cache_size, None, head_dim), lambda r, s, h, b: (b, 0, h, 0)),
@@ -185,7 +204,7 @@ def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, bloc
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="tree_attention_cache",
-    )(cache_len, q_rows, k_cache, v_cache)
+    )(cache_len, row_first, q_rows, k_cache, v_cache)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,9 +213,9 @@ def _cache_partials(q_rows, k_cache, v_cache, cache_len, *, scale, block_k, bloc
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_k", "block_rows", "num_splits",
-                                             "num_warps", "num_stages", "interpret"))
-def _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *, scale, block_k,
-                           block_rows, num_splits, num_warps, num_stages, interpret):
+                                             "num_warps", "num_stages", "interpret", "window"))
+def _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, sinks, *, scale, block_k,
+                           block_rows, num_splits, num_warps, num_stages, interpret, window):
     """Shapes as tree_attention_reference; the cache half runs in Pallas, the tree half in jnp."""
     head_dim = q.shape[3]
     cache_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -214,10 +233,11 @@ def _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *
     q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)
     cache_len = jnp.clip(cache_len.astype(jnp.int32), 0, cache_size)
 
-    o, m, l = _cache_partials(q_padded, k_cache, v_cache, cache_len, scale=scale, block_k=block_k,
+    row_first = window_starts(mask, cache_len, window, q.shape[2] // kv_heads, padded_rows)
+    o, m, l = _cache_partials(q_padded, k_cache, v_cache, cache_len, row_first, scale=scale, block_k=block_k,
                               block_rows=block_rows, num_splits=num_splits, num_warps=num_warps,
-                              num_stages=num_stages, interpret=interpret)
-    return with_tree(q_rows, o, m, l, k_new, v_new, mask, scale=scale, dtype=q.dtype)
+                              num_stages=num_stages, interpret=interpret, windowed=window is not None)
+    return with_tree(q_rows, o, m, l, k_new, v_new, mask, scale=scale, dtype=q.dtype, window=window, sinks=sinks)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,6 +271,14 @@ def _validate(q, k_cache, v_cache, cache_len, k_new, v_new, mask):
                          f"{cache_len.dtype}{list(cache_len.shape)}")
 
 
+def validate_window(window, sinks, q_heads: int):
+    """A sliding window must be a positive Python int (a static kernel argument); sinks f32[Hq]."""
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r}: expected a positive int (static) or None")
+    if sinks is not None and tuple(sinks.shape) != (q_heads,):
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)}: expected one per query head, ({q_heads},)")
+
+
 def _validate_knobs(block_k: int, block_rows: int, num_splits: int | None):
     for name, value in (("block_k", block_k), ("block_rows", block_rows)):
         if value < MIN_TILE or value & (value - 1):
@@ -262,7 +290,8 @@ def _validate_knobs(block_k: int, block_rows: int, num_splits: int | None):
 def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
                    scale: float | None = None, impl: ImplName = "auto", block_k: int = 64,
                    block_rows: int = 64, num_splits: int | None = None,
-                   num_warps: int | None = None, num_stages: int = 2):
+                   num_warps: int | None = None, num_stages: int = 2, window: int | None = None,
+                   sinks=None):
     """Attention of T tree queries over the cache (positions < cache_len) and the masked tree.
 
     Args:
@@ -279,6 +308,9 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
       num_splits: cache splits per (b, KV head); None picks one from the shapes.
       num_warps, num_stages: Triton launch parameters (num_warps None: 4, or 8 for tiles bigger
         than 64 x 64). Defaults are reasoned, not yet tuned on a GPU (scripts/bench_kernels.py).
+      window: a sliding window (gpt-oss, Gemma-3): node t, at position cache_len + depth(t), reads the keys less
+        than ``window`` positions behind it, and the kernel's loop starts at the window (reads only its blocks).
+      sinks: f32[Hq] or None, a logit per query head in every softmax's denominator (gpt-oss).
 
     Returns:
       [B, T, Hq, D] in q.dtype. Every query must see at least one key (node t sees itself).
@@ -286,14 +318,15 @@ def tree_attention(q, k_cache, v_cache, cache_len, k_new, v_new, mask, *,
     _validate(q, k_cache, v_cache, cache_len, k_new, v_new, mask)
     _validate_knobs(block_k, block_rows, num_splits)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    validate_window(window, sinks, q.shape[2])
     resolved = resolve_impl(impl, "tree_attention")
     if resolved.is_tpu:
         return tree_attention_tpu(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=scale,
-                                  interpret=resolved.interpreted)
+                                  interpret=resolved.interpreted, window=window, sinks=sinks)
     if resolved is Impl.REFERENCE:
         return tree_attention_reference(q, k_cache, v_cache, cache_len, k_new, v_new, mask,
-                                        scale=scale)
-    return _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, scale=scale,
+                                        scale=scale, window=window, sinks=sinks)
+    return _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, sinks, scale=scale,
                                   block_k=block_k, block_rows=block_rows, num_splits=num_splits,
                                   num_warps=num_warps, num_stages=num_stages,
-                                  interpret=resolved is Impl.INTERPRET)
+                                  interpret=resolved is Impl.INTERPRET, window=window)
