@@ -67,8 +67,20 @@ QWEN3_30B_A3B = dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048
                      tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
                      norm_topk_prob=True)
 
+# gpt-oss-20b's config.json: 24 layers of 32 experts (4 a token, 2880 wide, with biases and the clamped SwiGLU),
+# attention of 64 heads of 64 over 8 KV heads with a sink per head, layers alternating a 128-token window and full
+# attention, yarn rope; 20.9B parameters, 3.6B active a token (its experts ship in MXFP4; converted, they are bf16).
+GPT_OSS_20B = dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                   num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                   num_local_experts=32, num_experts_per_tok=4, sliding_window=128, rms_norm_eps=1e-5,
+                   rope_theta=150000.0, max_position_embeddings=131072, tie_word_embeddings=False,
+                   rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "truncate": False, "original_max_position_embeddings": 4096},
+                   swiglu_limit=7.0, attention_bias=True)
+
 MODELS = {name: ModelShapes(hf, _head_hf(hf), dflash_hf(hf, num_layers=5, block_size=16))
-          for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", LLAMA3_70B), ("qwen3-30b-a3b", QWEN3_30B_A3B))}
+          for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", LLAMA3_70B), ("qwen3-30b-a3b", QWEN3_30B_A3B),
+                           ("gpt-oss-20b", GPT_OSS_20B))}
 # Three layers of width 64 (the roofline benchmark's CPU smoke shapes): every program's structure, compiled in
 # seconds (tests/aot).
 MODELS["tiny"] = ModelShapes(TINY, dict(_head_hf(dict(TINY, rms_norm_eps=1e-5, rope_theta=10000.0)),
@@ -104,7 +116,8 @@ DEPLOYMENTS = {d.name: d for d in (
     Deployment("llama3-8b", "v5e", 1, "int8"), Deployment("llama3-8b", "v5e", 4), Deployment("llama3-8b", "v6e", 4),
     Deployment("llama3-70b", "v5p", 4), Deployment("llama3-70b", "v6e", 8),
     Deployment("llama3-8b", "h100", 1), Deployment("llama3-70b", "h100", 8),
-    Deployment("qwen3-30b-a3b", "h100", 1), Deployment("qwen3-30b-a3b", "v5p", 1))}
+    Deployment("qwen3-30b-a3b", "h100", 1), Deployment("qwen3-30b-a3b", "v5p", 1),
+    Deployment("gpt-oss-20b", "h100", 1), Deployment("gpt-oss-20b", "v5p", 1))}
 # v5p chips are megacores (one JAX device of two TensorCores): v5p-8 in Cloud's naming of cores is 4 chips.
 
 

@@ -135,6 +135,35 @@ def test_paged_tree_attention_compiles(chip, heads, dtype, batch, nodes, page):
              [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask])
 
 
+# gpt-oss-20b's attention (64 query heads over 8 KV heads of 64) in its sliding layers: a window of 128 and a sink per
+# query head, 8 rows of 16-node trees over 2048 slots (pages of 16 in the server)
+GPT_OSS_HEADS = (64, 8, 64)
+
+
+@pytest.mark.parametrize("chip", EVERY_CASE)
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_a_sliding_window_with_sinks_compiles(chip, paged):
+    q_heads, kv_heads, head_dim = GPT_OSS_HEADS
+    batch, nodes = 8, 16
+    q = sds((batch, nodes, q_heads, head_dim), jnp.bfloat16)
+    new = sds((batch, nodes, kv_heads, head_dim), jnp.bfloat16)
+    common = [sds((batch,), I32), new, new, sds((batch, nodes, nodes), jnp.bool_), sds((q_heads,), F32)]
+    if paged:
+        pages = sds((1 + batch * 128, 16, kv_heads, head_dim), jnp.bfloat16)
+
+        def kernel(q, k, v, table, lens, k_new, v_new, mask, sinks, impl):
+            return paged_tree_attention(q, k, v, table, lens, k_new, v_new, mask, impl=impl, window=128, sinks=sinks)
+
+        compiles(chip, kernel, [q, pages, pages, sds((batch, 128), I32)] + common)
+    else:
+        cache = sds((batch, 2048, kv_heads, head_dim), jnp.bfloat16)
+
+        def kernel(q, k, v, lens, k_new, v_new, mask, sinks, impl):
+            return tree_attention(q, k, v, lens, k_new, v_new, mask, impl=impl, window=128, sinks=sinks)
+
+        compiles(chip, kernel, [q, cache, cache] + common)
+
+
 # (heads, rows, nodes, cache slots): tree attention's Mosaic GPU form (TMA, WGMMA) at the engine's shapes, bf16, up to
 # 256 rows a KV head (64 nodes x 4 heads); 2053 slots: max_seq_len plus a tree's
 MGPU_CASES = [("8B", 1, 1, 2048), ("8B", 8, 16, 2053), ("70B-tp8", 8, 16, 2048), ("8B-tp4", 32, 64, 2048)]
