@@ -46,7 +46,7 @@ def step_bytes(config: ModelConfig, rows: int, tokens: int, context: int, bytes_
                kv_bytes_per_value: float = 2.0) -> StepBytes:
     """The bytes one step reads: the experts its ``rows * tokens`` tokens route to (:func:`expected_experts`, every
     layer), every other weight once (attention, routers, norms, embeddings row and lm_head), and each row's KV cache
-    of ``context`` positions."""
+    of ``context`` positions (a sliding-window layer's last ``sliding_window`` of them)."""
     if not config.num_experts:
         raise ValueError(f"model_type={config.model_type!r} has no experts (num_experts=0)")
     h, e = config.hidden_size, config.num_experts
@@ -54,7 +54,8 @@ def step_bytes(config: ModelConfig, rows: int, tokens: int, context: int, bytes_
     attention = h * config.head_dim * (2 * config.num_heads + 2 * config.num_kv_heads)
     other = config.num_layers * (attention + h * e + 2 * h) + config.vocab_size * h + h
     experts = expected_experts(e, config.num_experts_per_tok, rows * tokens)
-    kv = config.num_layers * 2 * config.num_kv_heads * config.head_dim * context * rows
+    read = sum(min(context, config.layer_window(i) or context) for i in range(config.num_layers))  # positions
+    kv = read * 2 * config.num_kv_heads * config.head_dim * rows  # a sliding layer reads its window's positions
     return StepBytes(rows, tokens, experts, config.num_layers * experts * per_expert * bytes_per_param,
                      int(other * bytes_per_param), int(kv * kv_bytes_per_value))
 

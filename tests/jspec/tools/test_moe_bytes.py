@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from jspec.tools.aot_programs import QWEN3_30B_A3B
+from jspec.tools.aot_programs import GPT_OSS_20B, QWEN3_30B_A3B
 from jspec.tools.roofline.moe_bytes import expected_experts, step_bytes, step_table
 from models.config import from_hf_config
 from models.llama import param_shapes
@@ -37,3 +37,15 @@ def test_a_plain_step_reads_the_active_parameters_and_a_verify_reads_more():
 def test_a_dense_model_is_refused():
     with pytest.raises(ValueError, match="no experts"):
         step_bytes(from_hf_config(dict(QWEN3_30B_A3B, model_type="qwen3", num_experts=0)), 1, 1, 0)
+
+
+def test_gpt_oss_20b_counts_its_published_parameters_and_its_windows():
+    """gpt-oss-20b: 20.9B parameters (experts with biases, sinks); its sliding layers read 128 positions of KV,
+    the full ones all 2048."""
+    config = from_hf_config(GPT_OSS_20B)
+    params = sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(param_shapes(config)))
+    assert params == pytest.approx(20.9e9, rel=0.01)
+    step = step_bytes(config, rows=1, tokens=1, context=2048)
+    per_position = 2 * config.num_kv_heads * config.head_dim * 2  # K and V, bf16
+    assert step.kv_bytes == per_position * (12 * 2048 + 12 * 128)
+    assert step.experts_read == 4.0
