@@ -8,7 +8,6 @@ switched off differs (the window binds). Through the engine, n-gram speculation 
 gpt-oss's MXFP4 experts (the published checkpoints' form) convert to what transformers dequantizes.
 """
 
-import dataclasses
 import json
 import os
 
@@ -39,28 +38,25 @@ def converted(request, hf_checkpoint):
     return request.param, model, config, params, out_dir
 
 
-def _tree_case(rng, vocab):
-    """A prefix of 50 tokens, then a tree of 4 nodes: root (the prefix's last token), a0 -> a1 under it, b0 beside
-    a0 -> (prefix, tokens [1, 4], mask [1, 4, 4], depths [1, 4], branch a, branch b)."""
-    prefix = rng.integers(0, vocab, (1, 50))
-    a, b = rng.integers(0, vocab, 2), rng.integers(0, vocab, 1)
-    parents = [-1, 0, 1, 0]
-    mask = np.zeros((1, 4, 4), bool)
-    for i in range(4):
-        j = i
-        while j >= 0:
-            mask[0, i, j], j = True, parents[j]
-    return prefix, np.array([[prefix[0, -1], a[0], a[1], b[0]]]), mask, np.array([[0, 1, 2, 1]]), a, b
+def _ancestors(parents):
+    """bool[T, T]: node i sees itself and its ancestors."""
+    mask = np.eye(len(parents), dtype=bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask
 
 
-def _run(config, params, scan, ids, steps):
-    """Logits of ``ids`` [B, N] fed in blocks of ``steps`` through a cached model -> [B, N, V]."""
+def _run(config, params, scan, ids, steps, tree=None):
+    """Logits of ``ids`` [B, N] fed in blocks of ``steps`` through a cached model (unused slots NaN: a read of one
+    would show) -> [B, N, V]; then, given ``tree`` (tokens [B, T], mask [T, T]), the logits of a tree pass at the
+    end of the cache [B, T, V] too."""
     model = jax.jit(LlamaModel(config, scan_layers=scan).apply)  # one program per width, not an op at a time
     params = params if scan else unstack_layers(params, config)
     batch = ids.shape[0]
     cache = KVCache.zeros(config.num_layers, batch, 64, config.num_kv_heads, config.head_dim, jnp.float32,
                           per_layer=not scan)
-    cache = jax.tree.map(lambda buffer: buffer + jnp.nan, cache)  # unused slots: a read of one would show
+    cache = jax.tree.map(lambda buffer: buffer + jnp.nan, cache)
     out, start = [], 0
     for width in steps:
         positions = np.broadcast_to(np.arange(start, start + width), (batch, width))
@@ -68,37 +64,44 @@ def _run(config, params, scan, ids, steps):
                      jnp.full((batch,), start, jnp.int32))
         out.append(np.asarray(step.logits))
         cache, start = step.cache, start + width
-    return np.concatenate(out, axis=1), cache
+    if tree is None:
+        return np.concatenate(out, axis=1)
+    tokens, mask = tree
+    depth = mask.sum(1) - 1
+    step = model({"params": params}, jnp.asarray(tokens), jnp.asarray(np.broadcast_to(start + depth, tokens.shape)),
+                 cache, jnp.full((batch,), start, jnp.int32), local_mask=jnp.asarray(np.broadcast_to(
+                     mask, (batch,) + mask.shape)))
+    return np.concatenate(out, axis=1), np.asarray(step.logits)
 
 
 def test_logits_equal_transformers_past_the_window(converted):
+    """Positions 0-49 as a prefill of 40 and cached steps of 1, 3 and 5 (the engine's unrolled layout), then a
+    tree pass at position 49: root, a0 -> a1 under it, b0 beside a0, each branch equal to transformers on that
+    branch alone; the stored (scanned) layout over the whole sequence. The same sequences with transformers'
+    window switched off give other logits: the window binds."""
     family, model, config, params, _ = converted
     assert config.model_type == family and config.sliding_window == 16
     assert [config.layer_window(i) for i in range(3)] == [16, None, 16]
     rng = np.random.default_rng(1)
     ids = rng.integers(0, config.vocab_size, (2, SEQ))
+    branches = rng.integers(0, config.vocab_size, (2, 3))  # a0, a1, b0 of each row
     with torch.no_grad():
         want = model(torch.tensor(ids)).logits.numpy()
-    # the engine's unrolled layout: a prefill, then cached steps; the stored (scanned) one: the whole sequence
-    for scan, steps in ((False, (40, 1, 3, 16)), (True, (SEQ,))):
-        got, _ = _run(config, params, scan, ids, steps)
-        np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"scan_layers={scan}")
-    unwindowed = dataclasses.replace(config, sliding_window=None, layer_types=())
-    got, _ = _run(unwindowed, params, True, ids, (SEQ,))
-    assert np.abs(got - want)[:, 20:].max() > 1e-2  # the window binds: attending to everything is another model
-
-    # a tree pass 50 positions in: each branch equals the branch run on its own
-    prefix, tree, mask, depth, a, b = _tree_case(rng, config.vocab_size)
-    with torch.no_grad():
-        seq_a = model(torch.tensor(np.concatenate([prefix, a[None]], 1))).logits.numpy()[0]
-        seq_b = model(torch.tensor(np.concatenate([prefix, b[None]], 1))).logits.numpy()[0]
-    _, cache = _run(config, params, False, prefix[:, :-1], (49,))
-    out = jax.jit(LlamaModel(config, scan_layers=False).apply)(
-        {"params": unstack_layers(params, config)}, jnp.asarray(tree), jnp.asarray(49 + depth), cache,
-        jnp.full((1,), 49, jnp.int32), local_mask=jnp.asarray(mask))
-    got = np.asarray(out.logits)[0]
-    np.testing.assert_allclose(got[[0, 1, 2]], seq_a[49:52], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(got[3], seq_b[50], atol=ATOL, rtol=0)
+        seq_a = model(torch.tensor(np.concatenate([ids[:, :50], branches[:, :2]], 1))).logits.numpy()
+        seq_b = model(torch.tensor(np.concatenate([ids[:, :50], branches[:, 2:]], 1))).logits.numpy()
+    tree = np.concatenate([ids[:, 49:50], branches], axis=1), _ancestors([-1, 0, 1, 0])
+    got, tree_logits = _run(config, params, False, ids, (40, 1, 3, 5), tree)
+    np.testing.assert_allclose(got, want[:, :49], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(tree_logits[:, :3], seq_a[:, 49:52], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(tree_logits[:, 3], seq_b[:, 50], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(_run(config, params, True, ids, (SEQ,)), want, atol=ATOL, rtol=0)
+    model.config.sliding_window = SEQ + 1  # transformers reading everything: another model on these sequences
+    try:
+        with torch.no_grad():
+            unwindowed = model(torch.tensor(ids)).logits.numpy()
+    finally:
+        model.config.sliding_window = 16
+    assert np.abs(unwindowed - want).max() > 1e-2
 
 
 def test_ngram_speculation_returns_transformers_greedy_tokens_past_the_window(converted):
@@ -161,6 +164,5 @@ def test_mxfp4_experts_convert_to_what_transformers_dequantizes(hf_checkpoint, t
     with torch.no_grad():
         want = reference(torch.tensor(ids)).logits.numpy()
         plain = model(torch.tensor(ids)).logits.numpy()
-    got, _ = _run(config, params, False, ids, (24,))
-    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(_run(config, params, False, ids, (24,)), want, atol=ATOL, rtol=0)
     assert np.abs(plain - want).max() > 1e-3  # the 4-bit experts are another model: the check sees which one ran

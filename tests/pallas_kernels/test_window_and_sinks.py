@@ -27,8 +27,9 @@ def _expected(q, dense_k, dense_v, cache_len, k_new, v_new, mask, window, sinks)
     return dense_attention(q, k, v, k_new, v_new, cache_len, mask, 0, scale=SCALE, window=window, sinks=sinks)
 
 
-@pytest.mark.parametrize("impl", ["reference", "interpret", "tpu_interpret"])
-@pytest.mark.parametrize("window,with_sinks", [(20, True), (7, False), (None, True)])
+@pytest.mark.parametrize("impl,window,with_sinks", [
+    (impl, window, sinks) for impl in ("reference", "interpret", "tpu_interpret")
+    for window, sinks in ((20, True), (7, False))] + [("interpret", None, True), ("tpu_interpret", None, True)])
 def test_every_form_reads_the_window_and_the_sinks(impl, window, with_sinks):
     (q, k_pages, v_pages, table, lengths, k_new, v_new, mask), (dense_k, dense_v) = paged_inputs(
         11, cache_len=(70, 0, 45), num_tokens=6, q_heads=4, kv_heads=2, head_dim=32, pages_per_row=5,
