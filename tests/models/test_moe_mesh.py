@@ -1,7 +1,8 @@
 """A mixture-of-experts target on meshes equals one device (greedy, float32): tp 2 x dp 4 (tensor parallelism in each
 data group: every expert's width split over "model") plain, and tp 2 x ep 4 (vLLM's expert parallelism: two whole
 experts a data group, each split over "model"; the tokens gathered from every data group and the outputs scattered
-back) plain and under EAGLE-3's dynamic tree."""
+back) plain and under EAGLE-3's dynamic tree. The target is gpt-oss-shaped (expert and router biases, sinks, windows
+that bind; tests/models/moe_mesh_cases.py)."""
 
 import pytest
 

@@ -18,6 +18,7 @@ from jspec.drafters.eagle3 import Eagle3Drafter
 from jspec.drafters.ngram import NgramDrafter
 from models.llama import init_params
 from tests import spec_fixtures as fx
+from tests.models.moe_mesh_cases import with_random_biases
 
 WINDOWED = {
     "gpt_oss": dataclasses.replace(
@@ -35,7 +36,7 @@ PROMPTS = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
 
 
 def near_bigram(config) -> dict:
-    params = init_params(config, jax.random.key(0))
+    params = with_random_biases(init_params(config, jax.random.key(0)))
     params["layers"]["self_attn"]["o_proj"]["kernel"] = params["layers"]["self_attn"]["o_proj"]["kernel"] * 0.05
     params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 6.0  # drafts get accepted
     return params
