@@ -68,11 +68,9 @@ class GptOssReader:
                     raise ValueError(f"{name}: MXFP4 blocks without {module}.{proj}_scales")
                 num_experts, rows, groups, _ = shape
                 kernel_shape = (num_experts, groups * 32, rows)
-                self._add_kernel(module, proj, kernel_shape, lambda m=module, p=proj: self._mxfp4(m, p))
-            elif kind == "":
-                self._add_kernel(module, proj, tuple(shape), lambda n=name: self._tensor(n))
-            else:  # a bias [E, out]
-                self._add_bias(module, proj, tuple(shape), lambda n=name: self._tensor(n))
+                self._add(module, proj, "", kernel_shape, lambda m=module, p=proj: self._mxfp4(m, p))
+            else:  # a kernel [E, in, out] as stored, or a bias [E, out]
+                self._add(module, proj, kind, tuple(shape), lambda n=name: self._tensor(n))
 
     def _tensor(self, name: str) -> np.ndarray:
         return self._read(self._where[name][0], name).astype(np.float32)
@@ -82,21 +80,15 @@ class GptOssReader:
         scales = self._read(self._where[f"{module}.{proj}_scales"][0], f"{module}.{proj}_scales")
         return dequantize_mxfp4(np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8))
 
-    def _add_kernel(self, module: str, proj: str, shape: tuple[int, ...], build: Callable[[], np.ndarray]):
+    def _add(self, module: str, proj: str, suffix: str, shape: tuple[int, ...], build: Callable[[], np.ndarray]):
+        """The virtual tensor(s) of a stored one: down_proj as it is; gate_up_proj's even columns as gate_proj, its
+        odd ones as up_proj. suffix: "" (a kernel [E, in, out]) or "_bias" ([E, out])."""
         if proj == "down_proj":
-            self._virtual[f"{module}.down_proj"] = shape, build
+            self._virtual[f"{module}.down_proj{suffix}"] = shape, build
             return
         half = shape[:-1] + (shape[-1] // 2,)
-        self._virtual[f"{module}.gate_proj"] = half, lambda: build()[..., 0::2]
-        self._virtual[f"{module}.up_proj"] = half, lambda: build()[..., 1::2]
-
-    def _add_bias(self, module: str, proj: str, shape: tuple[int, ...], build: Callable[[], np.ndarray]):
-        if proj == "down_proj":
-            self._virtual[f"{module}.down_proj_bias"] = shape, build
-            return
-        half = shape[:-1] + (shape[-1] // 2,)
-        self._virtual[f"{module}.gate_proj_bias"] = half, lambda: build()[..., 0::2]
-        self._virtual[f"{module}.up_proj_bias"] = half, lambda: build()[..., 1::2]
+        self._virtual[f"{module}.gate_proj{suffix}"] = half, lambda: build()[..., 0::2]
+        self._virtual[f"{module}.up_proj{suffix}"] = half, lambda: build()[..., 1::2]
 
     def listing(self) -> Iterator[tuple[str, str, tuple[int, ...]]]:
         for name, (file, shape) in self._where.items():
