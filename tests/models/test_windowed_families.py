@@ -75,7 +75,7 @@ def _run(config, params, scan, ids, steps, tree=None):
 
 
 def test_logits_equal_transformers_past_the_window(converted):
-    """Positions 0-49 as a prefill of 40 and cached steps of 1, 3 and 5 (the engine's unrolled layout), then a
+    """Positions 0-49 as a prefill of 40 and a cached block of 9 (the engine's unrolled layout), then a
     tree pass at position 49: root, a0 -> a1 under it, b0 beside a0, each branch equal to transformers on that
     branch alone; the stored (scanned) layout over the whole sequence. The same sequences with transformers'
     window switched off give other logits: the window binds."""
@@ -90,7 +90,7 @@ def test_logits_equal_transformers_past_the_window(converted):
         seq_a = model(torch.tensor(np.concatenate([ids[:, :50], branches[:, :2]], 1))).logits.numpy()
         seq_b = model(torch.tensor(np.concatenate([ids[:, :50], branches[:, 2:]], 1))).logits.numpy()
     tree = np.concatenate([ids[:, 49:50], branches], axis=1), _ancestors([-1, 0, 1, 0])
-    got, tree_logits = _run(config, params, False, ids, (40, 1, 3, 5), tree)
+    got, tree_logits = _run(config, params, False, ids, (40, 9), tree)
     np.testing.assert_allclose(got, want[:, :49], atol=ATOL, rtol=0)
     np.testing.assert_allclose(tree_logits[:, :3], seq_a[:, 49:52], atol=ATOL, rtol=0)
     np.testing.assert_allclose(tree_logits[:, 3], seq_b[:, 50], atol=ATOL, rtol=0)
