@@ -177,8 +177,10 @@ def windows_metrics(head_params: Any, windows: jax.Array, *, params_t: Any, targ
     logits = logits if len(keep_ids) == target.vocab_size else logits[..., jnp.asarray(keep_ids)]
     batch = DistillBatch(windows, jax.lax.stop_gradient(features),
                          jax.lax.stop_gradient(jax.nn.softmax(logits, axis=-1)), jnp.ones(windows.shape, bool))
-    return distill_metrics(head_params, params_t["embed_tokens"]["embedding"], batch, config=config,
-                           unroll=unroll, decay=decay)
+    embedding = params_t["embed_tokens"]["embedding"]
+    if target.embedding_multiplier != 1.0:  # as the target's embed_tokens gives them (Gemma-3), and inference reads
+        embedding = embedding * jnp.asarray(target.embedding_multiplier, embedding.dtype)
+    return distill_metrics(head_params, embedding, batch, config=config, unroll=unroll, decay=decay)
 
 
 def train_eagle3(out_dir: str, target_dir: str, work_dir: str, train, draft_vocab_size: int | None = None,
