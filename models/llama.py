@@ -1,4 +1,5 @@
-"""Llama-family decoder in Flax (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE): numerics as in HF transformers.
+"""Llama-family decoder in Flax (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, gpt-oss, Gemma-3's text model):
+numerics as in HF transformers; a sliding window per layer and attention sinks where the config has them.
 
 The module only describes the network. The KV cache is explicit arrays passed in and returned; which new tokens
 see each other is an argument (causal continuation or an arbitrary tree mask, see ``models/attention.py``);
@@ -12,8 +13,10 @@ Parameter tree (HF names; Dense kernels are HF weights transposed, [in, out])::
     embed_tokens/embedding              [V, H]
     layers/input_layernorm/weight       [L, H]
     layers/self_attn/{q,k,v,o}_proj/kernel (+bias)   [L, in, out]
-    layers/self_attn/{q,k}_norm/weight  [L, D]          (Qwen3)
+    layers/self_attn/{q,k}_norm/weight  [L, D]          (Qwen3, Gemma-3)
+    layers/self_attn/sinks              [L, Hq]         (gpt-oss: a logit per head in every softmax)
     layers/post_attention_layernorm/weight  [L, H]
+    layers/{pre,post}_feedforward_layernorm/weight  [L, H]  (Gemma-3, whose norms scale by 1 + weight)
     layers/mlp/{gate,up,down}_proj/kernel   [L, in, out]
     layers/mlp/gate/kernel, layers/mlp/experts/{gate,up,down}_proj/kernel  [L, ...]  (a mixture of experts instead:
                                                                               Qwen3-MoE, models/moe.py)
