@@ -14,8 +14,9 @@ Supported Hugging Face architectures and what each adds to plain Llama:
 | gpt_oss    | GptOssForCausalLM (gpt-oss-20b/120b)   | experts with biases and a clamped SwiGLU,   |
 |            |                                        | attention sinks, sliding and full layers    |
 |            |                                        | alternating, biases on q/k/v/o, yarn rope   |
-| gemma3_text| Gemma3ForCausalLM (Gemma-3 1B, and the | five sliding layers (local rope base) to    |
-|            | text model of the larger ones)         | one full, norms before and after attention  |
+| gemma3_text| Gemma3ForCausalLM (Gemma-3 1B; the     | five sliding layers (local rope base) to    |
+| (gemma3)   | language model of 4B/12B/27B's image-  | one full, norms before and after attention  |
+|            | text checkpoints, text prompts only)   |                                             |
 |            |                                        | and MLP, (1 + w) RMSNorm, scaled embeddings,|
 |            |                                        | GELU (tanh), query_pre_attn_scalar          |
 
@@ -299,10 +300,14 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
 
     Raises ValueError naming the field for unsupported architectures, rope types or missing sizes.
     """
+    if hf.get("model_type") == "gemma3":  # Gemma3ForConditionalGeneration: its language model (vision refused)
+        hf = gemma3_text_config(hf)
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"config.json model_type={model_type!r} (architectures={hf.get('architectures')}) is "
                          f"not supported; expected one of {SUPPORTED_MODEL_TYPES}")
+    if model_type == "gemma3_text":  # transformers fills what Gemma-3's config.json leaves out with these
+        hf = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in hf.items() if v is not None or k not in GEMMA3_TEXT_DEFAULTS}}
     family = {"qwen3_moe": _moe_fields, "gpt_oss": _gpt_oss_fields, "gemma3_text": _gemma3_fields}
     extra = family[model_type](hf) if model_type in family else {}
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
@@ -344,6 +349,28 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         eos_token_ids=_eos_ids(hf.get("eos_token_id")),
         **extra,
     )
+
+
+# Gemma3TextConfig's defaults (transformers), which the Hub's Gemma-3 configs rely on (gemma-3-4b's text_config
+# gives neither vocab_size nor head_dim)
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+                        "max_position_embeddings": 131_072, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                        "bos_token_id": 2, "eos_token_id": 1, "hidden_activation": "gelu_pytorch_tanh"}
+
+
+def gemma3_text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config.json fields of a Gemma-3 image-text checkpoint (model_type "gemma3": 4B, 12B,
+    27B): its ``text_config``, with the top level's token ids and embedding tying where the text config lacks them.
+    The vision tower is not run: its tensors are left unread on conversion (text prompts only)."""
+    text = dict(hf.get("text_config") or {})
+    if not text:
+        raise ValueError("config.json model_type='gemma3' without a text_config: expected "
+                         "Gemma3ForConditionalGeneration's")
+    for key in ("bos_token_id", "eos_token_id", "tie_word_embeddings"):
+        if text.get(key) is None and hf.get(key) is not None:
+            text[key] = hf[key]
+    return {**text, "model_type": "gemma3_text"}
 
 
 def _layer_types(hf: dict[str, Any], model_type: str, sliding_window: int | None) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from models.checkpoint.hf_gpt_oss import GptOssReader
+from models.checkpoint.hf_language_model import LanguageModelReader
 from models.checkpoint.hf_mtp import plan_mtp, stream_mtp_leaves
 from models.checkpoint.hf_params import (UNUSED_TENSOR, TensorCheck, expected_shapes, naming_config, resolve_dtype,
                                          stacked_index)
@@ -137,6 +138,8 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     reader = DequantizingReader(headers) if quantized is not None else None
     if config.model_type == "gpt_oss":
         reader = GptOssReader(headers)
+    if hf_config.get("model_type") == "gemma3":  # an image-text checkpoint: its language model
+        reader = LanguageModelReader(headers)
     tensors = reader.listing() if reader is not None else ((f, n, s) for n, (f, s) in headers.items())
     mtp_names = {name for name in headers
                  if not UNUSED_TENSOR.match(name) and split_mtp_name(name, config.num_layers) is not None}

@@ -83,14 +83,15 @@ def test_which_layers_slide_follows_transformers():
                           "num_experts_per_tok": 2, "num_hidden_layers": 4})
     assert oss.layer_types == ("sliding_attention", "full_attention") * 2 and oss.attention_sinks
     gemma = from_hf_config({**BASE, "model_type": "gemma3_text", "sliding_window": 512, "num_hidden_layers": 7,
+                            "num_key_value_heads": 1,
                             "rope_local_base_freq": 10000.0, "rope_theta": 1e6})
     assert [gemma.layer_window(i) for i in range(7)] == [512] * 5 + [None, 512]
     assert [gemma.layer_rope(i) for i in (0, 5)] == [(10000.0, False), (1e6, True)]
-    given = from_hf_config({**BASE, "model_type": "gemma3_text", "sliding_window": 8,
+    given = from_hf_config({**BASE, "model_type": "gemma3_text", "sliding_window": 8, "num_key_value_heads": 1,
                             "num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]})
     assert [given.layer_window(i) for i in range(2)] == [None, 8]
     with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
-        from_hf_config({**BASE, "model_type": "gemma3_text", "final_logit_softcapping": 30.0})
+        from_hf_config({**BASE, "model_type": "gemma3_text", "num_key_value_heads": 1, "final_logit_softcapping": 30.0})
     with pytest.raises(ValueError, match="layer_types=.*expected 2 entries"):
         from_hf_config({**BASE, "model_type": "gpt_oss", "sliding_window": 8, "num_local_experts": 4,
                         "num_experts_per_tok": 2, "num_hidden_layers": 2, "layer_types": ["sliding_attention"]})
@@ -121,3 +122,20 @@ def test_json_round_trip():
     config = from_hf_config({**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "eos_token_id": [1, 2]})
     assert ModelConfig.from_json_dict(config.to_json_dict()) == config
     assert config.eos_token_ids == (1, 2)
+
+
+def test_a_gemma3_image_text_config_reads_its_text_config_with_transformers_defaults():
+    """gemma-3-4b-it's config.json: a text_config that leaves vocab_size, heads and head_dim to transformers'
+    defaults, the EOS ids at the top level."""
+    config = from_hf_config({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                             "eos_token_id": [1, 106], "text_config": {
+                                 "model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                                 "num_hidden_layers": 34, "sliding_window": 1024,
+                                 "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}})
+    assert (config.model_type, config.vocab_size, config.num_heads, config.num_kv_heads, config.head_dim) == (
+        "gemma3_text", 262208, 8, 4, 256)
+    assert config.eos_token_ids == (1, 106) and config.tie_word_embeddings
+    assert [config.layer_window(i) for i in (4, 5)] == [1024, None]
+    assert config.rope_scaling.rope_type == "linear" and config.layer_rope(0) == (10000.0, False)
+    with pytest.raises(ValueError, match="without a text_config"):
+        from_hf_config({"model_type": "gemma3"})

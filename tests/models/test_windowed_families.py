@@ -166,3 +166,30 @@ def test_mxfp4_experts_convert_to_what_transformers_dequantizes(hf_checkpoint, t
         plain = model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(_run(config, params, False, ids, (24,)), want, atol=ATOL, rtol=0)
     assert np.abs(plain - want).max() > 1e-3  # the 4-bit experts are another model: the check sees which one ran
+
+
+def test_a_gemma3_image_text_checkpoint_converts_its_language_model(tmp_path):
+    """Gemma-3 4B/12B/27B ship as Gemma3ForConditionalGeneration (language_model.model.* beside a vision tower):
+    the converted language model's logits on a text prompt past its window equal transformers' image-text model's,
+    the vision tower left unread."""
+    import transformers
+
+    from jspec.tools.cli import main as cli_main
+    from tests.hf_models import FAMILIES, perturbed
+
+    text = FAMILIES["gemma3_text"]().to_dict()
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    torch.manual_seed(4)
+    model = perturbed(transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config=text, vision_config=vision.to_dict(), mm_tokens_per_image=4, image_token_index=100,
+        boi_token_index=98, eoi_token_index=99)).eval())
+    model.save_pretrained(tmp_path / "hf")
+    assert cli_main(["convert", "--src", str(tmp_path / "hf"), "--dst", str(tmp_path / "out"), "--dtype",
+                     "float32"]) == 0
+    config, params, _ = load_llama(str(tmp_path / "out"))
+    assert config.model_type == "gemma3_text" and config.layer_types[1] == "full_attention"
+    ids = np.random.default_rng(5).integers(0, 98, (1, 40))  # text tokens only (98-100: the image markers)
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(_run(config, params, False, ids, (40,)), want, atol=ATOL, rtol=0)
