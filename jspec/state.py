@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jspec.features import FeatureState
-from jspec.state_layout import SHARED, TARGET_KV, PerPosition, PerRow, per_position, per_row
+from jspec.state_layout import SHARED, TARGET_KV, TARGET_WINDOW_KV, PerPosition, PerRow, per_position, per_row
 from models.attention import KVCache
 
 
@@ -44,13 +44,24 @@ class DecodeState(NamedTuple):
         return self.seq_len - 1
 
 
-def declare_layout(state: DecodeState, *, max_seq_len: int, cache_slots: int, drafter: Any) -> DecodeState:
+def declare_layout(state: DecodeState, *, max_seq_len: int, cache_slots: int, drafter: Any,
+                   window_layers: frozenset[int] = frozenset()) -> DecodeState:
     """``state``'s structure with each leaf's declaration (``jspec.state_layout``); the drafter declares its own
-    state's (``Drafter.state_layout``). max_seq_len, cache_slots: the setup's (``GenerateSetup.cache_slots``)."""
+    state's (``Drafter.state_layout``). max_seq_len, cache_slots: the setup's (``GenerateSetup.cache_slots``);
+    window_layers: the target layers whose sliding window binds (their K/V in ``TARGET_WINDOW_KV``; per-layer
+    caches only)."""
     features = state.features
+
+    def layer_pools(buffers):
+        if not window_layers:
+            return per_position(buffers, TARGET_KV, cache_slots)
+        return tuple(per_position(buffer, TARGET_WINDOW_KV if i in window_layers else TARGET_KV, cache_slots)
+                     for i, buffer in enumerate(buffers))
+
     return DecodeState(
         tokens=PerPosition("tokens", max_seq_len), seq_len=PerRow(),
-        cache=per_position(state.cache, TARGET_KV, cache_slots), num_generated=PerRow(), done=PerRow(),
+        cache=type(state.cache)(layer_pools(state.cache.k), layer_pools(state.cache.v)), num_generated=PerRow(),
+        done=PerRow(),
         num_steps=PerRow(), accepted_hist=PerRow(), step=SHARED,
         draft=None if state.draft is None else drafter.state_layout(state.draft),
         features=FeatureState(hidden_states=per_position(features.hidden_states, "captured states", max_seq_len,

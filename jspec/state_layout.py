@@ -17,6 +17,10 @@ from typing import Any
 import jax
 
 TARGET_KV = "target K/V"  # the pool the model reads through its page table (models.paged_kv); split by KV heads
+# The K/V of the target's layers whose sliding window binds: a pool of its own, whose pages a request holds only
+# while they are in the window (jspec.serve.kv_cache_coordinator); read and split as TARGET_KV.
+TARGET_WINDOW_KV = "target K/V (sliding window)"
+TARGET_POOLS = (TARGET_KV, TARGET_WINDOW_KV)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,6 +100,8 @@ def paged_attention(q: jax.Array, k_cache: PagedKV, v_cache: PagedKV, k_new: jax
     values = v_cache.pages[v_cache.page_table].reshape(keys.shape)
     positions = jnp.arange(keys.shape[1])[None]
     committed = positions < cache_len[:, None]  # [B, S]
+    if window is not None:  # out of every query's window: pages a windowed pool may have let go (the null page's)
+        committed = committed & (positions > cache_len[:, None] - window)
     values = jnp.where(committed[:, :, None, None], values, jnp.zeros((), values.dtype))  # 0 * NaN is NaN
     prefix_mask, fresh_mask = committed[:, None, :], local_mask
     if window is not None:

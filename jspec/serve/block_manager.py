@@ -59,9 +59,12 @@ def _check_int(name: str, value, minimum: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Allocation:
     """A new sequence's page table (``pages``, owned by the caller, grown in place by ``extend``) and how many of
-    its leading tokens already have KV in the reused cached pages (``cached_tokens``, a multiple of page_size)."""
+    its leading tokens already have KV in the reused cached pages (``cached_tokens``, a multiple of page_size);
+    window_pages: where a sliding window binds, its page table in the window group
+    (``jspec.serve.kv_cache_coordinator``: 0 where it holds no page), else None."""
     pages: list[int]
     cached_tokens: int
+    window_pages: list[int] | None = None
 
 
 class BlockManager:
@@ -115,7 +118,8 @@ class BlockManager:
         """Sequences holding ``page`` now."""
         return self._ref[page]
 
-    def allocate(self, tokens: Sequence[int], num_slots: int, *, drop_last_hit: bool = False) -> Allocation | None:
+    def allocate(self, tokens: Sequence[int], num_slots: int, *, drop_last_hit: bool = False,
+                 max_hit_pages: int | None = None) -> Allocation | None:
         """Pages for a new sequence of ``num_slots`` token slots, reusing cached pages for a prefix of ``tokens``.
 
         tokens: the token ids whose KV may be reused, positions 0..len(tokens)-1. Pass the prompt without its last
@@ -124,7 +128,8 @@ class BlockManager:
         miss; the rest of the ``pages_for(num_slots, page_size)`` pages are fresh. drop_last_hit: the last page
         found is not reused but computed again (vLLM's rule for EAGLE: a drafter whose slot p pairs the token at
         p + 1 wrote the last slot of a page with a next token its key does not cover; the next page's hit vouches
-        for that token in the pages before it). The caller computes KV from position ``cached_tokens`` on. Counts
+        for that token in the pages before it); max_hit_pages: at most this many pages found are looked at (before
+        drop_last_hit). The caller computes KV from position ``cached_tokens`` on. Counts
         ``prefix_queries_tokens += len(tokens)`` and ``prefix_hits_tokens += cached_tokens``.
 
         Returns None, changing nothing (no refcount, no counter), when too few pages can be handed out.
@@ -132,7 +137,9 @@ class BlockManager:
         num_slots = _check_int("num_slots", num_slots, 0)
         if num_slots < len(tokens):
             raise ValueError(f"num_slots={num_slots}: expected at least len(tokens)={len(tokens)}")
-        cached = self._lookup(tokens) if self.enable_prefix_caching else []
+        cached = self.lookup(tokens) if self.enable_prefix_caching else []
+        if max_hit_pages is not None:
+            cached = cached[:max_hit_pages]
         if drop_last_hit:
             cached = cached[:-1]
         revived = sum(self._ref[page] == 0 for page in cached)  # evictable hits leave the pool of free pages too
@@ -140,11 +147,8 @@ class BlockManager:
         if num_fresh > self.num_free_pages - revived:
             return None
         for page in cached:
-            if self._ref[page] == 0:
-                del self._evictable[page]
-                self._num_used += 1
-            self._ref[page] += 1
-        pages = cached + [self._take_fresh() for _ in range(num_fresh)]
+            self.acquire(page)
+        pages = cached + [self.take_fresh() for _ in range(num_fresh)]
         cached_tokens = len(cached) * self.page_size
         if self.enable_prefix_caching:
             self._queries_tokens += len(tokens)
@@ -157,7 +161,7 @@ class BlockManager:
         num_fresh = pages_for(_check_int("num_slots", num_slots, 0), self.page_size) - len(pages)
         if num_fresh > self.num_free_pages:
             return False
-        pages.extend(self._take_fresh() for _ in range(num_fresh))
+        pages.extend(self.take_fresh() for _ in range(num_fresh))
         return True
 
     def register(self, pages: Sequence[int], tokens: Sequence[int], num_registered: int = 0) -> int:
@@ -188,11 +192,24 @@ class BlockManager:
             if self._ref[page] == 0:
                 raise ValueError(f"page {page} at index {i} is not in use: expected a page of a live sequence")
             key = chain_key(key, tokens[i * self.page_size:(i + 1) * self.page_size])
-            if self._digest.setdefault(page, key) != key:
-                raise ValueError(f"page {page} at index {i} was registered with other tokens: expected committed "
-                                 f"tokens, which never change")
-            self._page_of_key.setdefault(key, page)
+            self.register_key(page, key, i)
         return num_full
+
+    def register_key(self, page: int, key: bytes, index: int = 0) -> None:
+        """Records that ``page`` (in use) holds the tokens ``key`` names (:func:`chain_key`); a key already carried
+        by another page keeps that page. index: the page's place in its sequence (for the error)."""
+        if self._digest.setdefault(page, key) != key:
+            raise ValueError(f"page {page} at index {index} was registered with other tokens: expected committed "
+                             f"tokens, which never change")
+        self._page_of_key.setdefault(key, page)
+
+    def key_of(self, page: int) -> bytes | None:
+        """The key a registered page's content has (None: never registered since it was last handed out)."""
+        return self._digest.get(page)
+
+    def page_of(self, key: bytes) -> int | None:
+        """The cached page carrying ``key`` (in use or evictable), None if none does."""
+        return self._page_of_key.get(key)
 
     def free(self, pages: Sequence[int]) -> None:
         """Releases a sequence's pages, tail first (so its tail is evicted before its head). A page no sequence
@@ -215,7 +232,7 @@ class BlockManager:
                 self._digest.pop(page, None)
                 self._free.append(page)
 
-    def _lookup(self, tokens: Sequence[int]) -> list[int]:
+    def lookup(self, tokens: Sequence[int]) -> list[int]:
         """Cached pages holding the leading full pages of ``tokens``, up to the first miss."""
         pages, key = [], ROOT
         for start in range(0, len(tokens) - self.page_size + 1, self.page_size):
@@ -226,7 +243,14 @@ class BlockManager:
             pages.append(page)
         return pages
 
-    def _take_fresh(self) -> int:
+    def acquire(self, page: int) -> None:
+        """One more sequence holds cached ``page`` (an evictable one leaves the evictable pages)."""
+        if self._ref[page] == 0:
+            del self._evictable[page]
+            self._num_used += 1
+        self._ref[page] += 1
+
+    def take_fresh(self) -> int:
         """A page with refcount 1 and no key: from the free list, else the least recently freed evictable page."""
         if self._free:
             page = self._free.popleft()

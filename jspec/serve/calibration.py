@@ -79,12 +79,12 @@ def calibration_chunks(runner: Runner, prompt: Sequence[int], rotate: bool = Fal
         turn = (37 * row) % len(prompt)
         return prompt[turn:] + prompt[:turn]
 
-    held: list[tuple[int, list[int]]] = []  # the rows admitted last, their pages
+    held: list[tuple[int, list[int], list[int] | None]] = []  # the rows admitted last, their pages in each group
     admitted = {"as": None, "steps_left": 0}  # (rows, sampled) they were admitted for, full steps left
 
     def release() -> None:
-        for row, pages in held:
-            runner.blocks.free(pages)
+        for row, pages, window_pages in held:
+            runner.blocks.free(pages, window_pages)
             runner.clear_table(row)
         held.clear()
         admitted["as"] = None
@@ -92,12 +92,16 @@ def calibration_chunks(runner: Runner, prompt: Sequence[int], rotate: bool = Fal
     def admit(rows: int, sampled: bool) -> None:
         release()
         for row in range(rows):
-            allocation = runner.blocks.allocate([], runner.lookahead(len(prompt), len(prompt) + budget))
+            slots = runner.lookahead(len(prompt), len(prompt) + budget)
+            allocation = runner.blocks.allocate([], slots)
             if allocation is None:
                 break
-            held.append((row, allocation.pages))
-            runner.set_table(row, allocation.pages)
-        for part in runner.prefill_parts("prefill", [row for row, _ in held], width):
+            if not runner.blocks.advance(allocation.pages, allocation.window_pages, len(prompt) - 1, slots):
+                runner.blocks.free(allocation.pages, allocation.window_pages)
+                break
+            held.append((row, allocation.pages, allocation.window_pages))
+            runner.set_table(row, allocation.pages, allocation.window_pages)
+        for part in runner.prefill_parts("prefill", [row for row, _, _ in held], width):
             runner.prefill(PrefillPlan(tuple((text(row), drawn if sampled and row == 0 else params) for row in part),
                                      width, tuple(part)))
         admitted.update({"as": (rows, sampled), "steps_left": 3 * runner.steps_per_chunk})
@@ -110,7 +114,7 @@ def calibration_chunks(runner: Runner, prompt: Sequence[int], rotate: bool = Fal
         admitted["steps_left"] -= steps
         arrays = runner.step_arrays([], rows)
         ids = np.full((rows,), runner.layout.null_row, np.int32)
-        ids[:len(held)] = [row for row, _ in held]
+        ids[:len(held)] = [row for row, _, _ in held]
         arrays = (runner.place(ids), runner.place(runner.tables[ids]), arrays[2])
         jax.block_until_ready(runner.store)
         start = time.perf_counter()

@@ -10,6 +10,11 @@ The store has the type of the slot engine's (``DecodeState``, ``StepInputs``), l
   it), so padded rows and positions past a row's pages read and write garbage there and nowhere else. So
   ``store[0].cache.k[l]`` is the target's layer-l K pool and ``store[0].draft.cache`` a drafter's K/V pools;
   :attr:`PagedLayout.pools` lists them by name (:class:`KVPool`).
+- the K/V of the target's layers whose sliding window binds fill a pool of their own
+  (:data:`~jspec.state_layout.TARGET_WINDOW_KV`), its pages numbered apart and read through a page table of their
+  own, the *window group*'s: a request holds only the pages its window still reads (vLLM's hybrid allocator;
+  ``jspec.serve.kv_cache_coordinator``), its other entries the null page. The page table of R rows is
+  ``i32[R, G, P]``: group 0 (every other paged leaf) and, where a window binds, group 1.
 - a :class:`~jspec.state_layout.PerRow` leaf is ``[max_rows + 1, *rest]``; row ``max_rows`` is the null row padded
   rows point to, idle (done) forever.
 - a shared leaf (the loop's step counter) is stored as it is.
@@ -35,11 +40,12 @@ from jspec.generate_setup import GenerateSetup
 from jspec.serve.programs import idle_slots
 from jspec.sharding import KV_POOL, constrain
 from jspec.state import DecodeState, declare_layout
-from jspec.state_layout import TARGET_KV, PerPosition, PerRow, is_declaration
+from jspec.state_layout import TARGET_POOLS, TARGET_WINDOW_KV, PerPosition, PerRow, is_declaration
 from jspec.step import StepInputs
 from models.paged_kv import PagedKV
 
 SLOT, ROW, SHARED = "slot", "row", "shared"
+FULL_GROUP, WINDOW_GROUP = 0, 1  # the page-table groups: every paged leaf, but the binding windows' K/V
 Store = tuple[DecodeState, StepInputs]  # the (state, inputs) of every row: pools and rows, as the module says
 
 
@@ -48,7 +54,8 @@ class LeafLayout:
     """Where one leaf keeps its rows and positions. kind: SLOT, ROW or SHARED; row_axis, slot_axis: the axes in the
     dense leaf (None where absent); extra_slots: the slot axis holds ``seq_len + extra_slots`` slots (a tree
     window past the context, for instance); pool: the pool of a SLOT leaf ("" otherwise); kv: the target's K/V
-    (its pool is read through the page table and split by KV heads on a mesh)."""
+    (its pool is read through the page table and split by KV heads on a mesh); group: its page table's group
+    (WINDOW_GROUP: a layer whose sliding window binds)."""
 
     kind: str
     row_axis: int | None = None
@@ -58,7 +65,11 @@ class LeafLayout:
 
     @property
     def kv(self) -> bool:
-        return self.pool == TARGET_KV
+        return self.pool in TARGET_POOLS
+
+    @property
+    def group(self) -> int:
+        return WINDOW_GROUP if self.pool == TARGET_WINDOW_KV else FULL_GROUP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +105,17 @@ class PagedLayout:
     num_pages: int
     max_rows: int
     max_seq_len: int
+    window: int = 0        # the widest binding sliding window over the target's layers (0: none binds)
+    window_pages: int = 0  # pages in the window group's pool, the null page included
+
+    @property
+    def num_groups(self) -> int:
+        """Page-table groups: 2 where a sliding window binds (FULL_GROUP, WINDOW_GROUP), else 1."""
+        return 2 if self.window else 1
+
+    def group_pages(self, group: int) -> int:
+        """Pages in each pool of ``group``, the null page included."""
+        return self.window_pages if group == WINDOW_GROUP else self.num_pages
 
     @property
     def extra_slots(self) -> int:
@@ -113,10 +135,11 @@ class PagedLayout:
     def null_row(self) -> int:
         return self.max_rows
 
-    def bytes_per_token(self, kv_split: int = 1) -> float:
-        """Device bytes one token slot takes over every pool on one device (the target's K/V divided over
-        ``kv_split`` devices)."""
-        return sum(pool.bytes_per_token / (kv_split if pool.name == TARGET_KV else 1) for pool in self.pools)
+    def bytes_per_token(self, kv_split: int = 1, group: int = FULL_GROUP) -> float:
+        """Device bytes one token slot of ``group`` takes over its pools on one device (the target's K/V divided
+        over ``kv_split`` devices)."""
+        return sum(pool.bytes_per_token / (kv_split if pool.name in TARGET_POOLS else 1) for pool in self.pools
+                   if (pool.name == TARGET_WINDOW_KV) == (group == WINDOW_GROUP))
 
     def pool(self, name: str) -> KVPool:
         for pool in self.pools:
@@ -129,20 +152,29 @@ def _paths(tree: Any) -> list[str]:
     return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def declared_layout(setup: GenerateSetup, state: Any, inputs: StepInputs) -> tuple:
+def binding_windows(setup: GenerateSetup) -> dict[int, int]:
+    """{layer: window} of the target's layers whose sliding window binds at ``setup.max_seq_len`` (a window
+    shorter than the context; a wider one is full attention there)."""
+    windows = {layer: setup.target.layer_window(layer) for layer in range(setup.target.num_layers)}
+    return {layer: window for layer, window in windows.items() if window is not None and window < setup.max_seq_len}
+
+
+def declared_layout(setup: GenerateSetup, state: Any, inputs: StepInputs,
+                    window_layers: frozenset[int] = frozenset()) -> tuple:
     """(DecodeState, StepInputs) of declarations for a state of ``setup`` (shapes or arrays; only its structure is
-    read): the target's, the drafter's, and every step input per row."""
+    read): the target's (``window_layers``' K/V in the window pool), the drafter's, and every step input per row."""
     declared = declare_layout(state, max_seq_len=setup.max_seq_len, cache_slots=setup.cache_slots,
-                              drafter=setup.drafter)
+                              drafter=setup.drafter, window_layers=window_layers)
     return declared, jax.tree.map(lambda _: PerRow(), inputs)
 
 
 def paged_layout(params_t, params_d, *, setup: GenerateSetup, num_stop_ids: int, page_size: int, num_pages: int,
-                 max_rows: int) -> PagedLayout:
+                 max_rows: int, window_pages: int | None = None) -> PagedLayout:
     """The :class:`PagedLayout` of ``setup``'s slot-engine state, from its owners' declarations (shapes only:
-    nothing runs). The declarations are checked against the state's shapes at two context lengths: ValueError
-    naming a leaf whose declaration its shapes contradict (a row axis of another size, a slot axis not of its
-    declared length, a per-row leaf growing with the context)."""
+    nothing runs). The target's layers whose window binds (:func:`binding_windows`) keep their K/V in the window
+    group's pool of ``window_pages`` pages (default: ``num_pages``). The declarations are checked against the
+    state's shapes at two context lengths: ValueError naming a leaf whose declaration its shapes contradict (a row
+    axis of another size, a slot axis not of its declared length, a per-row leaf growing with the context)."""
     rows, short, long = 3, 32, 48
 
     def shapes(seq_len: int):
@@ -150,7 +182,8 @@ def paged_layout(params_t, params_d, *, setup: GenerateSetup, num_stop_ids: int,
                                                 num_stop_ids=num_stop_ids), params_t, params_d)
 
     at_short, at_long = shapes(short), shapes(long)
-    declared = declared_layout(setup.with_max_seq_len(short), *at_short)
+    windows = binding_windows(setup)
+    declared = declared_layout(setup.with_max_seq_len(short), *at_short, window_layers=frozenset(windows))
     flat, structure = jax.tree.flatten(declared, is_leaf=is_declaration)
     if structure != jax.tree.structure(at_short) or not all(map(is_declaration, flat)):
         raise ValueError(f"the state's declarations {structure} do not match the state {jax.tree.structure(at_short)}"
@@ -179,7 +212,8 @@ def paged_layout(params_t, params_d, *, setup: GenerateSetup, num_stop_ids: int,
             leaves.append(LeafLayout(SHARED))
     return PagedLayout(jax.tree.structure(at_short), tuple(leaves),
                        tuple(KVPool(name, buffers) for name, buffers in pools.items()), page_size, num_pages,
-                       max_rows, setup.max_seq_len)
+                       max_rows, setup.max_seq_len, max(windows.values(), default=0),
+                       (num_pages if window_pages is None else window_pages) if windows else 0)
 
 
 def empty_store(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup, num_stop_ids: int) -> Store:
@@ -192,7 +226,7 @@ def empty_store(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup
     for spec, leaf in zip(layout.leaves, idle):
         if spec.kind == SLOT:
             rest = tuple(n for i, n in enumerate(leaf.shape) if i not in (spec.row_axis, spec.slot_axis))
-            value = jnp.zeros((layout.num_pages, layout.page_size) + rest, leaf.dtype)
+            value = jnp.zeros((layout.group_pages(spec.group), layout.page_size) + rest, leaf.dtype)
         elif spec.kind == ROW:
             value = jnp.repeat(jnp.moveaxis(leaf, spec.row_axis, 0), layout.max_rows + 1, axis=0)
         else:
@@ -217,9 +251,10 @@ def store_shapes(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetu
 
 def gather_view(layout: PagedLayout, store: Store, row_ids: jax.Array, page_table: jax.Array, seq_len: int, *,
                 paged_kv: bool = False) -> Any:
-    """The dense (state, inputs) of rows ``row_ids`` (i32[R]) at context ``seq_len``; page_table: i32[R, >= pages
-    of the view] (0: the null page). paged_kv: the target's K/V stay in their pools, each layer's a
-    ``models.paged_kv.PagedKV`` over the view's page table (the step reads them through it), not a dense copy."""
+    """The dense (state, inputs) of rows ``row_ids`` (i32[R]) at context ``seq_len``; page_table: i32[R, G, >= pages
+    of the view] (0: the null page), each leaf reading its group's. paged_kv: the target's K/V stay in their pools,
+    each layer's a ``models.paged_kv.PagedKV`` over its group's page table (the step reads them through it), not a
+    dense copy."""
     leaves = []
     for spec, stored in zip(layout.leaves, jax.tree.leaves(store)):
         if spec.kind == SHARED:
@@ -227,11 +262,11 @@ def gather_view(layout: PagedLayout, store: Store, row_ids: jax.Array, page_tabl
         elif spec.kind == ROW:
             leaves.append(jnp.moveaxis(stored[row_ids], 0, spec.row_axis))
         elif spec.kv and paged_kv:
-            leaves.append(PagedKV(stored, page_table[:, :layout.pages_in_view(seq_len)]))
+            leaves.append(PagedKV(stored, page_table[:, spec.group, :layout.pages_in_view(seq_len)]))
         else:
             extent = seq_len + spec.extra_slots
             pages = math.ceil(extent / layout.page_size)
-            gathered = stored[page_table[:, :pages]]  # [R, pages, page_size, *rest]
+            gathered = stored[page_table[:, spec.group, :pages]]  # [R, pages, page_size, *rest]
             gathered = gathered.reshape((gathered.shape[0], pages * layout.page_size) + gathered.shape[3:])
             leaves.append(jnp.moveaxis(gathered[:, :extent], (0, 1), (spec.row_axis, spec.slot_axis)))
     return jax.tree.unflatten(layout.treedef, leaves)
@@ -271,7 +306,7 @@ def _scatter_pages(layout: PagedLayout, spec: LeafLayout, stored: jax.Array, lea
     extent = seq_len + spec.extra_slots
     pages = math.ceil(extent / layout.page_size)
     rows = jnp.moveaxis(leaf, (spec.row_axis, spec.slot_axis), (0, 1))  # [R, extent, *rest]
-    table = page_table[:, :pages]
+    table = page_table[:, spec.group, :pages]
     if since is not None:
         first = since // layout.page_size
         pages += write_pages  # room for a window that starts at the last page

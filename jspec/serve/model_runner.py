@@ -21,8 +21,9 @@ from jspec.logprobs import SequenceLogprobs
 from jspec.prompt_logprobs import score_prompts
 from jspec.serve import kv_store, memory_maps, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT
-from jspec.serve.block_manager import BlockManager, pages_for
+from jspec.serve.block_manager import pages_for
 from jspec.serve.calibration import calibration_width
+from jspec.serve.kv_cache_coordinator import KVCacheCoordinator
 from jspec.serve.program_cache import ProgramCache
 from jspec.serve.plans import PrefillPlan, StepPlan
 from jspec.serve.programs import admit_row
@@ -50,10 +51,10 @@ class ModelRunner:
             setattr(self, field.name, getattr(config, field.name))
         self.programs = ProgramCache(self.lower, ways_out=ways_out)
         self.layout: kv_store.PagedLayout | None = None
-        self.blocks: BlockManager | None = None  # the scheduler's; the cost table's rows take pages from it
+        self.blocks: KVCacheCoordinator | None = None  # the scheduler's; the cost table's rows take pages from it
         self.store = None
         self.store_shape = None  # the store's shapes and shardings: what programs are lowered for
-        self.tables = np.zeros((config.max_num_seqs + 1, 1), np.int32)  # sized in allocate()
+        self.tables = np.zeros((config.max_num_seqs + 1, 1, 1), np.int32)  # [rows, groups, pages]: allocate()
         self.host_step = 0  # the store's loop step counter, as last read back
         self.structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
 
@@ -72,13 +73,30 @@ class ModelRunner:
             raise ValueError(f"max_total_tokens={max_total_tokens}: expected at least "
                              f"{layout.pages_per_row * self.block_size} token slots, one request of max_seq_len="
                              f"{self.max_seq_len} with its lookahead")
-        self.layout = dataclasses.replace(layout, num_pages=num_pages)
+        self.layout = dataclasses.replace(layout, num_pages=num_pages,
+                                          window_pages=1 + self.window_pool_pages(layout, num_pages - 1))
         return self.layout, max_total_tokens
 
-    def allocate(self, blocks: BlockManager) -> None:
+    def window_pages_per_row(self, layout: kv_store.PagedLayout) -> int:
+        """The most window-group pages one request holds at once (``jspec.serve.kv_cache_coordinator``): its window
+        before the earliest query of its next programs, and what they write: a prompt's piece (or the widest
+        prefill of a prompt's rest), three chunks of steps (two reserved, and the cost table's runs) and the
+        lookahead's extra slots, each end rounded out to a page."""
+        prompt = self.piece_width or self.max_prompt_width
+        reach = layout.window - 1 + prompt + 3 * self.steps_per_chunk * self.setup.tokens_per_step
+        return pages_for(reach + layout.extra_slots, self.block_size) + 2
+
+    def window_pool_pages(self, layout: kv_store.PagedLayout, full_pages: int) -> int:
+        """Usable pages of the window group's pool beside ``full_pages`` in the full group's: every row's most
+        (:meth:`window_pages_per_row`), never more than the full group's (0 without a binding window)."""
+        if not layout.window:
+            return 0
+        return min(full_pages, self.max_num_seqs * self.window_pages_per_row(layout))
+
+    def allocate(self, blocks: KVCacheCoordinator) -> None:
         """The empty store and page tables for :meth:`plan`'s layout; ``blocks``: the scheduler's block manager."""
         self.blocks = blocks
-        self.tables = np.zeros((self.max_num_seqs + 1, self.layout.pages_per_row), np.int32)
+        self.tables = np.zeros((self.max_num_seqs + 1, self.layout.num_groups, self.layout.pages_per_row), np.int32)
         self.store = kv_store.empty_store(self.engine.params, self.engine.drafter_params, self.layout, setup=self.setup,
                                        num_stop_ids=self.num_stop_ids)
         self.store_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
@@ -134,9 +152,16 @@ class ModelRunner:
             return CPU_MAX_TOTAL_TOKENS
         model = 1 if self.setup.mesh is None else self.setup.mesh.shape.get("model", 1)
         per_slot = layout.bytes_per_token(kv_split=model)
+        window_slot = layout.bytes_per_token(kv_split=model, group=kv_store.WINDOW_GROUP)
         workspace = self.workspace_bytes(layout)
         free = self.kv_cache_memory_fraction * stats["bytes_limit"] - stats.get("bytes_in_use", 0) - workspace
-        tokens = (int(free // per_slot) // self.block_size - 1) * self.block_size  # whole pages, and the null page
+        free -= 2 * self.block_size * window_slot  # the window pool's null page, and a page of rounding
+        # The window pool holds as many slots as the full one up to its cap, then stops growing.
+        cap = self.window_pool_pages(layout, 1 << 40) * self.block_size
+        tokens = free / (per_slot + window_slot)
+        if tokens > cap:
+            tokens = (free - cap * window_slot) / per_slot
+        tokens = (int(tokens) // self.block_size - 1) * self.block_size  # whole pages, and the null page
         logger.info("KV pool: %.2f GiB, %.0f%% of %.2f GiB less %.2f GiB in use (weights) and the largest program's "
                     "workspace, %.2f GiB", max(tokens, 0) * per_slot / 2**30, 100 * self.kv_cache_memory_fraction,
                     stats["bytes_limit"] / 2**30, stats.get("bytes_in_use", 0) / 2**30, workspace / 2**30)
@@ -148,8 +173,9 @@ class ModelRunner:
         that do not update the store in place, of :meth:`profiled_keys` compiled over a pool of one request. A
         program's store is donated and placed as it came in (``kv_store.scatter_view``), so none of these grows
         with the pool."""
-        self.layout = dataclasses.replace(layout, num_pages=1 + layout.pages_per_row)
-        self.tables = np.zeros((self.max_num_seqs + 1, layout.pages_per_row), np.int32)
+        self.layout = dataclasses.replace(layout, num_pages=1 + layout.pages_per_row,
+                                          window_pages=1 + self.window_pool_pages(layout, layout.pages_per_row))
+        self.tables = np.zeros((self.max_num_seqs + 1, layout.num_groups, layout.pages_per_row), np.int32)
         self.store_shape = kv_store.store_shapes(self.engine.params, self.engine.drafter_params, self.layout,
                                                  setup=self.setup, num_stop_ids=self.num_stop_ids)
         weights = per_device_bytes((self.engine.params, self.engine.drafter_params))
@@ -332,9 +358,13 @@ class ModelRunner:
         cancel[:len(running)] = cancelled if cancelled is not None else False
         return tuple(self.place(a) for a in (ids, self.tables[ids], cancel))
 
-    def set_table(self, row: int, pages: list[int]) -> None:
+    def set_table(self, row: int, pages: list[int], window_pages: list[int] | None = None) -> None:
+        """Row ``row``'s page table: ``pages`` in the full group, ``window_pages`` in the window group (where a
+        sliding window binds; ``jspec.serve.kv_cache_coordinator``)."""
         self.tables[row] = 0
-        self.tables[row, :len(pages)] = pages
+        self.tables[row, kv_store.FULL_GROUP, :len(pages)] = pages
+        if window_pages is not None:
+            self.tables[row, kv_store.WINDOW_GROUP, :len(window_pages)] = window_pages
 
     def place(self, array: np.ndarray) -> jax.Array:
         """On a mesh: replicated over it (the compiled programs expect their inputs there)."""

@@ -79,8 +79,9 @@ def prefill_rows(params_t, params_d, store: Store, prompt_ids: jax.Array, prompt
 
     prompt_ids: i32[N, W] right-padded (W <= seq_len - 1); prompt_lens, max_new_tokens: i32[N]; key_data: u32[N, ...]
     each request's own key; stop_ids: i32[N, K] -1 padded; sampling: [N] each; processors: the logits processors'
-    arrays (``setup.logits_processors``) or None; row_ids: i32[N] (padding: the null row); page_table: i32[N,
-    pages_per_row] (padding: 0); token_bitmask: i32[N, 1, W] the rows' grammar masks for their first token
+    arrays (``setup.logits_processors``) or None; row_ids: i32[N] (padding: the null row); page_table: i32[N, G,
+    pages_per_row] (``kv_store``'s page-table groups; padding: 0); token_bitmask: i32[N, 1, W] the rows' grammar
+    masks for their first token
     (structured outputs) or None. Each row's first token is committed, as in ``generate``.
     """
     with traced_on(setup.mesh):
@@ -124,8 +125,9 @@ def prefill_cached_rows(params_t, params_d, store: Store, suffix_ids: jax.Array,
     """Prefills N requests whose first ``cached_lens[b]`` prompt tokens (whole pages) are in their pages already
     (a prefix-cache hit), by the offline engine's prefill from a cached prefix (``jspec.generate.prefill``): the
     target runs on the rest of each prompt only, attending the cached K/V in their pages
-    (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) continues from its state. The cached pages are read, never written (the write-back starts at the page of position cached_lens[b],
-    a whole page), so rows sharing them keep them bit for bit. It also prefills a prompt's pieces (chunked
+    (``models.paged_kv.paged_attention``); the drafter (:func:`continues_from_cache`) continues from its state.
+    The cached pages are read, never written (the write-back starts at the page of position cached_lens[b], a
+    whole page), so rows sharing them keep them bit for bit. It also prefills a prompt's pieces (chunked
     prefill): cached_lens[b] the tokens its earlier pieces put in its pages, prompt_lens[b] where this piece ends.
     -> (store, readout).
 
@@ -138,7 +140,8 @@ def prefill_cached_rows(params_t, params_d, store: Store, suffix_ids: jax.Array,
                          f"does not continue from a cached prefix")
     width = suffix_ids.shape[1]
     seq_len += width
-    page_table = jnp.pad(page_table, ((0, 0), (0, max(0, layout.pages_in_view(seq_len) - page_table.shape[1]))))
+    missing = max(0, layout.pages_in_view(seq_len) - page_table.shape[2])
+    page_table = jnp.pad(page_table, ((0, 0), (0, 0), (0, missing)))
     with traced_on(setup.mesh):
         view, _ = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         inputs = StepInputs(max_new_tokens, stop_ids, sampling, jax.random.wrap_key_data(key_data),
@@ -174,7 +177,7 @@ def step_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: 
     """Finishes the rows where ``cancel`` (bool[R]) is set, then runs at most ``max_steps`` (i32[]) steps over rows
     ``row_ids`` (i32[R], padding: the null row) at context ``seq_len`` (>= prompt + max_tokens of every row) ->
     (store, readout). speculate=False: plain steps that keep the drafter current (``jspec.step.root_step``; a
-    plain server ignores it). page_table: i32[R, pages_per_row]; a row's pages must cover every position the
+    plain server ignores it). page_table: i32[R, G, pages_per_row]; a row's pages must cover every position the
     steps may write (its committed tokens, max_steps steps' worth of new ones and the tree window): the
     scheduler allocates them before the call. write_pages: None writes every page of the rows
     back; else (``write_pages(layout, setup, steps)`` for chunks of at most ``steps`` steps) only the pages the

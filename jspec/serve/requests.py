@@ -124,6 +124,8 @@ class Running:
     measured_steps: int = 0          # the verify steps that average is over
     prefilled: int | None = None     # a prompt prefilled in pieces: tokens whose K/V are in its pages so far
                                      # (None: prefilled whole, or its last piece done; it steps in chunks)
+    window_pages: list[int] | None = None  # its page table in the window group (a binding sliding window's;
+                                           # jspec.serve.kv_cache_coordinator), 0 where it holds none; else None
 
     @property
     def request(self) -> Request:

@@ -78,7 +78,8 @@ class Scheduler:
             params = request.sampling_params()
             running = Running(pending, allocation.pages, frozenset(self.runner.stop_ids(params)),
                                next(self._admitted), len(context), cached=allocation.cached_tokens,
-                               registered=allocation.cached_tokens // self.config.block_size)
+                               registered=allocation.cached_tokens // self.config.block_size,
+                               window_pages=allocation.window_pages)
             taken.append((free[len(taken)], running))
         self.metrics.waiting.set(len(self.waiting))
         return taken

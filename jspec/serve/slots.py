@@ -60,6 +60,7 @@ from jspec.config import SEED_RANGE, SamplingParams
 from jspec.serve import kv_store, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT, CostTable, LoadAdapter, measure_costs
 from jspec.serve.block_manager import BlockManager
+from jspec.serve.kv_cache_coordinator import KVCacheCoordinator
 from jspec.serve.calibration import calibration_chunks, first_runs
 from jspec.serve.kv_cache_manager import KVCacheManager
 from jspec.serve.input_processor import InputProcessor
@@ -98,7 +99,7 @@ class SlotEngine:
         self.output_processor = OutputProcessor(self.metrics)
         self.costs: CostTable | None = None
         self.layout: kv_store.PagedLayout | None = None
-        self.blocks: BlockManager | None = None
+        self.blocks: KVCacheCoordinator | None = None
         self.runner = self.runner_class(engine, self.setup, self.config, ways_out=(
             "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
         self.metrics.watch_programs(self.runner.programs)
@@ -179,13 +180,22 @@ class SlotEngine:
         ``adapt.measure_costs``, on ``calibration_prompt``), then starts accepting."""
         self.layout, self._max_total_tokens = self.runner.plan(self._max_total_tokens)
         num_pages = self.layout.num_pages
-        self.blocks = BlockManager(num_pages, self.block_size, enable_prefix_caching=self.prefix_caching)
+        window = None
+        if self.layout.window:
+            window = BlockManager(self.layout.window_pages, self.block_size, enable_prefix_caching=self.prefix_caching)
+        self.blocks = KVCacheCoordinator(BlockManager(num_pages, self.block_size,
+                                                      enable_prefix_caching=self.prefix_caching),
+                                         window, self.layout.window)
         self.runner.allocate(self.blocks)
         self.scheduler.kv = KVCacheManager(self.blocks, self.runner, self.metrics, self.config,
                                            self.setup.tokens_per_step)
         logger.info("KV pools: %d pages of %d token slots (%d tokens), %d rows, %.0f bytes per token: %s", num_pages - 1,
                     self.block_size, (num_pages - 1) * self.block_size, self.max_num_seqs,
                     self.layout.bytes_per_token(), "; ".join(pool.describe() for pool in self.layout.pools))
+        if window is not None:
+            logger.info("sliding window %d: its layers' K/V in %d pages of their own (%d tokens; a request holds "
+                        "its window's)", self.layout.window, self.layout.window_pages - 1,
+                        (self.layout.window_pages - 1) * self.block_size)
         real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
         structured = (2 if self.speculative else 1) * len(self.row_buckets) * len(self.seq_buckets)
         began = time.perf_counter()
@@ -349,6 +359,8 @@ class SlotEngine:
                 continue
             if spent and spent + self.piece_width > budget:
                 break
+            if not self.scheduler.kv.advance(row, running):
+                break  # the window group's pages for this piece: once running rows free theirs
             start, end = running.prefilled, running.prefilled + self.piece_width
             if end < running.context_len:  # a middle piece
                 params = dataclasses.replace(running.request.sampling_params(), max_new_tokens=1)

@@ -84,7 +84,8 @@ def compile_server_step(deployment: Deployment, method: str, variant: str = "ste
         workspace = max(workspace_of(program, engine.weight_bytes_per_device + per_device_bytes(store))
                         for program, store in compile_at(least))
         free = kv_cache_memory_fraction * hbm - engine.weight_bytes_per_device - workspace
-        max_total_tokens = (int(free // layout.bytes_per_token(kv_split=chips)) // block_size - 1) * block_size
+        per_slot = sum(layout.bytes_per_token(kv_split=chips, group=group) for group in range(layout.num_groups))
+        max_total_tokens = (int(free // per_slot) // block_size - 1) * block_size
     if max_total_tokens < least:
         raise ValueError(f"{deployment.name}: a pool of {max_total_tokens} token slots cannot hold one request of "
                          f"{seq_len} (the weights leave too little of the chip's HBM)")
@@ -96,10 +97,12 @@ def compile_server_step(deployment: Deployment, method: str, variant: str = "ste
 def _compile_programs(pool_tokens: int, *, setup, params, layout, devices, variant: str, rows: int, seq_len: int,
                       steps_per_chunk: int) -> list[tuple[Any, Any]]:
     """The variant's programs over a pool of ``pool_tokens`` slots -> [(Compiled, the store's shapes)]."""
-    layout = dataclasses.replace(layout, num_pages=1 + pages_for(pool_tokens, layout.page_size))
+    num_pages = 1 + pages_for(pool_tokens, layout.page_size)
+    # A binding window's pool as large as the full one: the most the server gives it (ModelRunner.window_pool_pages).
+    layout = dataclasses.replace(layout, num_pages=num_pages, window_pages=num_pages if layout.window else 0)
     store = kv_store.store_shapes(*params, layout, setup=setup, num_stop_ids=NUM_STOP_IDS)
     rows_args = [jax.ShapeDtypeStruct((rows,), jnp.int32),  # row ids, then their page table
-                 jax.ShapeDtypeStruct((rows, layout.pages_per_row), jnp.int32)]
+                 jax.ShapeDtypeStruct((rows, layout.num_groups, layout.pages_per_row), jnp.int32)]
     cancel = jax.ShapeDtypeStruct((rows,), jnp.bool_)
     words = bitmask_words(setup.target.vocab_size)
     if variant != "structured" or setup.drafter is None:

@@ -10,6 +10,7 @@ import pytest
 
 from jspec.serve import model_runner
 from jspec.serve.block_manager import BlockManager
+from jspec.serve.kv_cache_coordinator import KVCacheCoordinator
 from jspec.serve.slots import SlotEngine
 from tests import spec_fixtures as fx
 
@@ -34,7 +35,7 @@ def test_the_default_pool_leaves_the_largest_programs_their_workspace(monkeypatc
     runner, weights = slots.runner, weight_bytes(engine)
     monkeypatch.setattr(model_runner, "device_memory", lambda: {"bytes_limit": LIMIT, "bytes_in_use": weights})
     layout, tokens = runner.plan(None)
-    runner.allocate(BlockManager(layout.num_pages, slots.block_size))
+    runner.allocate(KVCacheCoordinator(BlockManager(layout.num_pages, slots.block_size)))
     budget = slots.kv_cache_memory_fraction * LIMIT
     assert tokens > 1000, tokens
     keys = runner.profiled_keys()

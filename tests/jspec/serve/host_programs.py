@@ -65,7 +65,7 @@ class HostPrograms:
         self.lock = threading.Lock()
 
     def _write(self, table: np.ndarray, position: int, token: int) -> None:
-        page = table[position // self.page_size]
+        page = table[0, position // self.page_size]  # the full group's: the token buffer's
         if page == 0:
             raise AssertionError(f"a row's token at position {position} went to the null page: its pages were not "
                                  f"reserved")
@@ -73,7 +73,7 @@ class HostPrograms:
 
     def _context(self, table: np.ndarray, length: int) -> np.ndarray:
         slots = np.arange(length)
-        return self.pool[table[slots // self.page_size], slots % self.page_size]
+        return self.pool[table[0, slots // self.page_size], slots % self.page_size]
 
     def _commit(self, row: int, table: np.ndarray) -> None:
         token = toy_next(self._context(table, self.length[row])[-2:], self.vocab)
@@ -170,7 +170,7 @@ class HostRunner(ModelRunner):
 
     def allocate(self, blocks) -> None:
         self.blocks = blocks
-        self.tables = np.zeros((self.max_num_seqs + 1, self.layout.pages_per_row), np.int32)
+        self.tables = np.zeros((self.max_num_seqs + 1, self.layout.num_groups, self.layout.pages_per_row), np.int32)
         self.host = HostPrograms(self)
 
     def lower(self, key: tuple) -> _Lowered:

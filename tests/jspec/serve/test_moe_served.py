@@ -2,7 +2,8 @@
 a tokenizer) converted with ``jspec convert`` and served with n-gram speculation, paged KV and prefix caching: 16
 concurrent requests through the official client, sharing a prefix, equal offline plain decoding alone. Its experts
 carry biases, its attention sinks, and every other layer slides over a window of 16 positions, which the prompts
-pass: the paged step programs read windows and sinks as the offline ones do."""
+pass: the paged step programs read windows and sinks as the offline ones do, the sliding layers' K/V in a page
+group of their own that keeps each request's window only."""
 
 from __future__ import annotations
 
@@ -62,4 +63,6 @@ def test_sixteen_concurrent_requests_equal_offline(server):
     offline = [server.plain.generate([prompt], max_new_tokens=16).texts[0] for prompt in prompts]
     assert [choice.text for choice in served] == offline
     assert server.metric("jspec:prefix_cache_hits_total") > 0  # the shared prefix came from the cache
+    layout, blocks = server.slots.layout, server.slots.blocks  # the sliding layers' pages in their own group
+    assert layout.window == 16 and blocks.window.num_used_pages == blocks.full.num_used_pages == 0
     assert server.served_compiles == []

@@ -39,10 +39,10 @@ def serve_paged(engine, prompts, budgets, *, rows_per_step: int, speculate: bool
                                    num_pages=1 + max_rows * (12 * PAGE // page), max_rows=max_rows)
     store = stale_store(layout, kv_store.empty_store(*args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS))
     free = list(np.random.default_rng(0).permutation(np.arange(1, layout.num_pages)))
-    tables = np.zeros((max_rows + 1, layout.pages_per_row), np.int32)
+    tables = np.zeros((max_rows + 1, 1, layout.pages_per_row), np.int32)
     row_of = list(range(1, len(prompts) + 1))  # row 0 stays unused: rows need not be the lowest
     for i in range(len(prompts)):
-        tables[row_of[i]] = [free.pop() for _ in range(layout.pages_per_row)]
+        tables[row_of[i], 0] = [free.pop() for _ in range(layout.pages_per_row)]
     done = np.zeros(len(prompts), bool)
     outputs: list[list[int]] = [[] for _ in prompts]
     for first in range(0, len(prompts), 2):
@@ -139,10 +139,10 @@ def test_a_cached_prefix_continues_as_a_whole_prefill(params_t, name):
                                    max_rows=3)
     store = stale_store(layout, kv_store.empty_store(*args, layout, setup=setup, num_stop_ids=NUM_STOP_IDS))
     prompt = [(5 * i) % 60 + 1 for i in range(29)]
-    tables = np.zeros((4, layout.pages_per_row), np.int32)
-    tables[1] = np.arange(1, 1 + layout.pages_per_row)
-    tables[2, :3] = tables[1, :3]
-    tables[2, 3:] = np.arange(20, 20 + layout.pages_per_row - 3)
+    tables = np.zeros((4, 1, layout.pages_per_row), np.int32)
+    tables[1, 0] = np.arange(1, 1 + layout.pages_per_row)
+    tables[2, 0, :3] = tables[1, 0, :3]
+    tables[2, 0, 3:] = np.arange(20, 20 + layout.pages_per_row - 3)
     whole = admit_row(prompt, SamplingParams(max_new_tokens=8), engine.eos_token_ids, width=32,
                       num_stop_ids=NUM_STOP_IDS)
     store, _ = paged.prefill_rows(*args, store, *whole, np.asarray([1], np.int32), tables[[1]], layout=layout,
