@@ -87,11 +87,18 @@ class ModelRunner:
         return pages_for(reach + layout.extra_slots, self.block_size) + 2
 
     def window_pool_pages(self, layout: kv_store.PagedLayout, full_pages: int) -> int:
-        """Usable pages of the window group's pool beside ``full_pages`` in the full group's: every row's most
-        (:meth:`window_pages_per_row`), never more than the full group's (0 without a binding window)."""
+        """Usable pages of the window group's pool beside ``full_pages`` in the full group's (0 without a binding
+        window): every row's window and three chunks of steps past it, and twice the prompt tokens one scheduler
+        round prefills (whose pages out of the window go at the rows' next reservation), never fewer than one
+        row's most (:meth:`window_pages_per_row`) nor more than the full group's pages."""
         if not layout.window:
             return 0
-        return min(full_pages, self.max_num_seqs * self.window_pages_per_row(layout))
+        steps = 3 * self.steps_per_chunk * self.setup.tokens_per_step
+        decoding = pages_for(layout.window - 1 + steps + layout.extra_slots, self.block_size) + 2
+        prefilling = pages_for(2 * max(self.max_num_batched_tokens, self.piece_width or self.max_prompt_width),
+                               self.block_size)
+        wanted = max(self.max_num_seqs * decoding + prefilling, self.window_pages_per_row(layout))
+        return min(full_pages, wanted)
 
     def allocate(self, blocks: KVCacheCoordinator) -> None:
         """The empty store and page tables for :meth:`plan`'s layout; ``blocks``: the scheduler's block manager."""

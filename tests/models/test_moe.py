@@ -97,6 +97,20 @@ def test_speculation_on_an_int8_moe_target_equals_plain_decoding(moe_params):
             assert out.stats.acceptance_length > 4.0, out.stats
 
 
+# slow: gpt-oss's int8 experts (with their biases) under EAGLE-3's dynamic tree; default tier: as above
+@pytest.mark.slow
+def test_speculation_on_an_int8_gpt_oss_target_equals_plain_decoding():
+    from tests.models.test_windowed_speculation import WINDOWED, near_bigram
+    config = WINDOWED["gpt_oss"]
+    params = near_bigram(config)
+    prompts = [[5, 9, 5, 9, 5, 9, 12], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7]]
+    kwargs = dict(max_batch_size=4, max_seq_len=fx.MAX_SEQ_LEN, quantization="int8")
+    plain = jspec.SpecEngine(config, params, **kwargs).generate(prompts, max_new_tokens=24).token_ids
+    drafter = Eagle3Drafter(fx.HEAD, config, fx.SPECS["dynamic"], fx.MAX_SEQ_LEN)
+    out = jspec.SpecEngine(config, params, drafter=drafter, drafter_params=fx.random_head(), **kwargs)
+    assert out.generate(prompts, max_new_tokens=24).token_ids == plain
+
+
 def test_int8_experts_are_quantized_and_the_router_is_not(moe_params):
     quantized = quantize_params(moe_params, "int8")["layers"]["mlp"]
     assert quantized["experts"]["gate_proj"]["kernel"].qvalue.dtype == jnp.int8
