@@ -73,8 +73,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
         # The prompt attends within itself, so it runs on a cache of its own width, padded to the loop's
         # afterwards: attention over all cache_slots would score every prompt token against slots nothing wrote
         # (on the bundled model's 186-token prompt in a 512-slot cache, about a quarter of the prefill's FLOPs).
-        cache = KVCache.zeros(cfg.num_layers, batch, width, cfg.num_kv_heads, cfg.head_dim, setup.jnp_dtype,
-                              per_layer=True)
+        cache = KVCache.for_model(cfg, batch, width, setup.jnp_dtype, per_layer=True)
         cache = constrain(cache, KV_CACHE)  # on a mesh: rows over "data", KV heads over "model"
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
         zeros = jnp.zeros((batch,), jnp.int32)

@@ -34,8 +34,7 @@ def score_prompts(params_t, prompt_ids: jax.Array, prompt_lens: jax.Array, *, se
     batch, width = prompt_ids.shape
     with traced_on(setup.mesh):
         params_t = unstack_layers(params_t, cfg)
-        cache = KVCache.zeros(cfg.num_layers, batch, width, cfg.num_kv_heads, cfg.head_dim, setup.jnp_dtype,
-                              per_layer=True)
+        cache = KVCache.for_model(cfg, batch, width, setup.jnp_dtype, per_layer=True)
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
         out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache,
                                          jnp.zeros((batch,), jnp.int32), logits_index=jnp.zeros((batch, 1), jnp.int32),

@@ -59,13 +59,23 @@ class KVCache(NamedTuple):
 
     @classmethod
     def zeros(cls, num_layers: int, batch: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
-              dtype, per_layer: bool = False) -> "KVCache":
+              dtype, per_layer: bool = False, v_head_dim: int | None = None) -> "KVCache":
+        """v_head_dim: V's width where it differs from K's (0: no V, as multi-head latent attention's cache)."""
+        k_shape = (batch, max_seq_len, num_kv_heads, head_dim)
+        v_shape = k_shape[:-1] + (head_dim if v_head_dim is None else v_head_dim,)
         if per_layer:
-            shape = (batch, max_seq_len, num_kv_heads, head_dim)
-            return cls(tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                       tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)))
-        shape = (num_layers, batch, max_seq_len, num_kv_heads, head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+            return cls(tuple(jnp.zeros(k_shape, dtype) for _ in range(num_layers)),
+                       tuple(jnp.zeros(v_shape, dtype) for _ in range(num_layers)))
+        return cls(jnp.zeros((num_layers,) + k_shape, dtype), jnp.zeros((num_layers,) + v_shape, dtype))
+
+    @classmethod
+    def for_model(cls, config, batch: int, max_seq_len: int, dtype, per_layer: bool = False,
+                  num_layers: int | None = None) -> "KVCache":
+        """The cache of a ``models.config.ModelConfig``'s layers (``num_layers`` of them; default all): its
+        ``kv_cache_heads`` and ``kv_cache_dims`` (MLA: the latent in K, no V)."""
+        k_dim, v_dim = config.kv_cache_dims
+        return cls.zeros(config.num_layers if num_layers is None else num_layers, batch, max_seq_len,
+                         config.kv_cache_heads, k_dim, dtype, per_layer, v_dim)
 
     @property
     def per_layer(self) -> bool:

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo", "qwen3_moe", "gpt_oss", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mimo", "qwen3_moe", "gpt_oss", "gemma3_text",
+                         "deepseek_v3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 QKV_BIAS_MODEL_TYPES = ("qwen2", "mimo")  # Qwen2 and its descendants: bias on q/k/v always, never on o
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -110,6 +111,20 @@ class ModelConfig:
     embedding_multiplier: float = 1.0    # embeddings times this (Gemma: sqrt(hidden_size))
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (None: head_dim ** -0.5)
     local_rope_theta: float | None = None       # sliding layers' rope base, default rope (Gemma-3); None: as full
+    # DeepSeek-V3: multi-head latent attention (models/mla.py) where kv_lora_rank > 0; head_dim is then the rope
+    # part of a query/key head (qk_rope_head_dim), and the cache holds kv_lora_rank + head_dim per token
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0                 # 0: queries by one projection (q_proj), else q_a_proj, norm, q_b_proj
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False        # rope on interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's layout)
+    # DeepSeek-V3's routing: sigmoid scores plus a correction bias choose (within the best groups), the scores weigh
+    router_scoring: str = "softmax"      # "softmax" or "sigmoid"
+    router_groups: int = 1               # n_group: experts in groups, the best topk_group groups searched
+    router_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_expert_size: int = 0          # width of the shared experts' MLP beside the routed ones (0: none)
+    first_dense_layers: int = 0          # first_k_dense_replace: these layers have the dense MLP, not experts
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -139,6 +154,15 @@ class ModelConfig:
             raise ValueError(f"expert_activation={self.expert_activation!r}: expected 'silu' or 'clamped_swiglu'")
         if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
             raise ValueError(f"hidden_act={self.hidden_act!r}: expected 'silu' or 'gelu_pytorch_tanh'")
+        if self.kv_lora_rank and (self.qk_nope_head_dim < 1 or self.v_head_dim < 1):
+            raise ValueError(f"kv_lora_rank={self.kv_lora_rank} with qk_nope_head_dim={self.qk_nope_head_dim}, "
+                             f"v_head_dim={self.v_head_dim}: latent attention needs both positive")
+        if self.router_scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router_scoring={self.router_scoring!r}: expected 'softmax' or 'sigmoid'")
+        if self.num_experts and (self.num_experts % self.router_groups
+                                 or not 1 <= self.router_topk_groups <= self.router_groups):
+            raise ValueError(f"router_groups={self.router_groups}, router_topk_groups={self.router_topk_groups}: "
+                             f"expected groups dividing num_experts={self.num_experts} and 1 <= topk_groups <= groups")
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of layer ``layer`` (keys less than this many positions behind a query), None if it
@@ -158,7 +182,38 @@ class ModelConfig:
 
     @property
     def attention_scale(self) -> float:
+        if self.mla:  # over the whole query head (no-rope and rope parts), times yarn's mscale squared (DeepSeek)
+            scale = (self.qk_nope_head_dim + self.head_dim) ** -0.5
+            scaling = self.rope_scaling
+            if scaling.rope_type == "yarn" and scaling.mscale_all_dim:
+                scale *= _yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
+            return scale
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V3; ``models/mla.py``)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_cache_heads(self) -> int:
+        """Heads of the K/V cache: the KV heads, or MLA's one latent shared by every head."""
+        return 1 if self.mla else self.num_kv_heads
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int]:
+        """(K, V) width per cache head: head_dim each; MLA's latent (kv_lora_rank + the rope part) in K and no V
+        (the latent serves as both)."""
+        return (self.kv_lora_rank + self.head_dim, 0) if self.mla else (self.head_dim, self.head_dim)
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Whether every layer has the same parameters (stored stacked, runnable under nn.scan); DeepSeek's dense
+        first layers are not."""
+        return not (self.num_experts and self.first_dense_layers)
+
+    def layer_has_experts(self, layer: int) -> bool:
+        return bool(self.num_experts) and layer >= self.first_dense_layers
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -308,7 +363,8 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
                          f"not supported; expected one of {SUPPORTED_MODEL_TYPES}")
     if model_type == "gemma3_text":  # transformers fills what Gemma-3's config.json leaves out with these
         hf = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in hf.items() if v is not None or k not in GEMMA3_TEXT_DEFAULTS}}
-    family = {"qwen3_moe": _moe_fields, "gpt_oss": _gpt_oss_fields, "gemma3_text": _gemma3_fields}
+    family = {"qwen3_moe": _moe_fields, "gpt_oss": _gpt_oss_fields, "gemma3_text": _gemma3_fields,
+              "deepseek_v3": _deepseek_v3_fields}
     extra = family[model_type](hf) if model_type in family else {}
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         value = hf.get(field)
@@ -316,6 +372,8 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
             raise ValueError(f"config.json {field}={value!r}: a {model_type} model needs a positive integer")
     num_heads = int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+    if model_type == "deepseek_v3":  # the rope part of a head (transformers' DeepseekV3Config.head_dim)
+        head_dim = hf["qk_rope_head_dim"]
     # HF Llama and Qwen3 put attention_bias on q/k/v/o; Qwen2 (and MiMo) always bias q/k/v only; Mistral has none.
     attention_bias = model_type in ("llama", "qwen3", "qwen3_moe", "gpt_oss", "gemma3_text") and bool(
         hf.get("attention_bias", model_type == "gpt_oss"))
@@ -437,6 +495,31 @@ def _gemma3_global_rope(hf: dict[str, Any]) -> dict[str, Any]:
         return {"rope_parameters": nested, "max_position_embeddings": hf.get("max_position_embeddings", 4096)}
     return {"rope_theta": hf.get("rope_theta", 1_000_000.0), "rope_scaling": hf.get("rope_scaling"),
             "max_position_embeddings": hf.get("max_position_embeddings", 4096)}
+
+
+def _deepseek_v3_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's multi-head latent attention and mixture of experts (sigmoid scores with a correction bias,
+    group-limited top-k, shared experts, dense first layers); ValueError naming what jspec does not run."""
+    sizes = {name: hf.get(name) for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+                                             "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.json {name}={value!r}: a deepseek_v3 model needs a positive integer")
+    if hf.get("attention_bias"):
+        raise ValueError("config.json attention_bias=true: DeepSeek-V3's attention has no biases; expected false")
+    for name, expected in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("hidden_act", "silu")):
+        if hf.get(name, expected) != expected:
+            raise ValueError(f"config.json {name}={hf[name]!r}: expected {expected!r} (DeepSeek-V3's)")
+    return {"kv_lora_rank": sizes["kv_lora_rank"], "q_lora_rank": int(hf.get("q_lora_rank") or 0),
+            "qk_nope_head_dim": sizes["qk_nope_head_dim"], "v_head_dim": sizes["v_head_dim"],
+            "rope_interleave": bool(hf.get("rope_interleave", True)),
+            "num_experts": sizes["n_routed_experts"], "num_experts_per_tok": sizes["num_experts_per_tok"],
+            "moe_intermediate_size": sizes["moe_intermediate_size"],
+            "norm_topk_prob": bool(hf.get("norm_topk_prob", True)), "router_scoring": "sigmoid",
+            "router_groups": int(hf.get("n_group") or 1), "router_topk_groups": int(hf.get("topk_group") or 1),
+            "routed_scaling_factor": float(hf.get("routed_scaling_factor", 1.0)),
+            "shared_expert_size": int(hf.get("n_shared_experts") or 0) * sizes["moe_intermediate_size"],
+            "first_dense_layers": int(hf.get("first_k_dense_replace") or 0)}
 
 
 def _moe_fields(hf: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,8 @@ import numpy as np
 from models.attention import AttentionFn, KVCache, dense_attention, write_new_tokens
 from models.config import ModelConfig
 from models.dense import Dense, Embed
+from models.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from models.mla import LatentAttention
 from models.moe import MoE
 from models.random_params import cached_shapes, random_params
 
@@ -48,43 +50,6 @@ class DecoderOutput(NamedTuple):
     logits: jax.Array
     cache: KVCache
     taps: jax.Array | None
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm over the last axis; statistics in f32, the weight applied in the input dtype (as HF does). With an
-    ``offset`` (Gemma's 1), scaled by (offset + weight) in f32, then cast (as Gemma3RMSNorm does)."""
-
-    eps: float
-    dtype: jnp.dtype = jnp.float32
-    offset: float = 0.0
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        init = nn.initializers.zeros if self.offset else nn.initializers.ones
-        weight = self.param("weight", init, (x.shape[-1],), self.dtype)
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        if self.offset:
-            return (normed * (self.offset + weight.astype(jnp.float32))).astype(x.dtype)
-        return weight * normed.astype(x.dtype)
-
-
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, dtype,
-                 scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """positions: i32[B, T] -> cos, sin: [B, T, 1, D] (HF's concatenated-halves layout), times ``scale`` (yarn's
-    attention factor, ``ModelConfig.rope_attention_scaling``)."""
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    if scale == 1.0:
-        return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
-    return (jnp.cos(emb) * scale).astype(dtype), (jnp.sin(emb) * scale).astype(dtype)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x: [B, T, heads, D] rotated by position (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
 
 
 class Attention(nn.Module):
@@ -127,23 +92,6 @@ class Attention(nn.Module):
         return proj(cfg.hidden_size, cfg.o_bias, "o_proj")(out), k_cache, v_cache
 
 
-class MLP(nn.Module):
-    config: ModelConfig
-    dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self, x):
-        cfg = self.config
-
-        def proj(features, name):
-            return Dense(features, use_bias=cfg.mlp_bias, dtype=self.dtype, param_dtype=self.dtype, name=name)
-
-        gate = proj(cfg.intermediate_size, "gate_proj")(x)
-        up = proj(cfg.intermediate_size, "up_proj")(x)
-        act = nn.silu(gate) if cfg.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
-        return proj(cfg.hidden_size, "down_proj")(act * up)
-
-
 class DecoderLayer(nn.Module):
     """One pre-norm block (Gemma-3: norms after attention and around the MLP too). Scanned: carry = (hidden
     [B,T,H], taps), xs = (k_cache, v_cache, tap_slot, window, local_rope); unrolled, window and local_rope are the
@@ -153,6 +101,7 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
     attention_fn: AttentionFn
     dtype: jnp.dtype
+    experts: bool | None = None  # whether its MLP is a mixture of experts (None: the config's every layer)
 
     @nn.compact
     def __call__(self, carry, layer_xs, ropes, cache_len, local_mask, write_offset):
@@ -166,13 +115,15 @@ class DecoderLayer(nn.Module):
         if taps is not None:
             taps = jax.lax.dynamic_update_index_in_dim(taps, x.astype(taps.dtype), tap_slot, 0)
         h = norm(name="input_layernorm")(x)
-        attn, k_cache, v_cache = Attention(cfg, self.attention_fn, self.dtype, name="self_attn")(
+        attention = LatentAttention if cfg.mla else Attention
+        attn, k_cache, v_cache = attention(cfg, self.attention_fn, self.dtype, name="self_attn")(
             h, cos, sin, k_cache, v_cache, cache_len, local_mask, write_offset, window)
         if cfg.sandwich_norms:
             attn = norm(name="post_attention_layernorm")(attn)
         x = x + attn
         h = norm(name="pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm")(x)
-        mlp = (MoE if cfg.num_experts else MLP)(cfg, self.dtype, name="mlp")(h)
+        experts = bool(cfg.num_experts) if self.experts is None else self.experts
+        mlp = (MoE if experts else MLP)(cfg, self.dtype, name="mlp")(h)
         if cfg.sandwich_norms:
             mlp = norm(name="post_feedforward_layernorm")(mlp)
         return (x + mlp, taps), (k_cache, v_cache)
@@ -217,7 +168,7 @@ class LlamaModel(nn.Module):
 
         tapped = sorted(set(tap_layers))
         _tap_slots(tapped, cfg.num_layers)  # validates the layer indices
-        if self.scan_layers:
+        if self.scan_layers and cfg.uniform_layers:  # (DeepSeek's dense first layers: unrolled, stored so too)
             x, taps, cache = self._scanned_layers(x, cache, ropes, cache_len, local_mask, write_offset, tapped)
         else:
             x, taps, cache = self._unrolled_layers(x, cache, ropes, cache_len, local_mask, write_offset, tapped)
@@ -229,7 +180,7 @@ class LlamaModel(nn.Module):
         x = RMSNorm(cfg.rms_norm_eps, self.dtype, cfg.norm_weight_offset, name="norm")(x)
         if logits_index is not None:
             x = jnp.take_along_axis(x, logits_index[:, :, None], axis=1)
-        if cfg.tie_word_embeddings and self.scan_layers:
+        if cfg.tie_word_embeddings and self.scan_layers and cfg.uniform_layers:
             logits = embed.attend(x)
         else:
             logits = Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
@@ -271,7 +222,7 @@ class LlamaModel(nn.Module):
         for i in range(cfg.num_layers):
             if i in tapped:
                 taps.append(x)
-            layer = DecoderLayer(cfg, self.attention_fn, self.dtype, name=f"layers_{i}")
+            layer = DecoderLayer(cfg, self.attention_fn, self.dtype, cfg.layer_has_experts(i), name=f"layers_{i}")
             (x, _), (k, v) = layer((x, None), (cache.k[i], cache.v[i], None, cfg.layer_window(i),
                                                not cfg.layer_rope(i)[1]), ropes, cache_len, local_mask, write_offset)
             ks.append(k)
@@ -301,7 +252,7 @@ def param_shapes(config: ModelConfig, dtype=jnp.float32) -> dict:
 
     def init():
         tokens = jnp.zeros((1, 1), jnp.int32)
-        cache = KVCache.zeros(config.num_layers, 1, 1, config.num_kv_heads, config.head_dim, dtype)
+        cache = KVCache.for_model(config, 1, 1, dtype, per_layer=not config.uniform_layers)
         return model.init(jax.random.key(0), tokens, tokens, cache, jnp.zeros((1,), jnp.int32))["params"]
 
     return jax.eval_shape(init)
@@ -317,7 +268,9 @@ def unstack_layers(params: dict, config: ModelConfig) -> dict:
     ``LlamaModel(scan_layers=False)``: ``layers_0`` .. ``layers_{L-1}``, and for tied embeddings an explicit
     ``lm_head/kernel`` = embedding.T [H, V] (so no step transposes the embedding). Params already in the inference
     layout are returned as they are."""
-    if "layers" not in params:
+    if "layers" not in params:  # stored per layer already (DeepSeek's dense first layers)
+        if config.tie_word_embeddings and "lm_head" not in params:
+            return {**params, "lm_head": {"kernel": params["embed_tokens"]["embedding"].T}}
         return params
     out = {name: value for name, value in params.items() if name != "layers"}
     for i in range(config.num_layers):

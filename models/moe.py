@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from models.config import ModelConfig
 from models.dense import Dense
+from models.layers import MLP
 
 
 def route(logits: jax.Array, top_k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
@@ -46,6 +47,28 @@ def route(logits: jax.Array, top_k: int, normalize: bool) -> tuple[jax.Array, ja
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights, experts
+
+
+def route_sigmoid(logits: jax.Array, correction: jax.Array, top_k: int, groups: int, topk_groups: int,
+                  normalize: bool, scale: float) -> tuple[jax.Array, jax.Array]:
+    """DeepSeek-V3's router (transformers' ``DeepseekV3TopkRouter``): logits [N, E] -> (weights f32[N, k], experts
+    i32[N, k]). Sigmoid scores plus ``correction`` f32[E] choose: the experts fall in ``groups`` groups, each group
+    rated by the sum of its two best corrected scores, and the k best experts are taken from the ``topk_groups``
+    best groups; the chosen experts' uncorrected scores are the weights, renormalised to sum to one when
+    ``normalize``, times ``scale`` (routed_scaling_factor)."""
+    scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+    choice = scores + correction.astype(jnp.float32)
+    if groups > 1:
+        grouped = choice.reshape(choice.shape[0], groups, -1)
+        group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [N, groups]
+        kept = jax.lax.top_k(group_scores, topk_groups)[1]
+        keep = jnp.zeros(group_scores.shape, bool).at[jnp.arange(group_scores.shape[0])[:, None], kept].set(True)
+        choice = jnp.where(jnp.repeat(keep, grouped.shape[-1], axis=1), choice, -jnp.inf)
+    experts = jax.lax.top_k(choice, top_k)[1]
+    weights = jnp.take_along_axis(scores, experts, axis=1)
+    if normalize:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * scale, experts
 
 
 class MoE(nn.Module):
@@ -59,9 +82,16 @@ class MoE(nn.Module):
         cfg = self.config
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        logits = Dense(cfg.num_experts, use_bias=cfg.moe_bias, dtype=self.dtype, param_dtype=self.dtype,
-                       name="gate")(tokens)
-        weights, experts = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        sigmoid = cfg.router_scoring == "sigmoid"  # DeepSeek-V3's router computes in float32
+        logits = Dense(cfg.num_experts, use_bias=cfg.moe_bias, dtype=jnp.float32 if sigmoid else self.dtype,
+                       param_dtype=self.dtype, name="gate")(tokens)
+        if sigmoid:
+            correction = self.param("e_score_correction_bias", nn.initializers.zeros, (cfg.num_experts,),
+                                    jnp.float32)
+            weights, experts = route_sigmoid(logits, correction, cfg.num_experts_per_tok, cfg.router_groups,
+                                             cfg.router_topk_groups, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+        else:
+            weights, experts = route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
         kernels, biases = Experts(cfg, self.dtype, name="experts")()
         weights = weights.astype(self.dtype)
         activation = clamped_swiglu(cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.expert_activation != "silu" else swiglu
@@ -72,6 +102,8 @@ class MoE(nn.Module):
                                 biases=biases[:2], activation=activation)
         if biases[2] is not None:  # each token's experts' down biases, weighted: outside the shards' partial sums
             out = out + jnp.einsum("nk,nkh->nh", weights, biases[2][experts])
+        if cfg.shared_expert_size:  # DeepSeek-V3: an MLP every token goes through beside its routed experts
+            out = out + MLP(cfg, self.dtype, size=cfg.shared_expert_size, name="shared_experts")(tokens)
         return out.reshape(shape).astype(self.dtype)
 
 

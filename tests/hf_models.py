@@ -50,6 +50,16 @@ FAMILIES = {
         query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}),
+    # multi-head latent attention (q and kv low-rank, rope on interleaved pairs, yarn with mscale) and experts
+    # routed by sigmoid scores with a correction bias within the 2 best of 4 groups, a shared expert, the first
+    # layer dense
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        **dict(COMMON, max_position_embeddings=256), moe_intermediate_size=24, num_attention_heads=4,
+        num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+        topk_group=2, routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16,
+        qk_nope_head_dim=24, v_head_dim=20, first_k_dense_replace=1,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}),
 }
 # the families whose windows bind at 16 positions (tests/models/test_windowed_families.py)
 WINDOWED_FAMILIES = ("gpt_oss", "gemma3_text")
@@ -61,6 +71,7 @@ MODEL_CLASSES = {
     "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     "gpt_oss": transformers.GptOssForCausalLM,
     "gemma3_text": transformers.Gemma3ForCausalLM,
+    "deepseek_v3": transformers.DeepseekV3ForCausalLM,
 }
 
 

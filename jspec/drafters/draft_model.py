@@ -94,8 +94,7 @@ class DraftModelDrafter(DrafterBase):
         tokens = tokens.at[jnp.arange(batch), ctx.prompt_lens].set(ctx.first_token)  # the first root
         positions = jnp.broadcast_to(jnp.arange(width + 1, dtype=jnp.int32), (batch, width + 1))
         cfg = self.draft
-        cache = KVCache.zeros(cfg.num_layers, batch, self.model_cache_slots, cfg.num_kv_heads, cfg.head_dim,
-                              DTYPES[self.dtype], per_layer=True)
+        cache = KVCache.for_model(cfg, batch, self.model_cache_slots, DTYPES[self.dtype], per_layer=True)
         out = self._model().apply(self._params(params_d), tokens, positions, cache, jnp.zeros((batch,), jnp.int32),
                                   logits_index=ctx.prompt_lens[:, None])
         return DraftModelState(out.cache, out.logits[:, 0])

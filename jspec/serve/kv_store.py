@@ -303,6 +303,8 @@ def scatter_view(layout: PagedLayout, store: Store, view: Any, row_ids: jax.Arra
 def _scatter_pages(layout: PagedLayout, spec: LeafLayout, stored: jax.Array, leaf: jax.Array, page_table: jax.Array,
                    seq_len: int, since: jax.Array | None, write_pages: int | None) -> jax.Array:
     """A slot leaf's dense view written into its pool (:func:`scatter_view`)."""
+    if not stored.size:  # a zero-wide buffer (multi-head latent attention's V: the latent in K stands for it)
+        return stored
     extent = seq_len + spec.extra_slots
     pages = math.ceil(extent / layout.page_size)
     rows = jnp.moveaxis(leaf, (spec.row_axis, spec.slot_axis), (0, 1))  # [R, extent, *rest]

@@ -68,8 +68,7 @@ def _logits(params_t, prompt_ids, prompt_lens, continuation, *, setup: GenerateS
     cfg = setup.target
     batch, num = continuation.shape
     model = setup.target_model()
-    cache = KVCache.zeros(cfg.num_layers, batch, setup.cache_slots, cfg.num_kv_heads, cfg.head_dim,
-                          setup.jnp_dtype, per_layer=True)
+    cache = KVCache.for_model(cfg, batch, setup.cache_slots, setup.jnp_dtype, per_layer=True)
     positions = jnp.broadcast_to(jnp.arange(prompt_width, dtype=jnp.int32), (batch, prompt_width))
     out = model.apply({"params": params_t}, prompt_ids, positions, cache, jnp.zeros((batch,), jnp.int32),
                       logits_index=(prompt_lens - 1)[:, None])

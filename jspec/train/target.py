@@ -80,7 +80,7 @@ def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
 def causal_lm_logits(params: Any, tokens: jax.Array, config: ModelConfig) -> jax.Array:
     """tokens: i32[B, T] -> logits f32[B, T, V] of one causal pass from position 0."""
     batch, width = tokens.shape
-    cache = KVCache.zeros(config.num_layers, batch, width, config.num_kv_heads, config.head_dim, jnp.float32)
+    cache = KVCache.for_model(config, batch, width, jnp.float32)
     positions = jnp.broadcast_to(jnp.arange(width), (batch, width))
     return LlamaModel(config).apply({"params": params}, tokens, positions, cache,
                                     jnp.zeros((batch,), jnp.int32)).logits

@@ -33,6 +33,7 @@ _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)$")
 _STACKED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_proj|up_proj|down_proj)(_bias)?$")
 _ROUTER = re.compile(r"^model\.layers\.(\d+)\.mlp\.router\.(weight|bias)$")
 _SINKS = re.compile(r"^model\.layers\.(\d+)\.self_attn\.sinks$")
+_CORRECTION = re.compile(r"^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$")  # DeepSeek-V3's router
 
 
 def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | tuple[int, ...] | None, bool] | None:
@@ -52,6 +53,8 @@ def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | tuple[int, ..
         return ("layers", "mlp", "gate", "kernel" if weight else "bias"), int(match.group(1)), weight
     if match := _SINKS.match(hf_name):
         return ("layers", "self_attn", "sinks"), int(match.group(1)), False
+    if match := _CORRECTION.match(hf_name):
+        return ("layers", "mlp", "e_score_correction_bias"), int(match.group(1)), False
     match = _LLAMA_LAYER.match(hf_name)
     if not match:
         return None
@@ -60,9 +63,20 @@ def llama_param_path(hf_name: str) -> tuple[tuple[str, ...], int | tuple[int, ..
     if expert and kind == "weight":  # one expert of a mixture (models/moe.py): stacked [L, E, in, out]
         return ("layers", "mlp", "experts", expert.group(2), "kernel"), (layer, int(expert.group(1))), True
     parts = tuple(module.split("."))
-    if parts[-1].endswith("_proj") or module == "mlp.gate":  # Linear: weight [out, in] -> kernel [in, out]
+    if parts[-1].endswith(("_proj", "_proj_with_mqa")) or module == "mlp.gate":  # Linear: [out, in] -> [in, out]
         return ("layers",) + parts + ("kernel" if kind == "weight" else "bias",), layer, kind == "weight"
     return ("layers",) + parts + (kind,), layer, False
+
+
+def unrolled_param_path(hf_name: str) -> tuple[tuple[str, ...], int | tuple[int, ...] | None, bool] | None:
+    """:func:`llama_param_path` for a model stored per layer (``ModelConfig.uniform_layers`` false: DeepSeek-V3's
+    dense first layers): ``layers_{i}/...``, indexed by expert only."""
+    placed = llama_param_path(hf_name)
+    if placed is None or placed[0][0] != "layers":
+        return placed
+    path, index, transpose = placed
+    layer, rest = (index, ()) if isinstance(index, int) else (index[0], tuple(index[1:]))
+    return (f"layers_{layer}",) + path[1:], rest or None, transpose
 
 
 # --- streaming a Llama checkpoint: one stacked parameter in memory at a time ---------------------------------
@@ -75,10 +89,11 @@ _Source = tuple[tuple[int, ...], str, str, bool]  # (index on the stacked axes, 
 
 
 def _plan_llama(tensors: Iterable[tuple[str, str, tuple[int, ...]]], abstract_params: Any,
-                ignore: Callable[[str], bool]) -> dict[tuple[str, ...], list[_Source]]:
+                ignore: Callable[[str], bool], path_of=llama_param_path) -> dict[tuple[str, ...], list[_Source]]:
     """(file, tensor name, shape) of every source tensor -> param path -> the source tensors that fill it, checked
-    from the headers (no tensor data read)."""
-    check = TensorCheck(abstract_params, llama_param_path, ignore)
+    from the headers (no tensor data read). path_of: the name -> path map (:func:`llama_param_path`, or
+    :func:`unrolled_param_path` for a model stored per layer)."""
+    check = TensorCheck(abstract_params, path_of, ignore)
     plan: dict[tuple[str, ...], list[_Source]] = {}
     for file, name, shape in tensors:
         placed = check.place(name, shape)
@@ -135,7 +150,7 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
         raise ValueError(f"{src}: quantization_config.quant_method='mxfp4' is read for gpt_oss experts only, not "
                          f"{config.model_type}")
     quantized = None if mxfp4 else read_quantization(src, hf_config)  # MXFP4 experts: dequantized by the reader
-    reader = DequantizingReader(headers) if quantized is not None else None
+    reader = DequantizingReader(headers, quantized.block_size) if quantized is not None else None
     if config.model_type == "gpt_oss":
         reader = GptOssReader(headers)
     if hf_config.get("model_type") == "gemma3":  # an image-text checkpoint: its language model
@@ -146,7 +161,8 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
     if quantized is not None and mtp_names:
         raise ValueError(f"{src}: a quantized checkpoint with MTP modules is not supported")
     ignore_tied = ignore_tied_lm_head(config)
-    plan = _plan_llama(tensors, abstract, lambda name: ignore_tied(name) or name in mtp_names)
+    plan = _plan_llama(tensors, abstract, lambda name: ignore_tied(name) or name in mtp_names,
+                       llama_param_path if config.uniform_layers else unrolled_param_path)
     with naming_config(src):
         mtp = plan_mtp(headers, mtp_names, hf_config, config, DTYPES[dtype])
     with contextlib.ExitStack() as stack:

@@ -11,6 +11,9 @@ What is read, and how it maps (``weight`` is a Linear's [out, in]):
   symmetric -> scheme "int4" with group size g.
 - ModelOpt, ``quant_algo`` "FP8" (``quantization_config.quant_method`` "modelopt" or ``hf_quant_config.json``):
   ``weight`` float8_e4m3fn with a per-tensor ``weight_scale`` -> scheme "fp8".
+- DeepSeek's block FP8 (``quant_method`` "fp8" with ``weight_block_size`` [b0, b1], as DeepSeek-V3/R1 ship and
+  transformers' FineGrainedFP8 writes): ``weight`` float8_e4m3fn [out, in], ``weight_scale_inv`` f32
+  [ceil(out / b0), ceil(in / b1)], one scale per block, by which the block is multiplied -> scheme "fp8".
 
 Each quantized weight is dequantized (q * scale, in float32) into the float tensor the importer expects, stored in
 the conversion dtype, and ``jspec.json`` records the scheme, so ``SpecEngine.from_pretrained`` quantizes the loaded
@@ -32,7 +35,7 @@ import numpy as np
 
 from models.checkpoint.safetensors_io import read_tensor
 
-QUANTIZED_SUFFIXES = ("weight_scale", "weight_zero_point", "weight_packed", "weight_shape", "input_scale",
+QUANTIZED_SUFFIXES = ("weight_scale", "weight_scale_inv", "weight_zero_point", "weight_packed", "weight_shape", "input_scale",
                       "weight_global_scale", "input_global_scale", "k_scale", "v_scale")
 
 
@@ -43,6 +46,7 @@ class QuantizedCheckpoint:
     method: str
     scheme: str
     group_size: int | None = None
+    block_size: tuple[int, int] | None = None  # block FP8's weight_block_size (read by the DequantizingReader)
 
     def meta(self) -> dict:
         """What jspec.json records (``models.quantization.QuantizationConfig``'s fields)."""
@@ -67,8 +71,17 @@ def read_quantization(src: str, hf_config: dict) -> QuantizedCheckpoint | None:
         if algo != "FP8":
             raise ValueError(f"ModelOpt quant_algo={algo!r}: only 'FP8' maps to weight-only quantization")
         return QuantizedCheckpoint("modelopt", "fp8")
-    raise ValueError(f"quantization_config.quant_method={method!r}: jspec reads 'compressed-tensors' and "
-                     f"'modelopt' (FP8) checkpoints")
+    if method == "fp8":
+        block = config.get("weight_block_size")
+        if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0
+                                                                             for b in block)):
+            raise ValueError(f"quantization_config quant_method='fp8' weight_block_size={block!r}: expected [b0, b1] "
+                             f"(DeepSeek's block FP8)")
+        if config.get("fmt", "e4m3") != "e4m3":
+            raise ValueError(f"quantization_config fmt={config['fmt']!r}: expected 'e4m3'")
+        return QuantizedCheckpoint("fp8-block", "fp8", block_size=(int(block[0]), int(block[1])))
+    raise ValueError(f"quantization_config.quant_method={method!r}: jspec reads 'compressed-tensors', 'modelopt' "
+                     f"(FP8) and 'fp8' (block FP8) checkpoints")
 
 
 def _compressed_tensors(config: dict) -> QuantizedCheckpoint:
@@ -100,9 +113,10 @@ class DequantizingReader:
     shape) with every quantized Linear's ``weight`` at its logical [out, in] shape and the quantization tensors
     left out; ``read(file, name, out=None)`` returns a weight dequantized in float32 (other tensors as stored)."""
 
-    def __init__(self, headers: dict[str, tuple[str, tuple[int, ...]]]):
-        """headers: tensor name -> (file, shape) (``safetensors_io.tensor_headers``)."""
-        self._where = headers
+    def __init__(self, headers: dict[str, tuple[str, tuple[int, ...]]], block_size: tuple[int, int] | None = None):
+        """headers: tensor name -> (file, shape) (``safetensors_io.tensor_headers``); block_size: block FP8's
+        [b0, b1] (``QuantizedCheckpoint.block_size``)."""
+        self._where, self._block = headers, block_size
         zero_points = [n for n in headers if n.endswith(".weight_zero_point")]
         if zero_points:
             raise ValueError(f"{zero_points[0]}: asymmetric quantization (zero points) is not supported")
@@ -120,6 +134,8 @@ class DequantizingReader:
     def read(self, file: str, name: str, out: np.ndarray | None = None) -> np.ndarray:
         module = name.rpartition(".")[0]
         scale_name = f"{module}.weight_scale"
+        if name.endswith(".weight") and f"{module}.weight_scale_inv" in self._where:
+            return self._read_blocks(file, name, f"{module}.weight_scale_inv", out)
         if not name.endswith(".weight") or scale_name not in self._where:
             return read_tensor(file, name, out=out)
         scale = read_tensor(self._where[scale_name][0], scale_name).astype(np.float32)
@@ -130,6 +146,25 @@ class DequantizingReader:
         else:
             q = read_tensor(file, name).astype(np.float32)
         value = q.astype(np.float32) * _broadcast_scale(scale, q.shape, scale_name)
+        if out is None:
+            return value
+        out[...] = value
+        return out
+
+
+    def _read_blocks(self, file: str, name: str, scale_name: str, out: np.ndarray | None) -> np.ndarray:
+        """A block-FP8 weight [out, in] times its block's scale (``weight_scale_inv`` [ceil(out / b0), ceil(in /
+        b1)])."""
+        q = read_tensor(file, name).astype(np.float32)
+        scale = read_tensor(self._where[scale_name][0], scale_name).astype(np.float32)
+        if self._block is None:
+            raise ValueError(f"{scale_name}: a block scale, but quantization_config gives no weight_block_size")
+        rows, cols = self._block
+        grid = (-(-q.shape[0] // rows), -(-q.shape[1] // cols)) if q.ndim == 2 else None
+        if scale.shape != grid:
+            raise ValueError(f"{scale_name} {scale.shape}: expected {grid} for {name} {q.shape} in blocks of "
+                             f"{self._block}")
+        value = q * np.repeat(np.repeat(scale, rows, axis=0), cols, axis=1)[:q.shape[0], :q.shape[1]]
         if out is None:
             return value
         out[...] = value

@@ -31,7 +31,7 @@ def prompts_for(vocab_size, seed=0):
 # tests/models/test_windowed_families.py, past their windows)
 @pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.slow) if family in ("mistral", "qwen2")
                                     else family for family in sorted(FAMILIES)
-                                    if family not in ("qwen3_moe",) + WINDOWED_FAMILIES])
+                                    if family not in ("qwen3_moe", "deepseek_v3") + WINDOWED_FAMILIES])
 def test_greedy_matches_transformers(family, hf_checkpoint):
     model, _, out_dir = hf_checkpoint(family)
     model.generation_config.eos_token_id = None  # random weights: run to max_new_tokens on both sides

@@ -18,7 +18,7 @@ def test_rope_inv_freq_matches_transformers(family):
     package = "gemma3" if family == "gemma3_text" else family
     module = getattr(getattr(transformers.models, package), f"modeling_{package}")
     name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "qwen3_moe": "Qwen3Moe",
-            "gpt_oss": "GptOss", "gemma3_text": "Gemma3"}
+            "gpt_oss": "GptOss", "gemma3_text": "Gemma3", "deepseek_v3": "DeepseekV3"}
     rotary = getattr(module, f"{name[family]}RotaryEmbedding")(hf_config)
     if family == "gemma3_text":  # a rope per layer type: layer 0 slides, layer 1 is full
         for layer, kind in ((0, "sliding_attention"), (1, "full_attention")):
