@@ -61,8 +61,9 @@ class MtpConfig:
 
     @classmethod
     def for_target(cls, target: ModelConfig, num_modules: int, layout: str = "mimo") -> "MtpConfig":
-        """The modules of ``target``: blocks of the target's shapes."""
-        return cls(dataclasses.replace(target, num_layers=1), num_modules, layout)
+        """The modules of ``target``: blocks of the target's shapes (a mixture of experts where the target's later
+        layers have one: DeepSeek-V3's module is a sparse layer whatever its dense first layers)."""
+        return cls(dataclasses.replace(target, num_layers=1, first_dense_layers=0), num_modules, layout)
 
     def check_target(self, target: ModelConfig) -> None:
         """ValueError naming the sizes when these modules cannot draft for ``target``."""
@@ -114,7 +115,7 @@ def mtp_param_shapes(config: MtpConfig, dtype=jnp.float32) -> dict:
 
     def init():
         x = jnp.zeros((1, 1, cfg.hidden_size), dtype)
-        cache = KVCache.zeros(1, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype)
+        cache = KVCache.for_model(cfg, 1, 1, dtype)
         zeros = jnp.zeros((1, 1), jnp.int32)
         return module.init(jax.random.key(0), x, x, zeros, cache, jnp.zeros((1,), jnp.int32))["params"]
 

@@ -52,9 +52,11 @@ def _draw(path, leaf: jax.ShapeDtypeStruct, rng: np.random.Generator) -> jax.Arr
         values = np.ones(shape, np.float32)
     elif name == "sinks":  # attention sinks: logits on the scores' scale, so they move the softmax
         values = rng.standard_normal(shape, np.float32)
+    elif name == "e_score_correction_bias":  # DeepSeek's router: on the sigmoid scores' scale, so it moves choices
+        values = 0.1 * rng.standard_normal(shape, np.float32)
     else:
         raise ValueError(f"random_params: parameter {jax.tree_util.keystr(path)} {shape} has no known initializer "
-                         f"(expected a leaf named kernel, embedding, bias, weight or sinks)")
+                         f"(expected a leaf named kernel, embedding, bias, weight, sinks or e_score_correction_bias)")
     return jax.numpy.asarray(values.astype(leaf.dtype))
 
 

@@ -49,8 +49,7 @@ def exact_triples(config: ModelConfig, params, prompt: list[int], temperature: f
     processors: :func:`penalized`'s keyword arguments, applied at each position with its own output so far."""
     vocab = config.vocab_size
     seqs = np.array([list(prompt) + [a, b] for a in range(vocab) for b in range(vocab)], np.int32)
-    cache = KVCache.zeros(config.num_layers, len(seqs), seqs.shape[1], config.num_kv_heads, config.head_dim,
-                          jnp.float32)
+    cache = KVCache.for_model(config, len(seqs), seqs.shape[1], jnp.float32, per_layer=not config.uniform_layers)
     logits = LlamaModel(config).apply({"params": params}, jnp.asarray(seqs),
                                       jnp.broadcast_to(jnp.arange(seqs.shape[1]), seqs.shape), cache,
                                       jnp.zeros((len(seqs),), jnp.int32)).logits

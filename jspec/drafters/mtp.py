@@ -153,8 +153,7 @@ class MtpDrafter(DrafterBase):
         for index in range(self.num_used):
             if index > 0:  # module k's cache slot s reads module k - 1's output at slot s - 1
                 hidden = _shift_right(hidden, jnp.zeros((batch, hidden.shape[-1]), hidden.dtype))
-            cache = KVCache.zeros(1, batch, self.model_cache_slots, cfg.num_kv_heads, cfg.head_dim,
-                                  DTYPES[self.dtype])
+            cache = KVCache.for_model(cfg, batch, self.model_cache_slots, DTYPES[self.dtype], num_layers=1)
             hidden, out_logits, cache = self._run(params_t, params_d, index, cache, shifted, hidden, positions, zeros)
             logits = _last(out_logits, ctx.prompt_lens) if index == 0 else logits
             caches.append(cache)

@@ -133,7 +133,7 @@ def write_hf_llama(directory: str, hf_config: dict, params: Any, overwrite: bool
         for hf_name, value in slices:
             tensors[hf_name] = np.ascontiguousarray(value.T if transpose else value)
     if mtp_params is not None:
-        tensors.update(_mtp_tensors(mtp_params["modules"], mtp_layout, config, dtype, tensors))
+        tensors.update(mtp_hf_tensors(mtp_params["modules"], mtp_layout, config, dtype, tensors))
     hf_config = dict(hf_config, torch_dtype=dtype)
     with atomic_directory(directory, overwrite) as out:
         with open(os.path.join(out, "config.json"), "w") as f:
@@ -155,7 +155,7 @@ def _with_mtp_fields(hf_config: dict, num_modules: int, layout: str) -> dict:
     return hf_config
 
 
-def _mtp_tensors(modules: Any, layout: str, config: Any, dtype: str, target: dict[str, np.ndarray]
+def mtp_hf_tensors(modules: Any, layout: str, config: Any, dtype: str, target: dict[str, np.ndarray]
                  ) -> dict[str, np.ndarray]:
     """HF-named tensors of the MTP ``modules`` (checked against the target's shapes and dtype)."""
     from models.mtp import MtpConfig
@@ -173,8 +173,8 @@ def _mtp_tensors(modules: Any, layout: str, config: Any, dtype: str, target: dic
         if module_dtype != dtype:
             raise ValueError(f"{what} are {module_dtype}, expected the target's {dtype}")
         names = module_hf_names(layout, index, config.num_layers, traverse_util.unflatten_dict(flat))
-        for name, (path, _, transpose) in names.items():
-            array = np.asarray(flat[path])
+        for name, (path, _, transpose, expert) in names.items():
+            array = np.asarray(flat[path]) if expert is None else np.asarray(flat[path][expert])
             tensors[name] = np.ascontiguousarray(array.T if transpose else array)
         if layout == "deepseek":  # DeepSeek-V3 ships copies of the target's embedding and lm_head in each module
             prefix = module_prefix(layout, index, config.num_layers)

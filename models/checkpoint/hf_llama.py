@@ -169,7 +169,7 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
         on_tensor = lambda: None
         if progress:
             from tqdm import tqdm
-            total = sum(map(len, plan.values())) + (len(mtp.sources) if mtp else 0)
+            total = sum(map(len, plan.values())) + (sum(map(len, mtp.sources.values())) if mtp else 0)
             bar = stack.enter_context(tqdm(total=total, desc="converting", unit="tensor"))
             on_tensor = bar.update
         with atomic_directory(dst, overwrite) as out:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
+from flax import traverse_util
 
 from models.checkpoint.mtp_layouts import (DEEPSEEK_COPIES, abstract_module, module_hf_names, module_prefix,
                                           split_mtp_name)
@@ -19,7 +20,9 @@ class MtpPlan(NamedTuple):
     """What ``plan_mtp`` checked, to be written into ``mtp/`` by ``stream_mtp_leaves``."""
 
     hf_config: dict  # the target's config.json + "jspec_mtp": {num_modules, layout, own_lm_head}
-    sources: dict[tuple[str, ...], tuple[str, str, bool]]  # param path -> (file, tensor name, transpose?)
+    # param path -> [(expert or None, file, tensor name, transpose?)]: one tensor, or one per expert of a stack
+    sources: dict[tuple[str, ...], list[tuple[int | None, str, str, bool]]]
+    shapes: dict[tuple[str, ...], tuple[int, ...]]  # param path -> its shape
 
 
 def _num_mtp_modules(hf_config: dict) -> int:
@@ -56,11 +59,16 @@ def plan_mtp(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[str
     mtp_config = MtpConfig.for_target(config, num_modules, layout)
     own_lm_head, dropped = _deepseek_copies(headers, mtp_names, config, num_modules) if layout == "deepseek" \
         else ([False] * num_modules, set())
-    expected: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]] = {}  # HF name -> (path, HF shape, transpose?)
+    # HF name -> (path, HF shape, transpose?, expert or None)
+    expected: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool, int | None]] = {}
+    shapes: dict[tuple[str, ...], tuple[int, ...]] = {}
     for index in range(num_modules):
         module = abstract_module(mtp_config.layer, dtype, own_lm_head[index])
-        for name, (path, shape, transpose) in module_hf_names(layout, index, config.num_layers, module).items():
-            expected[name] = (("modules", str(index)) + path, shape, transpose)
+        for name, (path, shape, transpose, expert) in module_hf_names(layout, index, config.num_layers,
+                                                                       module).items():
+            expected[name] = (("modules", str(index)) + path, shape, transpose, expert)
+        shapes.update({("modules", str(index)) + path: tuple(leaf.shape)
+                       for path, leaf in traverse_util.flatten_dict(module).items()})
     missing = [name for name in expected if name not in mtp_names]
     unexpected = [name for name in found if name not in expected and name not in dropped]
     misshapen = [f"{name}: got {headers[name][1]}, expected {expected[name][1]}" for name in found
@@ -72,8 +80,10 @@ def plan_mtp(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[str
                          f"{layout} layout); " + "; ".join(problems))
     mtp_hf_config = dict(hf_config, jspec_mtp={"num_modules": num_modules, "layout": layout,
                                                "own_lm_head": own_lm_head})
-    sources = {path: (headers[name][0], name, transpose) for name, (path, _, transpose) in expected.items()}
-    return MtpPlan(mtp_hf_config, sources)
+    sources: dict[tuple[str, ...], list[tuple[int | None, str, str, bool]]] = {}
+    for name, (path, _, transpose, expert) in expected.items():
+        sources.setdefault(path, []).append((expert, headers[name][0], name, transpose))
+    return MtpPlan(mtp_hf_config, sources, shapes)
 
 
 def _deepseek_copies(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names: set[str], config: ModelConfig,
@@ -124,9 +134,11 @@ def stream_mtp_leaves(plan: MtpPlan, dtype, on_tensor: Callable[[], None] = lamb
                       ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
     """Yields (param path, array) for every module parameter, one tensor read (and cast) at a time."""
     np_dtype = np.dtype(dtype)
-    for path, (file, name, transpose) in plan.sources.items():
-        array = read_tensor(file, name)
-        array = np.ascontiguousarray(array.T if transpose else array, dtype=np_dtype)
-        on_tensor()
+    for path, sources in plan.sources.items():
+        array = np.empty(plan.shapes[path], np_dtype)
+        for expert, file, name, transpose in sources:
+            tensor = read_tensor(file, name)
+            array[() if expert is None else expert] = tensor.T if transpose else tensor
+            on_tensor()
         yield path, array
         del array

@@ -98,22 +98,31 @@ def abstract_module(layer: ModelConfig, dtype: Any = jnp.float32, own_lm_head: b
 
 
 def module_hf_names(layout: str, index: int, num_target_layers: int,
-                    module: Any) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]]:
-    """HF tensor name -> (param path in the module, shape as HF stores it, transpose?) for every leaf of ``module``
-    (a tree of arrays or ShapeDtypeStructs) as module ``index`` of ``layout``. Linear weights are [out, in] in HF,
-    kernels [in, out] here."""
+                    module: Any) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], bool, int | None]]:
+    """HF tensor name -> (param path in the module, shape as HF stores it, transpose?, expert or None) for every
+    leaf of ``module`` (a tree of arrays or ShapeDtypeStructs) as module ``index`` of ``layout``. Linear weights
+    are [out, in] in HF, kernels [in, out] here; a block's stacked experts [E, in, out] are one HF tensor per
+    expert (``mlp.experts.{e}.*``, the param's slice ``e``), and DeepSeek-V3's router correction bias is
+    ``mlp.gate.e_score_correction_bias``."""
     prefix = module_prefix(layout, index, num_target_layers)
     own = {path: suffix for suffix, path in OWN_TENSORS[layout].items()}
     names = {}
     for path, leaf in traverse_util.flatten_dict(module).items():
         transpose = path[-1] == "kernel"
-        if path[0] == "block":
+        shape = tuple(leaf.shape)
+        if path[0] == "block" and path[1:3] == ("mlp", "experts"):
+            for expert in range(shape[0]):
+                suffix = f"mlp.experts.{expert}.{path[3]}." + ("weight" if transpose else "bias")
+                names[prefix + suffix] = (path, shape[1:][::-1] if transpose else shape[1:], transpose, expert)
+            continue
+        if path[0] == "block" and path[-1] == "e_score_correction_bias":
+            suffix = "mlp.gate.e_score_correction_bias"
+        elif path[0] == "block":
             suffix = ".".join(path[1:-1]) + (".bias" if path[-1] == "bias" else ".weight")
         elif path in own:
             suffix = own[path]
         else:
             raise ValueError(f"MTP param {'/'.join(path)} has no tensor in the {layout!r} layout (expected "
                              f"{sorted('/'.join(p) for p in own)} and block/...)")
-        shape = tuple(leaf.shape)
-        names[prefix + suffix] = (path, shape[::-1] if transpose else shape, transpose)
+        names[prefix + suffix] = (path, shape[::-1] if transpose else shape, transpose, None)
     return names

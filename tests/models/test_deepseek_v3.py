@@ -216,3 +216,71 @@ def test_a_block_fp8_checkpoint_converts_as_its_dequantized_weights(tmp_path):
         {"params": params}, jnp.asarray(ids), jnp.arange(20)[None],
         KVCache.for_model(loaded, 1, 20, jnp.float32, per_layer=True), jnp.zeros((1,), jnp.int32)).logits
     np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
+
+
+def test_the_checkpoints_own_mtp_module_drafts_losslessly(tmp_path):
+    """A DeepSeek-V3 checkpoint with its MTP module as DeepSeek ships it (layer num_hidden_layers: enorm, hnorm,
+    eh_proj, a sparse latent-attention block with one tensor per expert, shared_head, the copies of the target's
+    embedding and head) converts with the target; ``drafter="mtp"`` drafts with it through its own latent cache,
+    as a chain and as a tree of its top-k, and greedy decoding equals plain decoding's."""
+    import json
+    import os
+
+    import jax
+    from safetensors.numpy import load_file, save_file
+
+    from models.checkpoint import convert_hf_checkpoint
+    from models.checkpoint.hf_export import mtp_hf_tensors
+    from models.mtp import MtpConfig, init_mtp_params
+    from tests.hf_models import make_hf_model
+
+    hf_dir = str(tmp_path / "hf")
+    make_hf_model("deepseek_v3").save_pretrained(hf_dir)
+    config = from_hf_config(json.load(open(os.path.join(hf_dir, "config.json"))))
+    target = load_file(os.path.join(hf_dir, "model.safetensors"))
+    modules = init_mtp_params(MtpConfig.for_target(config, 1, "deepseek"), jax.random.key(5))["modules"]
+    shipped = mtp_hf_tensors(modules, "deepseek", config, "float32", target)
+    assert f"model.layers.{config.num_layers}.mlp.experts.7.down_proj.weight" in shipped
+    save_file({**target, **shipped}, os.path.join(hf_dir, "model.safetensors"))
+    out = convert_hf_checkpoint(hf_dir, str(tmp_path / "jspec"), dtype="float32", progress=False)
+    kwargs = dict(max_batch_size=4, max_seq_len=64)
+    prompts = prompts_for(config.vocab_size)
+    plain = jspec.SpecEngine.from_pretrained(out, **kwargs).generate(prompts, max_new_tokens=12).token_ids
+    for spec in (fx.SPECS["chain"], jspec.SpecConfig(tree="dynamic", num_steps=2, topk=2, num_draft_tokens=4)):
+        engine = jspec.SpecEngine.from_pretrained(out, drafter="mtp", spec=spec, **kwargs)
+        assert engine.setup.drafter.mtp.layout == "deepseek" and engine.setup.drafter.mtp.layer.mla
+        assert engine.generate(prompts, max_new_tokens=12).token_ids == plain, spec
+
+
+# slow: MTP sampling on a DeepSeek-V3-shaped target (6,000 rows through latent attention and experts); default
+# tier: the greedy MTP test above, test_mtp's sampling chi-square path on a dense target
+@pytest.mark.slow
+def test_mtp_sampling_follows_the_exact_target_distribution():
+    """The checkpoint's kind of MTP module drafting a dynamic tree at temperature 1 for a DeepSeek-V3-shaped
+    target (latent attention, grouped sigmoid routing, a shared expert, a dense first layer; V = 5): the first
+    three tokens against the enumerated joint."""
+    import dataclasses
+
+    import jax
+
+    from jspec.drafters.mtp import MtpDrafter
+    from models.llama import init_params
+    from models.mtp import MtpConfig, init_mtp_params
+    from tests.exact_distribution import assert_triples_follow, exact_triples, varied
+    from tests.jspec import test_spec_sampling as sampling_tests
+
+    target = dataclasses.replace(
+        sampling_tests.TARGET, model_type="deepseek_v3", kv_lora_rank=8, qk_nope_head_dim=8, v_head_dim=8,
+        rope_interleave=True, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, norm_topk_prob=True,
+        router_scoring="sigmoid", router_groups=2, router_topk_groups=1, routed_scaling_factor=2.0,
+        shared_expert_size=8, first_dense_layers=1)
+    params = varied(init_params(target, jax.random.key(7)))
+    config = MtpConfig.for_target(target, 1, "deepseek")
+    modules = varied(init_mtp_params(config, jax.random.key(8)))
+    spec = jspec.SpecConfig(tree="dynamic", num_steps=3, topk=2, num_draft_tokens=6)
+    rows = 6000
+    out = jspec.SpecEngine(target, params, drafter=MtpDrafter(config, target, spec, 16), drafter_params=modules,
+                           max_batch_size=rows, max_seq_len=16).generate(
+        [sampling_tests.PROMPT] * rows, max_new_tokens=3, temperature=1.0, seed=5)
+    assert out.stats.acceptance_length > 1.1, out.stats
+    assert_triples_follow(out.token_ids, exact_triples(target, params, sampling_tests.PROMPT))
