@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jspec.sharding import KV_CACHE, KV_POOL, per_shard
+from jspec.sharding import KV_CACHE, KV_POOL, kv_spec, per_shard
 from models.attention import dense_attention
 from models.paged_kv import PagedKV, paged_attention
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
@@ -74,7 +74,9 @@ def target_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, k_new
     if is_verify_pass(q, tree_mask, write_offset) and resolve_impl(impl, "tree_attention") is not Impl.REFERENCE:
         # On a mesh each device runs the kernel on its rows and its heads (KV heads split as its query heads are).
         args, specs = _with_sinks([q, k_cache, v_cache, cache_len, k_new, v_new, tree_mask],
-                                  [KV_CACHE, KV_CACHE, KV_CACHE, P("data"), KV_CACHE, KV_CACHE, P("data")], sinks)
+                                  [KV_CACHE, kv_spec(KV_CACHE, k_cache.shape), kv_spec(KV_CACHE, v_cache.shape),
+                                   P("data"), kv_spec(KV_CACHE, k_new.shape), kv_spec(KV_CACHE, v_new.shape),
+                                   P("data")], sinks)
         kernel = per_shard(lambda *a: tree_attention(*a[:7], scale=scale, impl=impl, window=extra["window"],
                                                      sinks=a[7] if len(a) > 7 else None),
                            in_specs=specs, out_specs=KV_CACHE)
@@ -103,7 +105,8 @@ def _paged_kernel(q, k_cache: PagedKV, v_cache: PagedKV, k_new, v_new, cache_len
         local_mask = jnp.broadcast_to(jnp.tril(jnp.ones((num_new, num_new), bool)), (batch, num_new, num_new))
     args, specs = _with_sinks(
         [q, k_cache.pages, v_cache.pages, k_cache.page_table, cache_len, k_new, v_new, local_mask],
-        [KV_CACHE, KV_POOL, KV_POOL, P("data"), P("data"), KV_CACHE, KV_CACHE, P("data")], sinks)
+        [KV_CACHE, kv_spec(KV_POOL, k_cache.pages.shape), kv_spec(KV_POOL, v_cache.pages.shape), P("data"),
+         P("data"), kv_spec(KV_CACHE, k_new.shape), kv_spec(KV_CACHE, v_new.shape), P("data")], sinks)
     kernel = per_shard(lambda *a: paged_tree_attention(*a[:8], scale=scale, impl=impl, window=window,
                                                        sinks=a[8] if len(a) > 8 else None),
                        in_specs=specs, out_specs=KV_CACHE)

@@ -29,7 +29,7 @@ from jspec.features import FeatureInputs, prefill_features, prompt_counts, shape
 from jspec.logits_processors import ProcessorArrays
 from jspec.logprobs import Logprobs, recorded_logits
 from jspec.sampling import SamplingArrays, keys_at, row_keys, sample_tokens
-from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_rows, traced_on
+from jspec.sharding import KV_CACHE, KV_POOL, TAPS, constrain, constrain_kv, constrain_rows, traced_on
 from jspec.state import DecodeState
 from jspec.step import StepInputs, last_tokens, plain_step, root_step, spec_step
 from models.attention import KVCache, pad_slots
@@ -74,7 +74,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
         # afterwards: attention over all cache_slots would score every prompt token against slots nothing wrote
         # (on the bundled model's 186-token prompt in a 512-slot cache, about a quarter of the prefill's FLOPs).
         cache = KVCache.for_model(cfg, batch, width, setup.jnp_dtype, per_layer=True)
-        cache = constrain(cache, KV_CACHE)  # on a mesh: rows over "data", KV heads over "model"
+        cache = constrain_kv(cache, KV_CACHE)  # on a mesh: rows over "data", KV heads over "model"
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
         zeros = jnp.zeros((batch,), jnp.int32)
         start, last, context = zeros, prompt_lens - 1, prompt_ids  # context: the tokens the processors count
@@ -89,7 +89,7 @@ def prefill(params_t, params_d, prompt_ids: jax.Array, prompt_lens: jax.Array, i
     out = setup.target_model().apply({"params": params_t}, prompt_ids, positions, cache, start,
                                      logits_index=last[:, None], tap_layers=setup.tap_layers)
     if cached is None:
-        out = out._replace(cache=constrain(pad_slots(out.cache, setup.cache_slots), KV_CACHE))
+        out = out._replace(cache=constrain_kv(pad_slots(out.cache, setup.cache_slots), KV_CACHE))
     counts = prompt_counts(inputs.features, context, prompt_lens, cfg.vocab_size)
 
     def history():
@@ -137,8 +137,8 @@ def constrain_cache(cache: KVCache) -> KVCache:
     cache's pages by KV heads (its page tables left to the partitioner)."""
     def one(buffer):
         if isinstance(buffer, PagedKV):
-            return buffer._replace(pages=constrain(buffer.pages, KV_POOL))
-        return constrain(buffer, KV_CACHE)
+            return buffer._replace(pages=constrain_kv(buffer.pages, KV_POOL))
+        return constrain_kv(buffer, KV_CACHE)
 
     return jax.tree.map(one, cache, is_leaf=lambda x: isinstance(x, PagedKV))
 

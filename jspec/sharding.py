@@ -8,7 +8,9 @@ devices (on one host or several, after ``jax.distributed.initialize``). The rule
     o/down_proj/kernel [in, out]         input features split over "model" (one all-reduce after each)
     lm_head/kernel [H, V]                vocabulary split over "model" (logits gathered for sampling)
     norms, o/down biases                 replicated
-    target KV cache [B, S, Hkv, D]       rows over "data", KV heads over "model"
+    target KV cache [B, S, Hkv, D]       rows over "data", KV heads over "model"; DeepSeek-V3's latent cache
+                                         [B, S, 1, r + rope] (one head every query head reads) replicated over
+                                         "model", as vLLM keeps it under tensor parallelism (:func:`kv_spec`)
     decode state (tokens, lengths ...)   rows over "data", replicated over "model"
 
 Stacked parameters (``layers/...`` with a leading L axis) get the same rule behind a replicated L axis.
@@ -55,7 +57,8 @@ KV_CACHE = P("data", None, "model", None)  # [B, S, Hkv, D]
 KV_POOL = P(None, None, "model", None)  # [num_pages, page_size, Hkv, D]: pages shared by every row
 TAPS = P(None, "data")                     # [K, B, T, H] the target's hidden states a drafter reads: whole rows
 
-_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # output features split
+# output features split (MLA's q_b_proj and kv_b_proj: by heads; its q_a/kv_a projections to the latents whole)
+_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj")
 _ROW = ("o_proj", "down_proj")                                    # input features split
 
 
@@ -90,6 +93,8 @@ def check_tensor_parallel(config: ModelConfig, tensor_parallel_size: int, what: 
         if value % tp:
             raise ValueError(f"{what} {name}={value} is not divisible by tensor_parallel_size={tp}")
     kv = config.num_kv_heads
+    if config.mla:  # one latent every head reads, on every device
+        return
     if kv % tp and tp % kv:
         raise ValueError(f"{what} num_key_value_heads={kv} and tensor_parallel_size={tp}: one must divide the "
                          f"other (KV heads are split over, or repeated across, the model axis)")
@@ -110,7 +115,7 @@ def replicated_specs(tree: Any) -> Any:
 def kv_repeats(config: ModelConfig, tensor_parallel_size: int) -> int:
     """How many times each KV head is stored so every "model" device holds whole heads (1: no repetition)."""
     kv = config.num_kv_heads
-    return tensor_parallel_size // kv if kv < tensor_parallel_size else 1
+    return tensor_parallel_size // kv if kv < tensor_parallel_size and not config.mla else 1
 
 
 def expand_kv_heads(params: dict, config: ModelConfig, repeats: int) -> tuple[dict, ModelConfig]:
@@ -235,6 +240,25 @@ def constrain_rows(x: Any) -> Any:
         return x
     return jax.tree.map(lambda a: a if np.ndim(a) == 0 else
                         jax.lax.with_sharding_constraint(a, NamedSharding(mesh, ROWS)), x)
+
+
+def kv_spec(spec: P, shape: Sequence[int], mesh: Any = None) -> P:
+    """``spec`` (KV_CACHE, KV_POOL) for a K/V buffer of ``shape`` on ``mesh`` (default: the one traced on): its
+    KV-head axis whole where it does not divide by "model" (MLA's one latent head: every device keeps the whole
+    latent cache, which all of its query heads read)."""
+    mesh = current_mesh() if mesh is None else mesh
+    if mesh is None:
+        return spec
+    return P(*(axis if axis != "model" or shape[i] % mesh.shape["model"] == 0 else None
+               for i, axis in enumerate(spec)))
+
+
+def constrain_kv(x: Any, spec: P) -> Any:
+    """:func:`constrain` of every K/V leaf to ``spec`` fitted to its shape (:func:`kv_spec`)."""
+    mesh = current_mesh()
+    if mesh is None:
+        return x
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(mesh, kv_spec(spec, a.shape))), x)
 
 
 def per_shard(fn: Callable, in_specs: Any, out_specs: Any) -> Callable:

@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.generate_setup import GenerateSetup
 from jspec.serve.programs import idle_slots
-from jspec.sharding import KV_POOL, constrain
+from jspec.sharding import KV_POOL, constrain, kv_spec
 from jspec.state import DecodeState, declare_layout
 from jspec.state_layout import TARGET_POOLS, TARGET_WINDOW_KV, PerPosition, PerRow, is_declaration
 from jspec.step import StepInputs
@@ -232,7 +232,8 @@ def empty_store(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetup
         else:
             value = leaf
         if setup.mesh is not None:
-            value = jax.device_put(value, NamedSharding(setup.mesh, KV_POOL if spec.kv else P()))
+            value = jax.device_put(value, NamedSharding(setup.mesh, kv_spec(KV_POOL, value.shape, setup.mesh)
+                                                        if spec.kv else P()))
         store.append(value)
     return jax.tree.unflatten(layout.treedef, store)
 
@@ -244,7 +245,8 @@ def store_shapes(params_t, params_d, layout: PagedLayout, *, setup: GenerateSetu
                            params_t, params_d)
     placed = []
     for spec, leaf in zip(layout.leaves, jax.tree.leaves(store)):
-        sharding = None if setup.mesh is None else NamedSharding(setup.mesh, KV_POOL if spec.kv else P())
+        sharding = None if setup.mesh is None else NamedSharding(
+            setup.mesh, kv_spec(KV_POOL, leaf.shape, setup.mesh) if spec.kv else P())
         placed.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding))
     return jax.tree.unflatten(layout.treedef, placed)
 
@@ -296,7 +298,7 @@ def scatter_view(layout: PagedLayout, store: Store, view: Any, row_ids: jax.Arra
             out.append(_scatter_pages(layout, spec, stored, leaf, page_table, seq_len, since, write_pages))
     # Placed as the store was (empty_store): a leaf the partitioner left split (a drafter's pool after a split step)
     # would neither alias its donated input (a whole-pool temporary) nor match the program's next call.
-    out = [constrain(leaf, KV_POOL if spec.kv else P()) for spec, leaf in zip(layout.leaves, out)]
+    out = [constrain(leaf, kv_spec(KV_POOL, leaf.shape) if spec.kv else P()) for spec, leaf in zip(layout.leaves, out)]
     return jax.tree.unflatten(layout.treedef, out)
 
 
