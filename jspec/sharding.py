@@ -103,8 +103,9 @@ def check_tensor_parallel(config: ModelConfig, tensor_parallel_size: int, what: 
 def splits_evenly(config: ModelConfig, tensor_parallel_size: int) -> bool:
     """Whether every split of the rules gives each device whole heads (query and KV) and equal MLP slices."""
     tp = tensor_parallel_size
-    return (config.num_heads % tp == 0 and config.num_kv_heads % tp == 0 and config.intermediate_size % tp == 0
-            and config.moe_intermediate_size % tp == 0)
+    return (config.num_heads % tp == 0 and (config.mla or config.num_kv_heads % tp == 0)
+            and config.intermediate_size % tp == 0 and config.moe_intermediate_size % tp == 0
+            and config.shared_expert_size % tp == 0)
 
 
 def replicated_specs(tree: Any) -> Any:

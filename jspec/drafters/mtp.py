@@ -46,6 +46,7 @@ from jspec.config import SpecConfig
 from jspec.drafters.base import CommitContext, DraftTree, DrafterSource, PrefillContext
 from jspec.drafters.common import DrafterBase
 from jspec.drafters.tree_search import search_tree
+from jspec.sharding import param_specs, splits_evenly
 from jspec.state_layout import PerRow, per_position
 from models.attention import AttentionFn, KVCache, dense_attention, masked_attention, visibility_mask
 from models.checkpoint import DTYPES
@@ -94,7 +95,8 @@ class MtpDrafter(DrafterBase):
     params_d = {"modules": (module params, ...)} (models/mtp.py; a module may hold its own "lm_head"); the
     embedding and, by default, the lm_head are the target's (params_t). mode: "mtp_eagle" (module 0 recurrently)
     or "vanilla" (module d drafts depth d + 1; needs spec.max_depth <= mtp.num_modules). On a mesh the modules
-    are replicated (``DrafterBase.param_specs``): one decoder layer each, small beside the target.
+    are replicated (one decoder layer each, small beside a dense target), but a module holding a mixture of
+    experts (DeepSeek-V3's: a sparse layer of 256 experts, 11.5B parameters) is split as the target's layers are.
     """
 
     mtp: MtpConfig
@@ -133,6 +135,14 @@ class MtpDrafter(DrafterBase):
         kernel = (params.get("lm_head") or params_t["lm_head"])["kernel"]
         logits = jnp.einsum("bnh,hv->bnv", out.normed, kernel.astype(out.normed.dtype))
         return out.x, logits.astype(jnp.float32), out.cache
+
+    def param_specs(self, params_d: Any, tensor_parallel_size: int) -> Any:
+        """Replicated, but modules with experts split by the target's rules (``jspec.sharding.param_specs``) where
+        they split evenly."""
+        layer = self.mtp.layer
+        if layer.num_experts and splits_evenly(layer, tensor_parallel_size):
+            return param_specs(params_d, layer, tensor_parallel_size)
+        return super().param_specs(params_d, tensor_parallel_size)
 
     # --- the protocol ------------------------------------------------------------------------------------------
 

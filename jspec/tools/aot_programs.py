@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jspec.config import SpecConfig
 from jspec.drafters.dflash import DFlashDrafter
 from jspec.drafters.eagle3 import Eagle3Drafter
+from jspec.drafters.mtp import MtpDrafter
 from jspec.generate import generate, generate_start
 from jspec.generate_setup import GenerateSetup
 from jspec.sampling import SamplingArrays
@@ -35,6 +36,7 @@ from models.config import ModelConfig, from_hf_config
 from models.dflash import dflash_config_from_hf, dflash_param_shapes
 from models.eagle3 import eagle3_config_from_hf, eagle3_param_shapes
 from models.llama import param_shapes, unstack_layers
+from models.mtp import MtpConfig, mtp_param_shapes
 from models.quantization import QuantizationConfig, quantize_params
 
 LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
@@ -78,9 +80,23 @@ GPT_OSS_20B = dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, in
                                  "truncate": False, "original_max_position_embeddings": 4096},
                    swiglu_limit=7.0, attention_bias=True)
 
+# DeepSeek-V3's config.json (671B; R1's is the same): 61 layers, the first 3 dense (18432 wide), then 256 routed
+# experts (8 a token, within 4 of 8 groups, 2048 wide) beside one shared; multi-head latent attention (128 heads,
+# q rank 1536, kv rank 512, query heads of 128 + 64 rope, values of 128); one MTP module (layer 61); yarn rope;
+# 37B parameters active a token.
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                   moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                   n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512,
+                   q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8,
+                   topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True,
+                   scoring_func="sigmoid", topk_method="noaux_tc", max_position_embeddings=163840,
+                   rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, num_nextn_predict_layers=1,
+                   rope_scaling={"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                                 "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096})
+
 MODELS = {name: ModelShapes(hf, _head_hf(hf), dflash_hf(hf, num_layers=5, block_size=16))
           for name, hf in (("llama3-8b", LLAMA3_8B), ("llama3-70b", LLAMA3_70B), ("qwen3-30b-a3b", QWEN3_30B_A3B),
-                           ("gpt-oss-20b", GPT_OSS_20B))}
+                           ("gpt-oss-20b", GPT_OSS_20B), ("deepseek-v3", DEEPSEEK_V3))}
 # Three layers of width 64 (the roofline benchmark's CPU smoke shapes): every program's structure, compiled in
 # seconds (tests/aot).
 MODELS["tiny"] = ModelShapes(TINY, dict(_head_hf(dict(TINY, rms_norm_eps=1e-5, rope_theta=10000.0)),
@@ -93,7 +109,9 @@ MODELS["tiny-moe"] = dataclasses.replace(
     MODELS["tiny"], target_hf=dict(TINY, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
                                    moe_intermediate_size=32, norm_topk_prob=True))
 # eagle3-dynamic: the 32-node tree; eagle3-dynamic16: the 16-node one
-METHODS = ("plain", "eagle3-chain", "eagle3-dynamic16", "eagle3-dynamic", "dflash-block")
+# mtp-chain: the target's own MTP module (DeepSeek's layout) drafting a chain of 3 recurrently
+METHODS = ("plain", "eagle3-chain", "eagle3-dynamic16", "eagle3-dynamic", "dflash-block", "mtp-chain")
+MTP_CHAIN = SpecConfig(tree="chain", num_steps=3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +135,9 @@ DEPLOYMENTS = {d.name: d for d in (
     Deployment("llama3-70b", "v5p", 4), Deployment("llama3-70b", "v6e", 8),
     Deployment("llama3-8b", "h100", 1), Deployment("llama3-70b", "h100", 8),
     Deployment("qwen3-30b-a3b", "h100", 1), Deployment("qwen3-30b-a3b", "v5p", 1),
-    Deployment("gpt-oss-20b", "h100", 1), Deployment("gpt-oss-20b", "v5p", 1))}
+    Deployment("gpt-oss-20b", "h100", 1), Deployment("gpt-oss-20b", "v5p", 1),
+    # 671B: int8 fills 8 v5p chips (760 GB of HBM); int4 fits 8 H100s (640 GB)
+    Deployment("deepseek-v3", "v5p", 8, "int8"), Deployment("deepseek-v3", "h100", 8, "int4"))}
 # v5p chips are megacores (one JAX device of two TensorCores): v5p-8 in Cloud's naming of cores is 4 chips.
 
 
@@ -138,6 +158,9 @@ def _drafter(shapes: ModelShapes, method: str, target: ModelConfig, seq_len: int
     """(drafter, its abstract params) for ``method`` (None, None for plain decoding)."""
     if method == "plain":
         return None, None
+    if method == "mtp-chain":
+        config = MtpConfig.for_target(target, 1, "deepseek")
+        return MtpDrafter(config, target, MTP_CHAIN, seq_len, dtype), mtp_param_shapes(config, DTYPES[dtype])
     if method == "dflash-block":
         config = dflash_config_from_hf(shapes.dflash_hf)
         spec = SpecConfig(tree="chain", num_steps=shapes.dflash_hf["block_size"] - 1)

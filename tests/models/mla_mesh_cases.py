@@ -1,7 +1,8 @@
 """A DeepSeek-V3-shaped target on 8 virtual CPU devices (tests/models/test_deepseek_v3.py): greedy tokens of one
 device, tensor parallelism (query heads and kv_b_proj split over "model", the latent cache whole on every device,
-as vLLM keeps MLA's cache under TP; routed experts sliced) and expert parallelism (whole experts over "data"), plain
-and with n-gram speculation. Prints one JSON report as its last line."""
+as vLLM keeps MLA's cache under TP; routed experts sliced) and expert parallelism (whole experts over "data"), plain,
+with n-gram speculation and with a DeepSeek MTP module (a sparse latent-attention layer, split as the target's).
+Prints one JSON report as its last line."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import json
 import jax
 
 import jspec
+from jspec.drafters.mtp import MtpDrafter
 from jspec.drafters.ngram import NgramDrafter
 from jspec.sharding import make_mesh
 from models.config import ModelConfig
 from models.llama import init_params
+from models.mtp import MtpConfig, init_mtp_params
 from tests.models.moe_mesh_cases import with_random_biases
 
 TARGET = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
@@ -32,17 +35,20 @@ def main() -> None:
     params = jax.tree_util.tree_map_with_path(  # the router's correction bias away from zero, like a bias
         lambda path, leaf: leaf if path[-1].key != "e_score_correction_bias" else
         0.2 * jax.random.normal(jax.random.key(len(path)), leaf.shape), with_random_biases(params))
+    chain = jspec.SpecConfig(tree="chain", num_steps=3)
+    mtp = MtpConfig.for_target(TARGET, 1, "deepseek")
+    drafters = {"plain": {}, "ngram": dict(drafter=NgramDrafter(chain, 64), drafter_params={}),
+                "mtp": dict(drafter=MtpDrafter(mtp, TARGET, chain, 64),
+                            drafter_params=init_mtp_params(mtp, jax.random.key(3)))}
     report = {}
-    for drafted in (False, True):
-        kwargs = dict(drafter=NgramDrafter(jspec.SpecConfig(tree="chain", num_steps=3), 64),
-                      drafter_params={}) if drafted else {}
+    for method, kwargs in drafters.items():
         for name, (tp, dp, ep) in {"one": (1, 1, False), **MESHES}.items():
             mesh = None if name == "one" else make_mesh(tp, dp)
             engine = jspec.SpecEngine(TARGET, params, max_batch_size=4, max_seq_len=64, mesh=mesh,
                                       enable_expert_parallel=ep, **kwargs)
             out = engine.generate(PROMPTS, max_new_tokens=16)
             layer = engine.params["layers_1"]
-            report[f"{'ngram' if drafted else 'plain'}/{name}"] = {
+            report[f"{method}/{name}"] = {
                 "tokens": out.token_ids,
                 "kv_b_spec": [str(a) for a in getattr(layer["self_attn"]["kv_b_proj"]["kernel"].sharding, "spec", ())],
                 "experts_spec": [str(a) for a in getattr(layer["mlp"]["experts"]["gate_proj"]["kernel"].sharding,

@@ -286,15 +286,16 @@ def test_mtp_sampling_follows_the_exact_target_distribution():
     assert_triples_follow(out.token_ids, exact_triples(target, params, sampling_tests.PROMPT))
 
 
-# slow (one subprocess on 8 devices: 6 engines); default tier: the one-device tests above
+# slow (one subprocess on 8 devices: 9 engines); default tier: the one-device tests above
 @pytest.mark.slow
 def test_tensor_and_expert_parallelism_give_one_devices_tokens():
     """tp 2 x dp 4 and tp 4 x ep 2 (tests/models/mla_mesh_cases.py): query heads and kv_b_proj split over "model",
-    every device holding the whole latent cache its heads read; plain and n-gram speculation = one device."""
+    every device holding the whole latent cache its heads read; plain, n-gram and MTP speculation (the module split
+    as the target's layers) = one device."""
     from tests.virtual_devices import run_on_virtual_devices
 
     report = run_on_virtual_devices("tests.models.mla_mesh_cases", 8)
-    for method in ("plain", "ngram"):
+    for method in ("plain", "ngram", "mtp"):
         for mesh in ("tp2xdp4", "tp4xep2"):
             assert report[f"{method}/{mesh}"]["tokens"] == report[f"{method}/one"]["tokens"], (method, mesh)
     assert report["plain/tp2xdp4"]["kv_b_spec"] == ["None", "model"]
