@@ -20,6 +20,36 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+# Bytes of an H100 SM's 227 KiB of shared memory a Triton program's tiles may take (some is the compiler's).
+SHARED_MEMORY_BUDGET = 200 * 1024
+
+
+def fit_tiles(block_rows: int, block_k: int, num_stages: int, head_dim: int, itemsize: int, *, min_tile: int,
+              fixed_k: bool = False) -> tuple[int, int, int]:
+    """(block_rows, block_k, num_stages) whose tiles (the rows' queries, and num_stages buffers of K and V blocks,
+    each ``head_dim`` wide of ``itemsize`` bytes) fit :data:`SHARED_MEMORY_BUDGET`: K blocks halved first (not
+    when ``fixed_k``: a page), then row blocks, down to ``min_tile``, then one stage. Head dims up to 256 keep the
+    given tiles; MLA's latent (576, padded to 1024) takes 16 x 16. ValueError where nothing fits (pages too large
+    for such a head: smaller --block-size)."""
+    def size(rows, keys, stages):
+        return itemsize * head_dim * (rows + 2 * stages * keys)
+
+    while size(block_rows, block_k, num_stages) > SHARED_MEMORY_BUDGET:
+        if not fixed_k and block_k > min_tile and block_k >= block_rows:
+            block_k //= 2
+        elif block_rows > min_tile:
+            block_rows //= 2
+        elif not fixed_k and block_k > min_tile:
+            block_k //= 2
+        elif num_stages > 1:
+            num_stages = 1
+        else:
+            raise ValueError(f"a head dim of {head_dim} with K/V blocks of {block_k} ({itemsize}-byte values) takes "
+                             f"{size(block_rows, block_k, num_stages)} bytes of shared memory, over "
+                             f"{SHARED_MEMORY_BUDGET}: expected smaller pages")
+    return block_rows, block_k, num_stages
+
+
 def dot_precision(dtype) -> lax.Precision:
     """f32 inputs get true f32 dots (no TF32); bf16 products are exact in f32 accumulation."""
     return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else lax.Precision.DEFAULT

@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.attention_parts import (dot_precision, flash_init, flash_step, next_pow2, pad_axis,
+from pallas_kernels.attention_parts import (dot_precision, fit_tiles, flash_init, flash_step, next_pow2, pad_axis,
                                             stack_query_heads, window_starts, with_tree)
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.paged_tree_attention_tpu import paged_tree_attention_tpu
@@ -167,6 +167,8 @@ def _paged_tree_attention_kernel(q, k_pages, v_pages, page_table, cache_len, k_n
     padded_rows = max(MIN_TILE, next_pow2(rows), block_rows)
     block_rows = min(block_rows, padded_rows)
     padded_dim = max(MIN_TILE, next_pow2(head_dim))
+    block_rows, _, num_stages = fit_tiles(block_rows, k_pages.shape[1], num_stages, padded_dim,
+                                          k_pages.dtype.itemsize, min_tile=MIN_TILE, fixed_k=True)
     k_pages = pad_axis(k_pages, 3, padded_dim)
     v_pages = pad_axis(v_pages, 3, padded_dim)
     q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)

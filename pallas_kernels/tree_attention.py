@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.attention_parts import (dot_precision, flash_init, flash_step, next_pow2, pad_axis,
+from pallas_kernels.attention_parts import (dot_precision, fit_tiles, flash_init, flash_step, next_pow2, pad_axis,
                                             stack_query_heads, window_starts, with_tree)
 from pallas_kernels.impl import Impl, ImplName, resolve_impl
 from pallas_kernels.paged_tree_attention_tpu import tree_attention_tpu
@@ -228,6 +228,8 @@ def _tree_attention_kernel(q, k_cache, v_cache, cache_len, k_new, v_new, mask, s
     padded_dim = max(MIN_TILE, next_pow2(head_dim))
     padded_cache = max(MIN_TILE, cache_size)
     block_k = min(block_k, 1 << (padded_cache.bit_length() - 1))
+    block_rows, block_k, num_stages = fit_tiles(block_rows, block_k, num_stages, padded_dim, k_cache.dtype.itemsize,
+                                                min_tile=MIN_TILE)
     k_cache = pad_axis(pad_axis(k_cache, 3, padded_dim), 1, padded_cache)
     v_cache = pad_axis(pad_axis(v_cache, 3, padded_dim), 1, padded_cache)
     q_padded = pad_axis(pad_axis(q_rows, 3, padded_dim), 2, padded_rows)

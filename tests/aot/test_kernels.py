@@ -191,3 +191,32 @@ def test_paged_tree_attention_mosaic_gpu_form_compiles_for_an_h100(heads, batch,
                            [q, pages, pages, sds((batch, per_row), I32), sds((batch,), I32), new, new, mask],
                            devices_for("h100"))
     assert re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()) == ["mosaic_gpu_v2"]
+
+
+# DeepSeek-V3's latent attention per device at TP 8 (tests/models/test_deepseek_v3.py, models/mla.py): 16 query heads
+# absorbed into latent space over one latent head of 512 + 64 rope, the latent read as both K and V; 8 rows of
+# 4-node chains (its MTP module's) over 2048 slots, pages of 16 (the server's default)
+MLA_HEADS = (16, 1, 576)
+
+
+@pytest.mark.parametrize("chip", EVERY_CASE + LARGEST_CASE)
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_latent_attention_compiles(chip, paged):
+    q_heads, kv_heads, head_dim = MLA_HEADS
+    batch, nodes = 8, 4
+    q = sds((batch, nodes, q_heads, head_dim), jnp.bfloat16)
+    new = sds((batch, nodes, kv_heads, head_dim), jnp.bfloat16)
+    mask = sds((batch, nodes, nodes), jnp.bool_)
+    if paged:
+        pages = sds((1 + batch * 128, 16, kv_heads, head_dim), jnp.bfloat16)
+
+        def kernel(q, latent, table, lens, new, mask, impl):
+            return paged_tree_attention(q, latent, latent, table, lens, new, new, mask, impl=impl)
+
+        compiles(chip, kernel, [q, pages, sds((batch, 128), I32), sds((batch,), I32), new, mask])
+    else:
+        def kernel(q, latent, lens, new, mask, impl):
+            return tree_attention(q, latent, latent, lens, new, new, mask, impl=impl)
+
+        compiles(chip, kernel, [q, sds((batch, 2048, kv_heads, head_dim), jnp.bfloat16), sds((batch,), I32), new,
+                                mask])

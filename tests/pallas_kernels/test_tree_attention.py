@@ -217,3 +217,16 @@ def test_invalid_shapes_raise(overrides, message):
 def test_invalid_knobs_raise(knobs, message):
     with pytest.raises(ValueError, match=message):
         tree_attention(*_small_inputs(), **{"impl": "interpret", **knobs})
+
+
+# slow: the TPU form in its interpreter; default tier: the Triton form's interpreter
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_latent_layout_matches_reference(impl):
+    """DeepSeek-V3's attention as models/mla.py hands it over: one latent head of 576 (512 + 64 rope) read as both K
+    and V by every query head; the Triton tiles shrink to fit the head (fit_tiles)."""
+    inputs = random_inputs(5, cache_len=[70, 3], num_tokens=4, q_heads=4, kv_heads=1, head_dim=576, cache_size=80,
+                           mask_kind="tree", dtype=jnp.float32)
+    q, latent, _, cache_len, new, _, mask = inputs  # the latent's unused slots NaN: never read
+    out = tree_attention(q, latent, latent, cache_len, new, new, mask, impl=impl, scale=0.1)
+    expected = tree_attention_reference(q, latent, latent, cache_len, new, new, mask, scale=0.1)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), **TOLERANCES[np.dtype(jnp.float32)])

@@ -5,8 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from jspec.tools.aot_programs import GPT_OSS_20B, QWEN3_30B_A3B
-from jspec.tools.roofline.moe_bytes import expected_experts, step_bytes, step_table
+from jspec.tools.aot_programs import DEEPSEEK_V3, GPT_OSS_20B, QWEN3_30B_A3B
+from jspec.tools.roofline.moe_bytes import (expected_experts, kv_values_per_position, step_bytes, step_table,
+                                           total_params)
 from models.config import from_hf_config
 from models.llama import param_shapes
 
@@ -49,3 +50,13 @@ def test_gpt_oss_20b_counts_its_published_parameters_and_its_windows():
     per_position = 2 * config.num_kv_heads * config.head_dim * 2  # K and V, bf16
     assert step.kv_bytes == per_position * (12 * 2048 + 12 * 128)
     assert step.experts_read == 4.0
+
+
+def test_deepseek_v3_counts_its_published_671b_and_reads_latents():
+    """Latent attention, shared experts and the dense first layers counted: DeepSeek-V3's config holds 671B
+    parameters (its MTP module aside), and a row's KV cache is 576 values a layer and position."""
+    config = from_hf_config(DEEPSEEK_V3)
+    assert abs(total_params(config) / 671e9 - 1) < 0.005
+    assert kv_values_per_position(config) == 576
+    plain = step_bytes(config, rows=1, tokens=1, context=2048, bytes_per_param=1.0)
+    assert plain.experts_read == 8.0 and plain.kv_bytes == 61 * 576 * 2048 * 2
