@@ -11,6 +11,7 @@ checked against the naive one."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -88,24 +89,25 @@ def test_prefill_cached_decode_and_a_tree_equal_transformers(converted):
     with torch.no_grad():
         expected = model(torch.tensor(ids)).logits.numpy()
     flax_model = LlamaModel(config, scan_layers=False)
+    apply = jax.jit(flax_model.apply)  # compiled (cached across runs) rather than dispatched op by op
     cache = KVCache.for_model(config, batch, 32, jnp.float32, per_layer=True)
     assert cache.k[0].shape == (batch, 32, 1, 48) and cache.v[0].shape == (batch, 32, 1, 0)  # the latent only
     cache = cache._replace(k=tuple(k + jnp.nan for k in cache.k))  # unused slots must never be read
     start = 0
     for width in (prompt_len,) + decode_steps:
         positions = np.broadcast_to(np.arange(start, start + width), (batch, width))
-        out = flax_model.apply({"params": params}, jnp.asarray(ids[:, start:start + width]),
-                               jnp.asarray(positions), cache, jnp.full((batch,), start, jnp.int32))
+        out = apply({"params": params}, jnp.asarray(ids[:, start:start + width]), jnp.asarray(positions), cache,
+                    jnp.full((batch,), start, jnp.int32))
         np.testing.assert_allclose(np.asarray(out.logits), expected[:, start:start + width], atol=ATOL, rtol=0)
         cache, start = out.cache, start + width
     # a tree over the prompt's cache: node 1 continues the prompt, node 2 (its child) and node 3 (a sibling of 1)
     tree = np.asarray([[ids[0, prompt_len - 1], 5, 7, 9]])
     mask = np.asarray([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]]], bool)
     one = KVCache.for_model(config, 1, 32, jnp.float32, per_layer=True)
-    prefix = flax_model.apply({"params": params}, jnp.asarray(ids[:1, :prompt_len - 1]),
-                              jnp.arange(prompt_len - 1)[None], one, jnp.zeros((1,), jnp.int32))
-    out = flax_model.apply({"params": params}, jnp.asarray(tree), jnp.asarray([[0, 1, 2, 1]]) + prompt_len - 1,
-                           prefix.cache, jnp.full((1,), prompt_len - 1, jnp.int32), local_mask=jnp.asarray(mask))
+    prefix = apply({"params": params}, jnp.asarray(ids[:1, :prompt_len - 1]), jnp.arange(prompt_len - 1)[None], one,
+                   jnp.zeros((1,), jnp.int32))
+    out = apply({"params": params}, jnp.asarray(tree), jnp.asarray([[0, 1, 2, 1]]) + prompt_len - 1,
+                prefix.cache, jnp.full((1,), prompt_len - 1, jnp.int32), local_mask=jnp.asarray(mask))
     with torch.no_grad():
         branch_a = model(torch.tensor(np.concatenate([ids[:1, :prompt_len], [[5, 7]]], 1))).logits.numpy()[0]
         branch_b = model(torch.tensor(np.concatenate([ids[:1, :prompt_len], [[9]]], 1))).logits.numpy()[0]
@@ -226,7 +228,6 @@ def test_the_checkpoints_own_mtp_module_drafts_losslessly(tmp_path):
     import json
     import os
 
-    import jax
     from safetensors.numpy import load_file, save_file
 
     from models.checkpoint import convert_hf_checkpoint
@@ -260,8 +261,6 @@ def test_mtp_sampling_follows_the_exact_target_distribution():
     target (latent attention, grouped sigmoid routing, a shared expert, a dense first layer; V = 5): the first
     three tokens against the enumerated joint."""
     import dataclasses
-
-    import jax
 
     from jspec.drafters.mtp import MtpDrafter
     from models.llama import init_params
@@ -300,3 +299,34 @@ def test_tensor_and_expert_parallelism_give_one_devices_tokens():
             assert report[f"{method}/{mesh}"]["tokens"] == report[f"{method}/one"]["tokens"], (method, mesh)
     assert report["plain/tp2xdp4"]["kv_b_spec"] == ["None", "model"]
     assert report["plain/tp4xep2"]["experts_spec"] == ["data", "None", "model"]
+
+
+# slow (the server's programs with an MTP drafter compile); default tier: the checkpoint's MTP module drafting offline
+@pytest.mark.slow
+def test_served_mtp_requests_equal_generate_alone(converted):
+    """DeepSeek's MTP module served: its own latent cache paged beside the target's (a zero-wide V each), four rows
+    of chained drafts; every request returns what ``generate`` returns alone."""
+    from jspec.drafters.mtp import MtpDrafter
+    from jspec.serve.slots import SlotEngine
+    from models.mtp import MtpConfig, init_mtp_params
+    from tests.jspec.serve.test_slots import serve_all
+
+    _, config, params, _ = converted
+    mtp = MtpConfig.for_target(config, 1, "deepseek")
+    engine = jspec.SpecEngine(config, params, drafter=MtpDrafter(mtp, config, fx.SPECS["chain"], 64),
+                              drafter_params=init_mtp_params(mtp, jax.random.key(5)), max_batch_size=4,
+                              max_seq_len=64)
+    slots = SlotEngine(engine, max_seq_len=64, steps_per_chunk=2, adapt=False, row_buckets=(4,), block_size=8)
+    slots.warm_up()
+    assert {pool.name for pool in slots.layout.pools} >= {"target K/V", "MTP K/V"}
+    slots.start()
+    rng = np.random.default_rng(1)
+    requests = [{"prompt_ids": rng.integers(2, 100, n).tolist(), "max_tokens": m}
+                for n, m in ((5, 20), (17, 30), (9, 12), (30, 25), (3, 33))]
+    try:
+        served = serve_all(slots, requests)
+    finally:
+        slots.shutdown(10)
+    for request, sink in zip(requests, served):
+        assert sink.tokens == engine.generate([request["prompt_ids"]],
+                                              max_new_tokens=request["max_tokens"]).token_ids[0]
