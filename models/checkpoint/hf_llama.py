@@ -155,16 +155,16 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
         reader = GptOssReader(headers)
     if hf_config.get("model_type") == "gemma3":  # an image-text checkpoint: its language model
         reader = LanguageModelReader(headers)
-    tensors = reader.listing() if reader is not None else ((f, n, s) for n, (f, s) in headers.items())
-    mtp_names = {name for name in headers
+    # the tensors as the importer reads them: a quantized weight at its logical shape, its scales left out
+    tensors = list(reader.listing()) if reader is not None else [(f, n, s) for n, (f, s) in headers.items()]
+    listed = {name: (file, shape) for file, name, shape in tensors}
+    mtp_names = {name for name in listed
                  if not UNUSED_TENSOR.match(name) and split_mtp_name(name, config.num_layers) is not None}
-    if quantized is not None and mtp_names:
-        raise ValueError(f"{src}: a quantized checkpoint with MTP modules is not supported")
     ignore_tied = ignore_tied_lm_head(config)
     plan = _plan_llama(tensors, abstract, lambda name: ignore_tied(name) or name in mtp_names,
                        llama_param_path if config.uniform_layers else unrolled_param_path)
     with naming_config(src):
-        mtp = plan_mtp(headers, mtp_names, hf_config, config, DTYPES[dtype])
+        mtp = plan_mtp(listed, mtp_names, hf_config, config, DTYPES[dtype])
     with contextlib.ExitStack() as stack:
         on_tensor = lambda: None
         if progress:
@@ -185,6 +185,7 @@ def convert_hf_llama(src: str, dst: str, dtype: str = "auto", overwrite: bool = 
             if mtp is not None:
                 mtp_dir = os.path.join(out, MTP_DIR)
                 os.makedirs(mtp_dir)
-                write_jspec_dir(mtp_dir, mtp.hf_config, stream_mtp_leaves(mtp, DTYPES[dtype], on_tensor), "mtp",
+                write_jspec_dir(mtp_dir, mtp.hf_config, stream_mtp_leaves(
+                    mtp, DTYPES[dtype], on_tensor, read=reader.read if reader is not None else None), "mtp",
                                 dtype, None)
     return os.path.abspath(dst)

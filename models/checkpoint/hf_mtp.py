@@ -130,14 +130,16 @@ def _deepseek_copies(headers: dict[str, tuple[str, tuple[int, ...]]], mtp_names:
     return own_lm_head, dropped
 
 
-def stream_mtp_leaves(plan: MtpPlan, dtype, on_tensor: Callable[[], None] = lambda: None
-                      ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-    """Yields (param path, array) for every module parameter, one tensor read (and cast) at a time."""
+def stream_mtp_leaves(plan: MtpPlan, dtype, on_tensor: Callable[[], None] = lambda: None,
+                      read: Callable[..., np.ndarray] | None = None) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+    """Yields (param path, array) for every module parameter, one tensor read (and cast) at a time. read: (file,
+    name) -> the tensor (None: ``read_tensor``; a quantized checkpoint's dequantizing reader)."""
     np_dtype = np.dtype(dtype)
+    read = read or read_tensor
     for path, sources in plan.sources.items():
         array = np.empty(plan.shapes[path], np_dtype)
         for expert, file, name, transpose in sources:
-            tensor = read_tensor(file, name)
+            tensor = read(file, name)
             array[() if expert is None else expert] = tensor.T if transpose else tensor
             on_tensor()
         yield path, array

@@ -183,15 +183,22 @@ def test_a_block_fp8_checkpoint_converts_as_its_dequantized_weights(tmp_path):
 
     import transformers
     from safetensors.torch import save_file
-    from models.checkpoint import convert_hf_checkpoint
+    from models.checkpoint import convert_hf_checkpoint, load_mtp
+    from models.checkpoint.hf_export import mtp_hf_tensors
+    from models.mtp import MtpConfig, init_mtp_params
     from tests.hf_models import make_hf_model
 
     from safetensors.torch import load_file
 
     saved, hf_dir, ref_dir = str(tmp_path / "saved"), str(tmp_path / "hf"), str(tmp_path / "reference")
     make_hf_model("deepseek_v3").save_pretrained(saved)  # the Hub's layout: one tensor per expert projection
+    shipped = load_file(os.path.join(saved, "model.safetensors"))
+    target = from_hf_config(json.load(open(os.path.join(saved, "config.json"))))
+    modules = init_mtp_params(MtpConfig.for_target(target, 1, "deepseek"), jax.random.key(6))["modules"]
+    mtp = mtp_hf_tensors(modules, "deepseek", target, "float32", {k: v.numpy() for k, v in shipped.items()})
+    shipped.update({name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in mtp.items()})
     tensors, reference = {}, {}
-    for name, tensor in load_file(os.path.join(saved, "model.safetensors")).items():
+    for name, tensor in shipped.items():
         if tensor.ndim == 2 and name.endswith(("_proj.weight", "_proj_with_mqa.weight")):
             q, scale, dequantized = block_fp8(tensor, 16)
             reference[name] = dequantized.contiguous()
@@ -218,6 +225,13 @@ def test_a_block_fp8_checkpoint_converts_as_its_dequantized_weights(tmp_path):
         {"params": params}, jnp.asarray(ids), jnp.arange(20)[None],
         KVCache.for_model(loaded, 1, 20, jnp.float32, per_layer=True), jnp.zeros((1,), jnp.int32)).logits
     np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
+    # its MTP module (layer 3 here, as DeepSeek ships layer 61) converts through the same reader
+    converted = load_mtp(out)[1]["modules"][0]
+    np.testing.assert_allclose(converted["input_proj"]["kernel"],
+                               reference[f"model.layers.{target.num_layers}.eh_proj.weight"].numpy().T, rtol=1e-6)
+    np.testing.assert_allclose(converted["block"]["mlp"]["experts"]["down_proj"]["kernel"][5],
+                               reference[f"model.layers.{target.num_layers}.mlp.experts.5.down_proj.weight"].numpy().T,
+                               rtol=1e-6)
 
 
 def test_the_checkpoints_own_mtp_module_drafts_losslessly(tmp_path):
