@@ -49,6 +49,7 @@ class OutputProcessor:
                 self.metrics.observe_tokens(len(new), waited=waited, chunk_seconds=chunk_seconds)
             if output.reason is not None:
                 self.metrics.requests.labels(output.reason).inc()
+                self.metrics.e2e_request_latency.observe(now - request.arrival)
             extra = ()
             if request.logprobs is not None and output.logprobs is not None:
                 token, top_ids, top = (x[:len(new)] for x in output.logprobs)

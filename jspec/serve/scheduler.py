@@ -162,6 +162,13 @@ class Scheduler:
         cancelled = tuple(self.rows[i].request.cancelled is not None for i in running)
         return StepPlan(tuple(running), cancelled, program, rows, seq_len, config.steps_per_chunk, lean), sampled
 
+    def draft_tokens(self, program: str) -> int:
+        """Draft tokens a speculative step of ``program`` verifies: the tree's nodes but the root (the short
+        chain's for SHORT)."""
+        if program == SHORT and self.config.short_draft_len:
+            return self.config.short_draft_len
+        return self.setup.spec.tree_size - 1
+
     def update_from_output(self, rows: list[int], out: paged.Readout, *, program: str | None,
                            owners: list[Running] | None = None) -> tuple:
         """Reads a program's readout (waiting for it) into the scheduler's state (tokens committed, the adapter's
@@ -195,7 +202,7 @@ class Scheduler:
                 chunk_steps += steps
                 if speculated:  # hist is cumulative per row: observe this chunk's steps
                     chunk_hist += hist[k] - running.hist_seen
-                    self.metrics.observe_acceptance(hist[k] - running.hist_seen)
+                    self.metrics.observe_acceptance(hist[k] - running.hist_seen, self.draft_tokens(program))
                     if self.adapter is not None:
                         mine = self.adapter.acceptance if running.acceptance is None else running.acceptance
                         running.acceptance = mine + self.adapter.smoothing * (len(new) / steps / scale - mine)

@@ -799,3 +799,48 @@ def test_structured_outputs_through_the_client_equal_offline(structured_server, 
         response = server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, **body})
         assert response.status_code == 400 and message in response.json()["error"]["message"]
     assert server.served_compiles == []
+
+
+def test_vllm_metric_names_report_what_was_served(server, tokenizer):
+    """Every metric vLLM has is exported under vLLM's name with jspec's value, and what they count matches what
+    the requests got: finished requests, their prompt and completion tokens, end-to-end latencies, and the
+    spec-decode counters' verify steps, drafts and acceptances (per position adding up)."""
+    from jspec.serve.metrics import VLLM_NAMES
+
+    def scrape() -> dict[str, float]:
+        samples = {}
+        for line in server.http.get("/metrics").text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    server.wait_idle()
+    before = scrape()
+    cases = [(prompt_ids(tokenizer, length, offset=7 * length), tokens) for length, tokens in ((5, 24), (11, 9),
+                                                                                             (3, 30))]
+    completions = [server.client.completions.create(model=NAME, prompt=ids, max_tokens=n, temperature=0,
+                                                    extra_body={"return_token_ids": True}) for ids, n in cases]
+    server.wait_idle()
+    after = scrape()
+    for jspec_name, vllm_name in VLLM_NAMES.items():  # the same samples, labels and values under both names
+        ours = {k.replace(jspec_name, vllm_name, 1): v for k, v in after.items() if k.startswith(jspec_name)}
+        theirs = {k: v for k, v in after.items() if k.startswith(vllm_name)}
+        assert ours and ours == theirs, vllm_name
+
+    def gained(prefix: str) -> float:
+        return sum(v for k, v in after.items() if k.startswith(prefix)) - \
+            sum(v for k, v in before.items() if k.startswith(prefix))
+
+    served_tokens = sum(len(c.choices[0].token_ids) for c in completions)
+    assert gained("vllm:request_success_total") == len(cases)
+    assert gained("vllm:e2e_request_latency_seconds_count") == len(cases)
+    assert gained("vllm:prompt_tokens_total") == sum(len(ids) for ids, _ in cases)
+    assert gained("vllm:generation_tokens_total") == served_tokens
+    steps, drafted = gained("vllm:spec_decode_num_drafts_total"), gained("vllm:spec_decode_num_draft_tokens_total")
+    accepted = gained("vllm:spec_decode_num_accepted_tokens_total")
+    assert accepted == gained("vllm:spec_decode_num_accepted_tokens_per_pos_total")
+    assert steps <= drafted <= steps * (server.engine.setup.spec.tree_size - 1)
+    # each verify step commits its accepted drafts and one token of its own; a request's first token is its prefill's
+    assert steps + accepted <= served_tokens - len(cases)
+    assert gained("vllm:num_requests_running") == 0 == after["vllm:num_requests_running"]
