@@ -3,6 +3,8 @@ requests and their tokens back into OpenAI's responses (JSON, or server-sent eve
 
     POST /v1/completions        POST /v1/chat/completions     GET /v1/models
     GET  /health (200 once warm, 503 before)                  GET /metrics (Prometheus)
+    and what routers and fleet tools read (``jspec.serve.fleet_routes``: /health_generate, /get_server_info,
+    /get_model_info, /get_load, /flush_cache)
 
 Threads: a request's sink runs on the scheduler thread and hands (tokens, finish_reason) to the event loop with
 ``loop.call_soon_threadsafe``; everything else runs on the loop. A client that goes away (a closed stream, or a
@@ -28,6 +30,7 @@ from starlette.exceptions import HTTPException
 from jspec.detokenize import TextStream
 from jspec.logprobs import SequenceLogprobs
 from jspec.serve import tool_parsers
+from jspec.serve.fleet_routes import add_fleet_routes
 from jspec.serve.logprobs import chat_logprobs, completion_logprobs, with_prompt
 from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, choice_params, parse_chat, parse_completion
 from jspec.serve.requests import NotAccepting, QueueFull, Request
@@ -41,10 +44,12 @@ DISCONNECT_POLL_SECONDS = 0.25  # how often a pending non-streamed answer checks
 RETRY_AFTER_SECONDS = 1
 
 
-def create_app(slots: SlotEngine, served_model_name: str, tool_call_parser: str | None = None) -> FastAPI:
+def create_app(slots: SlotEngine, served_model_name: str, tool_call_parser: str | None = None,
+               model_path: str | None = None) -> FastAPI:
     """The app serving ``slots`` (started, or warming up: /health says which) as ``served_model_name``;
     tool_call_parser: the parser of chat replies' tool calls (``jspec.serve.tool_parsers.PARSERS``; vLLM's
-    ``--enable-auto-tool-choice --tool-call-parser``), None: tool_choice "auto" is refused."""
+    ``--enable-auto-tool-choice --tool-call-parser``), None: tool_choice "auto" is refused; model_path: the model
+    directory (what /get_model_info reports)."""
     if tool_call_parser is not None and tool_call_parser not in tool_parsers.PARSERS:
         raise ValueError(f"tool_call_parser={tool_call_parser!r}: expected one of {tool_parsers.PARSERS}")
     engine = slots.engine
@@ -91,6 +96,7 @@ def create_app(slots: SlotEngine, served_model_name: str, tool_call_parser: str 
         params = parse_chat(await _json(http), model)
         return await _answer(http, slots, model, params, chat=True)
 
+    add_fleet_routes(app, slots, served_model_name, model_path)
     return app
 
 

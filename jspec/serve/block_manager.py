@@ -232,6 +232,16 @@ class BlockManager:
                 self._digest.pop(page, None)
                 self._free.append(page)
 
+    def flush_cache(self) -> int:
+        """Forgets every cached page no sequence holds (they become free, their keys gone) -> how many; the pages
+        of running sequences keep theirs (SGLang's /flush_cache)."""
+        flushed = len(self._evictable)
+        for page in self._evictable:
+            del self._page_of_key[self._digest.pop(page)]
+            self._free.append(page)
+        self._evictable.clear()
+        return flushed
+
     def lookup(self, tokens: Sequence[int]) -> list[int]:
         """Cached pages holding the leading full pages of ``tokens``, up to the first miss."""
         pages, key = [], ROOT

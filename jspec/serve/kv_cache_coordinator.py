@@ -142,6 +142,12 @@ class KVCacheCoordinator:
                     self.window.register_key(window_pages[index], self.full.key_of(pages[index]), index)
         return num_full
 
+    def flush_cache(self) -> int:
+        """Forgets every cached page no request holds, in both groups -> the full group's count."""
+        if self.window is not None:
+            self.window.flush_cache()
+        return self.full.flush_cache()
+
     def free(self, pages: Sequence[int], window_pages: Sequence[int] | None) -> None:
         """Releases a request's pages in both groups (``BlockManager.free``), tail first."""
         self.full.free(pages)

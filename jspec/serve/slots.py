@@ -138,6 +138,22 @@ class SlotEngine:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    def flush_prefix_cache(self) -> bool:
+        """Forgets the prefix cache's pages while no request runs or waits (SGLang's /flush_cache) -> whether it
+        did; False, changing nothing, while requests are in the server."""
+        with self._lock:
+            if self.blocks is None or self.num_running or self._waiting:
+                return False
+            self.blocks.flush_cache()
+            return True
+
+    def load(self) -> dict:
+        """What a router weighs replicas by (SGLang's /get_load): requests running and waiting, and the token
+        slots their pages hold."""
+        used = 0 if self.blocks is None else self.blocks.num_used_pages * self.block_size
+        return {"dp_rank": 0, "num_reqs": self.num_running + self.num_waiting, "num_waiting_reqs": self.num_waiting,
+                "num_tokens": used}
+
     @property
     def num_running(self) -> int:
         return self.scheduler.num_running

@@ -211,8 +211,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     method = f"drafter {drafter} {spec.tree} {spec.tree_size}" if drafter is not None else "no drafter"
     ready = f"jspec serve: http://{_url_host(host)}:{port}/v1 (model {name!r}, {method}) ready"
     parser = args.tool_call_parser if args.enable_auto_tool_choice else None
-    config = uvicorn.Config(create_app(slots, name, parser), loop="asyncio", lifespan="off", log_level="warning",
-                            timeout_graceful_shutdown=args.shutdown_timeout + 5.0)
+    config = uvicorn.Config(create_app(slots, name, parser, model_dir), loop="asyncio", lifespan="off",
+                            log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout + 5.0)
     server = DrainingServer(config, slots, args.shutdown_timeout, ready)
     server.run(sockets=[sock])
     server.drain()

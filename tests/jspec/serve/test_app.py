@@ -844,3 +844,36 @@ def test_vllm_metric_names_report_what_was_served(server, tokenizer):
     # each verify step commits its accepted drafts and one token of its own; a request's first token is its prefill's
     assert steps + accepted <= served_tokens - len(cases)
     assert gained("vllm:num_requests_running") == 0 == after["vllm:num_requests_running"]
+
+
+def test_what_routers_read(server, tokenizer):
+    """SGLang's worker endpoints, as sglang-router and other fleet tools read them: model and server info, load, a
+    one-token health generation, and a prefix-cache flush that makes the next identical prompt miss."""
+    server.wait_idle()
+    for path in ("/model_info", "/get_model_info"):
+        info = server.http.get(path).json()
+        assert info["served_model_name"] == NAME and info["is_generation"] is True
+        assert info["model_type"] == server.engine.config.model_type
+    for path in ("/server_info", "/get_server_info"):
+        info = server.http.get(path).json()
+        slots = server.slots
+        assert (info["max_running_requests"], info["max_total_tokens"], info["context_length"], info["page_size"]) \
+            == (slots.max_num_seqs, slots.max_total_tokens, slots.max_seq_len, slots.block_size)
+        assert info["speculative_num_draft_tokens"] == server.engine.setup.spec.tree_size
+        assert info["internal_states"][0]["num_running_reqs"] == 0
+    assert server.http.get("/get_load").json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,
+                                                     "num_tokens": 0}]
+    assert server.http.get("/health_generate").status_code == 200
+    ids = prompt_ids(tokenizer, 40, offset=3)
+    hits = "jspec:prefix_cache_hits_total"
+
+    def ask() -> float:
+        before = server.metric(hits)
+        server.client.completions.create(model=NAME, prompt=ids, max_tokens=2, temperature=0)
+        server.wait_idle()
+        return server.metric(hits) - before
+
+    ask()
+    assert ask() > 0  # the second time from the cache
+    assert server.http.post("/flush_cache").status_code == 200
+    assert ask() == 0  # forgotten
