@@ -140,6 +140,7 @@ def _error_line(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     with exit_on_interrupt():
         args = parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (``jspec serve -dp N`` passes it on)
         use_cache = args.command in CACHED_COMMANDS and not args.no_compile_cache
         with persistent_compile_cache(compile_cache_dir() if use_cache else None):
             if args.debug:

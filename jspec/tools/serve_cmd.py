@@ -128,6 +128,11 @@ def paged_kwargs(args: argparse.Namespace) -> dict:
 def run_serve(args: argparse.Namespace) -> int:
     """``jspec serve``; the engine's errors about lengths name the flags."""
     try:
+        if args.data_parallel_size > 1:  # replicas behind a router (jspec.tools.serve_fleet)
+            from jspec.tools.serve_fleet import run_fleet
+
+            _check_args(args)
+            return run_fleet(args)
         return _run_serve(args)
     except ValueError as error:
         raise ValueError(as_flags(str(error))) from error
@@ -154,9 +159,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-logprobs {args.max_logprobs}: expected an integer >= 0, or -1 for none")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
-    if args.data_parallel_size != 1:
-        raise ValueError(f"--data-parallel-size {args.data_parallel_size}: the server runs one replica; use "
-                         f"-tp, or one server per data-parallel group")
+    if args.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size {args.data_parallel_size}: expected replicas >= 1")
     if args.coordinator_address is not None or args.distributed:
         raise ValueError("jspec serve runs on one host (no --coordinator-address / --distributed)")
 

@@ -267,8 +267,8 @@ def test_the_checkpoints_own_mtp_module_drafts_losslessly(tmp_path):
         assert engine.generate(prompts, max_new_tokens=12).token_ids == plain, spec
 
 
-# slow: MTP sampling on a DeepSeek-V3-shaped target (6,000 rows through latent attention and experts); default
-# tier: the greedy MTP test above, test_mtp's sampling chi-square path on a dense target
+# slow: MTP sampling on a DeepSeek-V3-shaped target (6,000 rows through latent attention and experts);
+# default tier: the greedy MTP test above, test_mtp's sampling chi-square path on a dense target
 @pytest.mark.slow
 def test_mtp_sampling_follows_the_exact_target_distribution():
     """The checkpoint's kind of MTP module drafting a dynamic tree at temperature 1 for a DeepSeek-V3-shaped

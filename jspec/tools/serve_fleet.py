@@ -1,0 +1,150 @@
+"""``jspec serve --data-parallel-size N``: N replicas behind a router at one address.
+
+Each replica is a ``jspec serve`` process of its own on its own devices (GPUs split by ``CUDA_VISIBLE_DEVICES``,
+``--tensor-parallel-size`` each; on a CPU the processes share it), listening on a free port of ``--host``; in front
+of them the SGLang Model Gateway (``pip install sglang-router``; its cache-aware policy sends a request to the
+replica whose prefix cache holds the longest part of it) listens on ``--host``/``--port``. The same, run by hand::
+
+    jspec serve --port 8001 &  jspec serve --port 8002 &
+    python -m sglang_router.launch_router --worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002 \\
+        --policy cache_aware --port 8000
+
+SIGTERM drains every replica (accepted requests finish, as one server's SIGTERM does) and then stops the router;
+SIGINT stops everything at once. A replica that dies is left to the router, which stops sending to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+STARTUP_SECONDS = 1800.0  # replicas compile their programs at start-up (minutes for a large model)
+POLL_SECONDS = 0.5
+# Flags the launcher sets per replica, dropped from the command line it passes on (with their value).
+_OWN_FLAGS = ("--data-parallel-size", "-dp", "--port", "--host")
+
+
+def replica_argv(argv: list[str]) -> list[str]:
+    """``jspec serve``'s command line without the flags the launcher sets per replica (:data:`_OWN_FLAGS`)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _OWN_FLAGS:
+            skip = True
+            continue
+        if any(arg.startswith(flag + "=") for flag in _OWN_FLAGS):
+            continue
+        out.append(arg)
+    return out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _gpus() -> list[str]:
+    """The NVIDIA GPUs this process may use (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``), without starting
+    JAX (which would claim their memory in this launcher)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d for d in visible.split(",") if d]
+    if not shutil.which("nvidia-smi"):
+        return []
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+def replica_envs(replicas: int, tensor_parallel_size: int) -> list[dict[str, str]]:
+    """Each replica's environment: on a GPU machine its own ``tensor_parallel_size`` GPUs; elsewhere as this one's
+    (on a CPU the replicas share it). ValueError when the GPUs do not go round."""
+    gpus = _gpus()
+    if not gpus:
+        return [dict(os.environ) for _ in range(replicas)]
+    if len(gpus) < replicas * tensor_parallel_size:
+        raise ValueError(f"--data-parallel-size {replicas} x --tensor-parallel-size {tensor_parallel_size} needs "
+                         f"{replicas * tensor_parallel_size} GPUs, but {len(gpus)} are visible")
+    return [dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus[i * tensor_parallel_size:
+                                                                  (i + 1) * tensor_parallel_size]))
+            for i in range(replicas)]
+
+
+def _wait_healthy(url: str, processes: list[subprocess.Popen], what: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        dead = [p for p in processes if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{what} exited (status {dead[0].returncode}) before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=5.0) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):  # not listening yet, or 503 while warming up
+            pass
+        time.sleep(POLL_SECONDS)
+    raise RuntimeError(f"{what} was not ready at {url} within {STARTUP_SECONDS:.0f} s")
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """Starts ``args.data_parallel_size`` replicas and the router; serves until a signal (module docstring)."""
+    if importlib.util.find_spec("sglang_router") is None:
+        raise ValueError(f"--data-parallel-size {args.data_parallel_size} runs the replicas behind sglang-router: "
+                         f"pip install sglang-router (or run one jspec serve per replica behind your own router)")
+    host = args.host
+    envs = replica_envs(args.data_parallel_size, args.tensor_parallel_size)
+    ports = [_free_port(host) for _ in envs]
+    base = [sys.executable, "-m", "jspec.tools.cli", "serve", *replica_argv(args.argv), "--host", host]
+    replicas = [subprocess.Popen(base + ["--port", str(port)], env=env) for port, env in zip(ports, envs)]
+    router = None
+    stopping = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stopping["signal"] = signum
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        urls = [f"http://{_url_host(host)}:{port}" for port in ports]
+        deadline = time.monotonic() + STARTUP_SECONDS
+        for index, url in enumerate(urls):
+            _wait_healthy(url + "/health", replicas, f"replica {index}", deadline)
+        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port",
+                                   str(args.port), "--policy", "cache_aware", "--worker-urls", *urls])
+        _wait_healthy(f"http://{_url_host(host)}:{args.port}/health", [router], "the router", deadline)
+        print(f"jspec serve: http://{_url_host(host)}:{args.port}/v1 ({len(urls)} replicas behind sglang-router: "
+              f"{' '.join(urls)}) ready", flush=True)
+        while stopping["signal"] is None and router.poll() is None:
+            time.sleep(POLL_SECONDS)
+        return 0 if stopping["signal"] is not None else 1
+    finally:
+        graceful = stopping["signal"] != signal.SIGINT
+        for process in replicas:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+        for process in replicas:
+            try:
+                process.wait(timeout=args.shutdown_timeout + 30.0 if graceful else 10.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if router is not None and router.poll() is None:
+            router.terminate()
+            try:
+                router.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                router.kill()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
