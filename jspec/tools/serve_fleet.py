@@ -104,7 +104,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     host = args.host
     envs = replica_envs(args.data_parallel_size, args.tensor_parallel_size)
     ports = [_free_port(host) for _ in envs]
-    base = [sys.executable, "-m", "jspec.tools.cli", "serve", *replica_argv(args.argv), "--host", host]
+    base = [sys.executable, "-m", "jspec.tools.cli", *replica_argv(args.argv), "--host", host]  # argv: "serve" ...
     replicas = [subprocess.Popen(base + ["--port", str(port)], env=env) for port, env in zip(ports, envs)]
     router = None
     stopping = {"signal": None}

@@ -70,11 +70,13 @@ def test_requests_through_the_router_equal_offline_and_a_shared_prefix_stays_on_
     tokenizer = engine.tokenizer
     lines = CODE.splitlines()
     prompts = ["\n".join(lines[i % len(lines):i % len(lines) + 3]) for i in range(32)]
+    done = {r: _metric(r, "jspec:request_success_total") for r in replicas}
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         served = list(pool.map(lambda p: client.completions.create(model=model, prompt=p, max_tokens=16,
                                                                    temperature=0).choices[0].text, prompts))
     offline = [engine.generate([tokenizer.encode(p).ids], max_new_tokens=16).texts[0] for p in prompts]
     assert served == offline
+    assert all(_metric(r, "jspec:request_success_total") > done[r] for r in replicas)  # both replicas served
     # a long shared prefix: after the first request caches it, the cache-aware policy keeps its followers there
     prefix = CODE[:600]
     before = {r: (_metric(r, "jspec:prefix_cache_hits_total"), _metric(r, "jspec:request_success_total"))
