@@ -67,7 +67,8 @@ DEFAULT_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/jspec/serve/test_s
                       "tests/jspec/test_quantized_engine.py", "tests/jspec/test_spec_engine.py",
                       "tests/jspec/test_logits_processors.py", "tests/jspec/tools/test_cli.py",
                       "tests/jspec/test_hybrid.py", "tests/jspec/tools/test_cli_process.py",
-                      "tests/models/test_llama_vs_hf.py", "tests/models/test_windowed_families.py",
+                      "tests/models/test_llama_vs_hf.py", "tests/models/test_deepseek_v3.py",
+                      "tests/models/test_windowed_families.py",
                       "tests/models/test_eagle3_layouts.py",
                       "tests/jspec/test_python_api.py", "tests/jspec/train/test_train_drafter.py",
                       "tests/jspec/tools/test_tune_cmd.py", "tests/jspec/test_spec_sampling.py",
@@ -95,6 +96,8 @@ DEFAULT_TIER_ORDER = ("tests/jspec/serve/test_app.py", "tests/jspec/serve/test_s
                       "tests/jspec/tools/test_roofline_floor.py", "tests/jspec/tools/test_kernel_sweep.py",
                       "tests/pallas_kernels/test_paged_tree_attention.py", "tests/jspec/test_accept.py")
 SLOW_TIER_ORDER = ("tests/jspec/serve/test_default_server.py", "tests/jspec/test_sharded_engine.py",
+                   "tests/models/test_deepseek_v3.py", "tests/jspec/serve/test_fleet.py",
+                   "tests/jspec/serve/test_windowed_served.py",
                    "tests/jspec/test_xla_defaults.py", "tests/jspec/tools/test_bench_serve.py",
                    "tests/jspec/serve/test_paged.py", "tests/jspec/test_bf16_numerics.py",
                    "tests/jspec/serve/test_sharded_serve.py", "tests/jspec/serve/test_app.py",

@@ -238,7 +238,7 @@ def test_the_checkpoints_own_mtp_module_drafts_losslessly(tmp_path):
     """A DeepSeek-V3 checkpoint with its MTP module as DeepSeek ships it (layer num_hidden_layers: enorm, hnorm,
     eh_proj, a sparse latent-attention block with one tensor per expert, shared_head, the copies of the target's
     embedding and head) converts with the target; ``drafter="mtp"`` drafts with it through its own latent cache,
-    as a chain and as a tree of its top-k, and greedy decoding equals plain decoding's."""
+    as a chain (a tree of its top-k: the sampled test below), and greedy decoding equals plain decoding's."""
     import json
     import os
 
@@ -261,10 +261,9 @@ def test_the_checkpoints_own_mtp_module_drafts_losslessly(tmp_path):
     kwargs = dict(max_batch_size=4, max_seq_len=64)
     prompts = prompts_for(config.vocab_size)
     plain = jspec.SpecEngine.from_pretrained(out, **kwargs).generate(prompts, max_new_tokens=12).token_ids
-    for spec in (fx.SPECS["chain"], jspec.SpecConfig(tree="dynamic", num_steps=2, topk=2, num_draft_tokens=4)):
-        engine = jspec.SpecEngine.from_pretrained(out, drafter="mtp", spec=spec, **kwargs)
-        assert engine.setup.drafter.mtp.layout == "deepseek" and engine.setup.drafter.mtp.layer.mla
-        assert engine.generate(prompts, max_new_tokens=12).token_ids == plain, spec
+    engine = jspec.SpecEngine.from_pretrained(out, drafter="mtp", spec=fx.SPECS["chain"], **kwargs)
+    assert engine.setup.drafter.mtp.layout == "deepseek" and engine.setup.drafter.mtp.layer.mla
+    assert engine.generate(prompts, max_new_tokens=12).token_ids == plain
 
 
 # slow: MTP sampling on a DeepSeek-V3-shaped target (6,000 rows through latent attention and experts);
