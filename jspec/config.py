@@ -117,7 +117,12 @@ class SamplingParams:
     Logits processors (vLLM's names, ``jspec.logits_processors``): presence_penalty, frequency_penalty (0: off),
     repetition_penalty (1: off; > 0), logit_bias ((token id, bias), ...) added to the logits, banned_token_ids
     never generated, min_tokens (stop ids, EOS included, banned before that many new tokens), ignore_eos (EOS does
-    not stop the sequence)."""
+    not stop the sequence).
+
+    num_speculative_tokens: at most this many drafts accepted a step for this sequence (vLLM's server-wide
+    ``num_speculative_tokens``, per request): its tree is cut below that depth before verification, so it commits
+    what a drafter of that length would, greedy and sampled alike; 0: one token a step, as plain decoding; None:
+    the drafter's own. Output is unchanged either way (speculation is lossless); only the speed is."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -132,6 +137,7 @@ class SamplingParams:
     banned_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
     ignore_eos: bool = False
+    num_speculative_tokens: int | None = None
 
     @property
     def processes_logits(self) -> bool:
@@ -142,6 +148,10 @@ class SamplingParams:
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
+        cap = self.num_speculative_tokens
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+            raise ValueError(f"num_speculative_tokens={cap!r}: expected an integer >= 0 (0: one token a step) or "
+                             f"None (the drafter's own)")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature={self.temperature!r}: expected a number >= 0 (0 = greedy)")
         if not isinstance(self.top_k, int) or self.top_k < 0:

@@ -244,7 +244,7 @@ class SpecEngine:
                  repetition_penalty: float = 1.0, logit_bias: dict[int, float] | None = None,
                  banned_token_ids: Sequence[int] = (), min_tokens: int = 0, ignore_eos: bool = False,
                  structured_outputs: StructuredOutputsParams | dict | Sequence | None = None,
-                 logprobs_mode: str = "raw_logprobs") -> GenerateOutput:
+                 logprobs_mode: str = "raw_logprobs", num_speculative_tokens: int | None = None) -> GenerateOutput:
         """Generates for a batch of prompts (strings need a tokenizer; or lists of token ids). seed: one integer,
         or one per prompt (a prompt's tokens then do not depend on the prompts beside it; ``SamplingParams``).
 
@@ -271,6 +271,9 @@ class SpecEngine:
         from its path's state each step (two programs a step with a drafter, one without), so greedy output equals
         plain decoding's under the same grammar. Needs the tokenizer; not with capture_hidden_states.
 
+        num_speculative_tokens: at most this many drafts accepted a step (``SamplingParams``: 0 commits one token a
+        step as plain decoding; None, the drafter's own); the output is the same, only the speed changes.
+
         capture_hidden_states: target layers whose residual-stream states to return for every token of each
         sequence, prompt and generated (features for drafter training; TensorRT-LLM's SAVE_HIDDEN_STATES), in
         ``GenerateOutput.hidden_states``. Hugging Face ``hidden_states`` indices: 0 the embeddings' output, i the
@@ -285,7 +288,8 @@ class SpecEngine:
                                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                       repetition_penalty=repetition_penalty,
                                       logit_bias=dict(logit_bias or {}), banned_token_ids=tuple(banned_token_ids),
-                                      min_tokens=min_tokens, ignore_eos=ignore_eos)
+                                      min_tokens=min_tokens, ignore_eos=ignore_eos,
+                                      num_speculative_tokens=num_speculative_tokens)
         recorded = None if num_top is None else recorded_top(num_top, self.config.vocab_size)
         if structured_outputs is None:
             result, run_seconds, compile_seconds = self._run(batch, params, layers, recorded, mode)

@@ -23,12 +23,17 @@ from jspec.sharding import put
 from pallas_kernels.tree_verify import sample_each_node
 
 
+UNCAPPED_DRAFTS = 1 << 30  # a row's max_drafts when it keeps the drafter's own tree
+
+
 class SamplingArrays(NamedTuple):
-    """Per-sequence sampling parameters: temperature f32[B], top_k i32[B], top_p f32[B]."""
+    """Per-sequence sampling parameters: temperature f32[B], top_k i32[B], top_p f32[B]; max_drafts i32[B] the most
+    drafts a step accepts for each row (``SamplingParams.num_speculative_tokens``; None: every row the drafter's)."""
 
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    max_drafts: jax.Array | None = None
 
     @property
     def is_greedy(self) -> jax.Array:
@@ -38,9 +43,10 @@ class SamplingArrays(NamedTuple):
     @classmethod
     def full(cls, rows: int, params: SamplingParams = SamplingParams()) -> "SamplingArrays":
         """Host arrays for ``rows`` rows that all sample with ``params``' temperature, top_k and top_p (the
-        default: greedy)."""
+        default: greedy) and draft at most its num_speculative_tokens."""
+        cap = UNCAPPED_DRAFTS if params.num_speculative_tokens is None else params.num_speculative_tokens
         return cls(np.full((rows,), params.temperature, np.float32), np.full((rows,), params.top_k, np.int32),
-                   np.full((rows,), params.top_p, np.float32))
+                   np.full((rows,), params.top_p, np.float32), np.full((rows,), cap, np.int32))
 
 
 def _per_row(value: jax.Array, logits: jax.Array) -> jax.Array:

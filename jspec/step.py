@@ -184,6 +184,14 @@ def truncated_chain(tree: DraftTree, nodes: int) -> DraftTree:
                          draft_probs=cut(tree.draft_probs))
 
 
+def capped_tree(tree: DraftTree, max_drafts: jax.Array, cache_len: jax.Array) -> DraftTree:
+    """Each row's tree cut below depth max_drafts i32[B] (its nodes there keep no children): the walk accepts at
+    most that many drafts and draws its token where it stops, as a drafter of that length would, greedy and sampled
+    alike (``SamplingParams.num_speculative_tokens``). The nodes below still run through the target, unread."""
+    depth = tree.positions - cache_len[:, None]
+    return tree._replace(next_token=jnp.where(depth >= max_drafts[:, None], -1, tree.next_token))
+
+
 def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, inputs: StepInputs,
                  setup: GenerateSetup, keys: jax.Array, max_depth: int | None = None) -> DecodeState:
     """The target over all T tree nodes, acceptance, then commit of tokens, the drafter's state and the K/V.
@@ -198,6 +206,8 @@ def _verify_tree(params_t, params_d, state: DecodeState, draft_state, tree, *, i
         return counts, state.num_generated[:, None] + tree.positions - cache_len[:, None]
 
     logits = shaped_logits(out.logits, inputs.features, history, inputs.stop_ids)
+    if inputs.sampling.max_drafts is not None:
+        tree = capped_tree(tree, inputs.sampling.max_drafts, cache_len)
     verified = accept_tree(tree, logits, inputs.sampling, keys,
                            max_depth=setup.spec.max_depth if max_depth is None else max_depth,
                            force_accept=setup.force_accept, kernels=setup.spec.kernels)

@@ -128,7 +128,7 @@ class _Generation:
             list(params.prompt_ids), params.max_tokens, sink, temperature=params.temperature, top_k=params.top_k,
             top_p=params.top_p, seed=params.seed, stop_token_ids=params.stop_token_ids, logprobs=params.logprobs,
             prompt_logprobs=params.echo and params.logprobs is not None, processors=dict(params.processors),
-            structured_outputs=params.structured_outputs)
+            structured_outputs=params.structured_outputs, num_speculative_tokens=params.num_speculative_tokens)
         try:
             slots.submit(self.request)
         except ValueError as error:
@@ -253,7 +253,7 @@ async def _stream(generations: list[_Generation], shape: "_Shape") -> AsyncItera
             if text or (tokens and (shape.params.return_token_ids or logprobs is not None)):
                 yield _event(shape.chunk(text, None, tokens, logprobs, index=index))
         if shape.params.include_usage:
-            yield _event(shape.usage_chunk(sum(len(g.token_ids) for g in generations)))
+            yield _event(shape.usage_chunk(sum(len(g.token_ids) for g in generations), generations))
         yield "data: [DONE]\n\n"
     finally:
         for task in pumps:
@@ -306,9 +306,17 @@ class _Shape:
         self.head = {"id": self.id, "object": "chat.completion" if chat else "text_completion",
                      "created": int(time.time()), "model": model.name}
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+    def usage(self, completion_tokens: int, generations: list[_Generation] = ()) -> dict[str, Any]:
+        """OpenAI's usage; with speculation, SGLang's per-request acceptance too: the verify steps the request's
+        choices took (``spec_verify_ct``), the drafts they accepted, and completion tokens per verify step
+        (``spec_accept_length``; its first token, the prefill's, counted as SGLang counts it)."""
+        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                                 "total_tokens": self.prompt_tokens + completion_tokens}
+        steps = sum(g.request.spec_steps for g in generations)
+        if steps:
+            usage.update(spec_verify_ct=steps, spec_accepted_tokens=sum(g.request.spec_accepted for g in generations),
+                         spec_accept_length=completion_tokens / steps)
+        return usage
 
     def whole(self, texts: list[str], generations: list[_Generation], completion_tokens: int) -> dict[str, Any]:
         """The whole answer: one choice per text (index in order); usage counts every choice generated (best_of's
@@ -337,7 +345,7 @@ class _Shape:
             if self.params.return_token_ids:
                 choice["token_ids"] = generation.token_ids
             choices.append(choice)
-        return {**self.head, "choices": choices, "usage": self.usage(completion_tokens)}
+        return {**self.head, "choices": choices, "usage": self.usage(completion_tokens, generations)}
 
     def logprobs(self, token_ids: list[int], parts: list[SequenceLogprobs]) -> dict[str, Any]:
         """OpenAI's ``logprobs`` object of ``token_ids`` from their log-probabilities (in pieces, in order)."""
@@ -371,6 +379,6 @@ class _Shape:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, completion_tokens: int, generations: list[_Generation] = ()) -> dict[str, Any]:
         return {**self.head, "object": "chat.completion.chunk" if self.chat else "text_completion", "choices": [],
-                "usage": self.usage(completion_tokens)}
+                "usage": self.usage(completion_tokens, generations)}

@@ -92,6 +92,7 @@ class GenerationParams:
     processors: tuple[tuple[str, Any], ...] = ()  # the logits processors' fields set (jspec.SamplingParams names)
     tool_call_parser: str | None = None  # chat with tools and tool_choice "auto": the parser of the reply's calls
     structured_outputs: StructuredOutputsParams | None = None  # what the output must match (a grammar), or None
+    num_speculative_tokens: int | None = None  # at most this many drafts accepted a step (0: none); None: the server's
 
 
 # field -> the values that ask for nothing (anything else asks for a feature this server lacks)
@@ -249,7 +250,7 @@ def _params(body: dict[str, Any], prompt_ids: list[int], max_tokens: int, vocab_
         top_k=top_k, top_p=top_p, seed=_checked("seed", check_seed, _int(body, "seed", None)),
         stop=tuple(s for s in stop or () if s), stop_token_ids=tuple(dict.fromkeys(stop_ids or ())), stream=stream,
         include_usage=include_usage and stream, return_token_ids=_bool(body, "return_token_ids", False), n=n,
-        best_of=best_of)
+        best_of=best_of, num_speculative_tokens=_int(body, "num_speculative_tokens", None, low=0))
 
 
 GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",

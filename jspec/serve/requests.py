@@ -56,6 +56,9 @@ class Request:
     prompt_logprobs: bool = False
     scored_prompt: SequenceLogprobs | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    num_speculative_tokens: int | None = None  # at most this many drafts accepted a step (SamplingParams')
+    spec_steps: int = 0        # its verify steps so far (speculative and the adapter's plain ones)
+    spec_accepted: int = 0     # drafts accepted in them
     arrival: float = dataclasses.field(default_factory=time.perf_counter)
     cancelled: str | None = None  # the finish reason asked for by cancel()
 
@@ -70,7 +73,8 @@ class Request:
         stands as 0."""
         return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, seed=0 if self.seed is None else self.seed,
-                              stop_token_ids=tuple(self.stop_token_ids), **self.processors)
+                              stop_token_ids=tuple(self.stop_token_ids),
+                              num_speculative_tokens=self.num_speculative_tokens, **self.processors)
 
 
 @dataclasses.dataclass

@@ -207,6 +207,9 @@ class Scheduler:
                         mine = self.adapter.acceptance if running.acceptance is None else running.acceptance
                         running.acceptance = mine + self.adapter.smoothing * (len(new) / steps / scale - mine)
                         running.measured_steps += steps
+            if steps > 0:  # the request's own count, which its response reports
+                request.spec_steps += steps
+                request.spec_accepted += int(np.dot(np.arange(hist.shape[1]), hist[k] - running.hist_seen))
             running.steps_seen, running.hist_seen = int(num_steps[k]), hist[k].copy()
             if new and pending.matcher is not None:
                 advance([pending.matcher], np.asarray([new]), np.zeros(1, int), np.asarray([len(new)]))

@@ -877,3 +877,21 @@ def test_what_routers_read(server, tokenizer):
     assert ask() > 0  # the second time from the cache
     assert server.http.post("/flush_cache").status_code == 200
     assert ask() == 0  # forgotten
+
+
+def test_a_request_caps_its_own_speculation_and_reports_its_acceptance(server, tokenizer):
+    """``num_speculative_tokens`` per request (0: no draft accepted, one token a verify step) keeps greedy output;
+    each response reports its verify steps and accepted drafts (SGLang's spec_verify_ct / spec_accept_length)."""
+    ids = prompt_ids(tokenizer, 9, offset=11)
+    want = server.plain.generate([ids], max_new_tokens=20).token_ids[0]
+    for cap in (None, 0):
+        extra = {"return_token_ids": True} | ({} if cap is None else {"num_speculative_tokens": cap})
+        out = server.client.completions.create(model=NAME, prompt=ids, max_tokens=20, temperature=0,
+                                               extra_body=extra)
+        assert out.choices[0].token_ids == want
+        usage = out.usage.model_dump()
+        assert usage["spec_accept_length"] == pytest.approx(20 / usage["spec_verify_ct"])
+        if cap == 0:  # the prefill's token, then one a step
+            assert usage["spec_accepted_tokens"] == 0 and usage["spec_verify_ct"] == 19
+    bad = server.http.post("/v1/completions", json={"model": NAME, "prompt": ids, "num_speculative_tokens": -1})
+    assert bad.status_code == 400 and "num_speculative_tokens" in bad.text
