@@ -10,7 +10,10 @@ replica whose prefix cache holds the longest part of it) listens on ``--host``/`
         --policy cache_aware --port 8000
 
 SIGTERM drains every replica (accepted requests finish, as one server's SIGTERM does) and then stops the router;
-SIGINT stops everything at once. A replica that dies is left to the router, which stops sending to it.
+SIGINT stops everything at once. A replica that dies is the router's to route around (it retries the requests the
+replica dropped on another, and its circuit breaker and health checks stop sending to it) and the launcher's to
+start again on the same port, once a minute at most; the router takes it back once its breaker half-opens (after
+10 s here) and requests succeed there.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ import urllib.request
 
 STARTUP_SECONDS = 1800.0  # replicas compile their programs at start-up (minutes for a large model)
 POLL_SECONDS = 0.5
+HEALTH_CHECK_SECONDS = 5  # the router's health-check interval (its default, 60 s, leaves a dead replica listed long)
+BREAKER_SECONDS = 10      # how long the router's circuit breaker keeps a failing replica out (default 60 s): a
+                          # restarted one takes at least this long to start anyway
+RESTART_SECONDS = 60.0    # a replica is started again at most this often
 # Flags the launcher sets per replica, dropped from the command line it passes on (with their value).
 _OWN_FLAGS = ("--data-parallel-size", "-dp", "--port", "--host")
 
@@ -119,11 +126,20 @@ def run_fleet(args: argparse.Namespace) -> int:
         for index, url in enumerate(urls):
             _wait_healthy(url + "/health", replicas, f"replica {index}", deadline)
         router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port",
-                                   str(args.port), "--policy", "cache_aware", "--worker-urls", *urls])
+                                   str(args.port), "--policy", "cache_aware", "--health-check-interval-secs",
+                                   str(HEALTH_CHECK_SECONDS), "--cb-timeout-duration-secs", str(BREAKER_SECONDS),
+                                   "--worker-urls", *urls])
         _wait_healthy(f"http://{_url_host(host)}:{args.port}/health", [router], "the router", deadline)
         print(f"jspec serve: http://{_url_host(host)}:{args.port}/v1 ({len(urls)} replicas behind sglang-router: "
               f"{' '.join(urls)}) ready", flush=True)
+        restarted = [-RESTART_SECONDS] * len(replicas)  # when each was last started again
         while stopping["signal"] is None and router.poll() is None:
+            for index, process in enumerate(replicas):
+                if process.poll() is not None and time.monotonic() - restarted[index] > RESTART_SECONDS:
+                    print(f"jspec serve: replica {index} ({urls[index]}) exited with status {process.returncode}; "
+                          f"starting it again", flush=True)
+                    replicas[index] = subprocess.Popen(base + ["--port", str(ports[index])], env=envs[index])
+                    restarted[index] = time.monotonic()
             time.sleep(POLL_SECONDS)
         return 0 if stopping["signal"] is not None else 1
     finally:

@@ -1,7 +1,8 @@
 """Replicas behind sglang-router: ``jspec serve --data-parallel-size 2`` starts two replicas (one process each) and
 the SGLang Model Gateway in front of them with its cache-aware policy, at one address. Through it, 32 concurrent
 greedy completions from the official client equal offline decoding; requests sharing a long prefix go to the
-replica whose cache holds it (its prefix hits); SIGTERM drains the fleet and exits 0."""
+replica whose cache holds it (its prefix hits); a replica killed under load loses no request and comes back;
+SIGTERM drains the fleet (accepted requests finish) and exits 0."""
 
 from __future__ import annotations
 
@@ -87,6 +88,50 @@ def test_requests_through_the_router_equal_offline_and_a_shared_prefix_stays_on_
                   _metric(r, "jspec:request_success_total") - before[r][1]) for r in replicas}
     holder = max(replicas, key=lambda r: gained[r][1])
     assert gained[holder][1] >= 5 and gained[holder][0] > 0, gained
-    # SIGTERM drains the replicas and stops the router
-    process.send_signal(signal.SIGTERM)
+
+
+def test_a_killed_replica_loses_no_request_and_comes_back(fleet):
+    """SIGKILL on a replica while 16 requests run: each completes (the router retries what the replica dropped on
+    the other) within 60 s, none twice; the launcher starts the replica again and the router sends to it again."""
+    process, url, replicas = fleet
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=60, max_retries=0)
+    model = client.models.list().data[0].id
+    children = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(process.pid)], capture_output=True,
+                              text=True, check=True).stdout
+    victim_port = replicas[0].rsplit(":", 1)[1]
+    victim = next(int(line.split()[0]) for line in children.splitlines() if f"--port {victim_port}" in line)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = [pool.submit(client.completions.create, model=model, prompt=f"def f{i}(x):", max_tokens=48,
+                               temperature=0) for i in range(16)]
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        finished = [answer.result(timeout=60).choices[0].finish_reason for answer in answers]
+    assert len(finished) == 16 and set(finished) <= {"length", "stop"}
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:  # started again by the launcher, on its port
+        try:
+            if httpx.get(replicas[0] + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(1.0)
+    served = _metric(replicas[0], "jspec:request_success_total")
+    for i in range(240):  # the router's breaker (10 s) and health checks (5 s) take it back
+        client.completions.create(model=model, prompt=f"class C{i}:", max_tokens=2, temperature=0)
+        if _metric(replicas[0], "jspec:request_success_total") > served:
+            break
+        time.sleep(0.5)
+    assert _metric(replicas[0], "jspec:request_success_total") > served
+
+
+def test_sigterm_drains_the_fleet(fleet):
+    process, url, _ = fleet
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=60, max_retries=0)
+    model = client.models.list().data[0].id
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = [pool.submit(client.completions.create, model=model, prompt=f"def g{i}():", max_tokens=32,
+                               temperature=0) for i in range(4)]
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)  # accepted requests finish
+        assert all(answer.result(timeout=60).choices[0].finish_reason in ("length", "stop") for answer in answers)
     assert process.wait(timeout=120) == 0
