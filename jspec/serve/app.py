@@ -312,9 +312,10 @@ class _Shape:
         (``spec_accept_length``; its first token, the prefill's, counted as SGLang counts it)."""
         usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
                                  "total_tokens": self.prompt_tokens + completion_tokens}
-        steps = sum(g.request.spec_steps for g in generations)
+        requests = [g.request for g in generations if g.request is not None]
+        steps = sum(request.spec_steps for request in requests)
         if steps:
-            usage.update(spec_verify_ct=steps, spec_accepted_tokens=sum(g.request.spec_accepted for g in generations),
+            usage.update(spec_verify_ct=steps, spec_accepted_tokens=sum(r.spec_accepted for r in requests),
                          spec_accept_length=completion_tokens / steps)
         return usage
 

@@ -124,7 +124,8 @@ class ServeMetrics:
 
     def observe_acceptance(self, new_hist, draft_tokens: int = 0) -> None:
         """A request's verify steps in one speculative chunk: ``new_hist[n - 1]`` of them committed n tokens (n - 1
-        drafts accepted), each verifying ``draft_tokens`` drafts (its tree's nodes but the root)."""
+        drafts accepted), each verifying ``draft_tokens`` drafts (its tree's nodes but the root; 0: a plain server's
+        steps, which the spec-decode counters leave out)."""
         steps = accepted = 0
         for n, count in enumerate(new_hist, start=1):
             count = int(count)
@@ -134,6 +135,8 @@ class ServeMetrics:
             for position in range(n - 1):
                 if count:
                     self.spec_accepted_per_pos.labels(str(position)).inc(count)
+        if not draft_tokens:
+            return
         self.spec_drafts.inc(steps)
         self.spec_draft_tokens.inc(steps * draft_tokens)
         self.spec_accepted_tokens.inc(accepted)

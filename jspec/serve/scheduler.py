@@ -165,6 +165,8 @@ class Scheduler:
     def draft_tokens(self, program: str) -> int:
         """Draft tokens a speculative step of ``program`` verifies: the tree's nodes but the root (the short
         chain's for SHORT)."""
+        if self.setup.spec is None:  # a plain server's steps draft nothing
+            return 0
         if program == SHORT and self.config.short_draft_len:
             return self.config.short_draft_len
         return self.setup.spec.tree_size - 1
