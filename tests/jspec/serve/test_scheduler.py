@@ -8,6 +8,7 @@ test_paged_scheduler's and test_slots' (and test_app's, over HTTP)."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -240,6 +241,14 @@ def test_a_cancelled_request_frees_its_row_and_the_queue_is_bounded(engine):
         slots.submit(Request([1, 2], 4, Collector()))
 
 
+def settle(slots, timeout: float = 30.0) -> None:
+    """Waits until no request runs and no chunk is in flight (a chunk dispatched before the last readout lands)."""
+    deadline = time.monotonic() + timeout
+    while slots.num_running or slots._flight is not None:
+        assert time.monotonic() < deadline, "the scheduler did not settle"
+        time.sleep(0.01)
+
+
 def test_chunks_whose_requests_use_no_api_feature_run_the_lean_step(engine):
     """A server offering log-probabilities and logits processors: while no running request uses them, chunks run
     the step program without them ("step_lean"), compiled on first use off the scheduler (the full one serves
@@ -259,6 +268,7 @@ def test_chunks_whose_requests_use_no_api_feature_run_the_lean_step(engine):
         before = len(calls)
         serve_all(slots, plain)
         lean_chunks = [key[0] for key in calls[before:] if key[0].startswith("step")]
+        settle(slots)  # the last chunk read back: nothing of these requests' runs after this point
         before = len(calls)
         penalised = serve_all(slots, [dict(plain[0], processors={"presence_penalty": 0.5}), plain[1]])
         full_chunks = [key[0] for key in calls[before:] if key[0].startswith("step")]
