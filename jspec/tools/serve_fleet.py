@@ -12,8 +12,8 @@ replica whose prefix cache holds the longest part of it) listens on ``--host``/`
 SIGTERM drains every replica (accepted requests finish, as one server's SIGTERM does) and then stops the router;
 SIGINT stops everything at once. A replica that dies is the router's to route around (it retries the requests the
 replica dropped on another, and its circuit breaker and health checks stop sending to it) and the launcher's to
-start again on the same port, once a minute at most; the router takes it back once its breaker half-opens (after
-10 s here) and requests succeed there.
+start again on the same port, once a minute at most. Whether the router sends to it again is the router's (seen
+once, not always, with sglang-router 0.3.2; docs/serving.md).
 """
 
 from __future__ import annotations
