@@ -74,10 +74,22 @@ def _gpus() -> list[str]:
     return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
 
 
+def _has_tpu() -> bool:
+    """Whether this host has TPU chips (their device files), without starting JAX."""
+    return os.path.exists("/dev/accel0") or any(name.isdigit() for name in _listdir("/dev/vfio"))
+
+
+def _listdir(path: str) -> list[str]:
+    return os.listdir(path) if os.path.isdir(path) else []
+
+
 def replica_envs(replicas: int, tensor_parallel_size: int) -> list[dict[str, str]]:
     """Each replica's environment: on a GPU machine its own ``tensor_parallel_size`` GPUs; elsewhere as this one's
     (on a CPU the replicas share it). ValueError when the GPUs do not go round."""
     gpus = _gpus()
+    if not gpus and _has_tpu():
+        raise ValueError(f"--data-parallel-size {replicas} on a TPU host: the replicas cannot be given chips of their "
+                         f"own here yet; run one jspec serve per TPU host (or slice) behind sglang-router")
     if not gpus:
         return [dict(os.environ) for _ in range(replicas)]
     if len(gpus) < replicas * tensor_parallel_size:

@@ -34,3 +34,11 @@ def test_without_sglang_router_it_says_what_to_install(monkeypatch):
                         lambda name, *a: None if name == "sglang_router" else real(name, *a))
     with pytest.raises(ValueError, match="pip install sglang-router"):
         serve_fleet.run_fleet(argparse.Namespace(data_parallel_size=2))
+
+
+def test_a_tpu_host_is_refused_by_name(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(serve_fleet.shutil, "which", lambda name: None)
+    monkeypatch.setattr(serve_fleet, "_has_tpu", lambda: True)
+    with pytest.raises(ValueError, match="--data-parallel-size 2 on a TPU host"):
+        serve_fleet.replica_envs(2, 1)
