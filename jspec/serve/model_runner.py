@@ -56,7 +56,8 @@ class ModelRunner:
         self.store_shape = None  # the store's shapes and shardings: what programs are lowered for
         self.tables = np.zeros((config.max_num_seqs + 1, 1, 1), np.int32)  # [rows, groups, pages]: allocate()
         self.host_step = 0  # the store's loop step counter, as last read back
-        self.structured_buckets: set[tuple[int, int]] = set()  # (rows, seq_len) whose structured step compiled
+        # (program, rows, seq_len) whose structured step compiled
+        self.structured_buckets: set[tuple[str, int, int]] = set()
 
     # --- the pool and the store ---------------------------------------------------------------------------------
 
@@ -229,58 +230,83 @@ class ModelRunner:
         return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
 
     def structured_step(self, running: list[int], cancelled: list[bool], need: int, matchers: list, *,
-                        greedy: bool) -> paged.Readout:
-        """One structured step (:meth:`masked_step`) over ``running`` rows, ``need`` token slots at most, at the
-        occupancy and context bucket holding them, matchers[i] the grammar of running[i] (None: unconstrained).
-        A bucket's programs compile at its first structured step; near the memory-mapping limit a compiled bucket
-        at least as large serves instead, if any."""
+                        greedy: bool, program: str = FULL) -> paged.Readout:
+        """One structured step (:meth:`masked_step`) of ``program`` (the load adapter's choice: :data:`FULL`,
+        :data:`SHORT` or :data:`PLAIN`) over ``running`` rows, ``need`` token slots at most, at the occupancy and
+        context bucket holding them, matchers[i] the grammar of running[i] (None: unconstrained). A bucket's
+        programs compile at its first structured step of that program; near the memory-mapping limit a compiled
+        bucket at least as large serves instead, if any."""
+        program = self.masked_program(program)
         rows = next(r for r in self.row_buckets if r >= len(running))
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        if ((rows, seq_len) not in self.structured_buckets
+        if ((program, rows, seq_len) not in self.structured_buckets
                 and not memory_maps.room_for(2, self.programs.maps_per_program)):
-            larger = [(r, s) for r, s in self.structured_buckets if r >= rows and s >= seq_len]
+            larger = [(r, s) for p, r, s in self.structured_buckets if p == program and r >= rows and s >= seq_len]
             if larger:
                 rows, seq_len = min(larger)
             else:
                 logger.warning("compiling structured-output programs near vm.max_map_count (%s)",
                                memory_maps.RAISE_IT)
-        self.structured_buckets.add((rows, seq_len))
+        self.structured_buckets.add((program, rows, seq_len))
         matchers = list(matchers) + [None] * (rows - len(running))
-        return self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy)
+        return self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy, program=program)
+
+    def masked_program(self, program: str) -> str:
+        """The masked form a structured step of ``program`` runs: a plain server's one program is its plain step;
+        the short chain's is the whole tree's where the server has none."""
+        if not self.speculative:
+            return PLAIN
+        return FULL if program == SHORT and self.short_nodes is None else program
+
+    def masked_programs(self) -> tuple[str, ...]:
+        """The step programs that have a masked form (:meth:`masked_step`)."""
+        if not self.speculative:
+            return (PLAIN,)
+        return (FULL, PLAIN) if self.short_nodes is None else (FULL, SHORT, PLAIN)
+
+    def masked_programs_per_bucket(self) -> int:
+        """Compiled programs the masked steps of one bucket take: the proposal (shared by the speculative ones),
+        a verify pass per speculative program and the plain step."""
+        speculative = [p for p in self.masked_programs() if p != PLAIN]
+        return 1 + len(speculative) + (1 if speculative else 0)
 
     def warm_structured(self) -> None:
-        """Compiles and runs once every bucket's structured step (``warm_up_structured_outputs``) on the idle
-        null row (its pages are the null page) with nothing masked; the prefills take their grammar masks
-        already."""
-        for rows in self.row_buckets:
-            for seq_len in self.seq_buckets:
-                out = self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True)
-                jax.block_until_ready(out)
-                self.structured_buckets.add((rows, seq_len))
+        """Compiles and runs once every bucket's structured steps (``warm_up_structured_outputs``), of every
+        program the load adapter may choose, on the idle null row (its pages are the null page) with nothing
+        masked; the prefills take their grammar masks already."""
+        for program in self.masked_programs():
+            for rows in self.row_buckets:
+                for seq_len in self.seq_buckets:
+                    out = self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True, program=program)
+                    jax.block_until_ready(out)
+                    self.structured_buckets.add((program, rows, seq_len))
 
     def masked_step(self, running: list[int], cancelled: list[bool], rows: int, seq_len: int, matchers: list, *,
-                    greedy: bool) -> tuple:
-        """One structured step over ``running`` rows (``cancelled``: each one's request cancelled) padded to ``rows``
-        at context ``seq_len``, matchers[i] the grammar of program row i (None: unconstrained); greedy: every row's
-        temperature is 0 (forced drafts may then stand in for a deterministic drafter's) -> its readout.
-        The drafter proposes (``paged.propose_rows``), the host masks every tree node from its path's grammar
-        state (``jspec.structured_outputs.tree_masks``), the target verifies under the masks
-        (``paged.verify_rows``); a plain server steps once under each row's mask."""
+                    greedy: bool, program: str = FULL) -> tuple:
+        """One structured step of ``program`` over ``running`` rows (``cancelled``: each one's request cancelled)
+        padded to ``rows`` at context ``seq_len``, matchers[i] the grammar of program row i (None: unconstrained);
+        greedy: every row's temperature is 0 (forced drafts may then stand in for a deterministic drafter's) -> its
+        readout. :data:`PLAIN` (and a plain server's): one plain step under each row's mask. :data:`FULL` and
+        :data:`SHORT`: the drafter proposes (``paged.propose_rows``), the host masks every tree node the step
+        verifies (the short chain's first ``short_nodes``) from its path's grammar state
+        (``jspec.structured_outputs.tree_masks``), the target verifies under the masks (``paged.verify_rows``)."""
         row_ids, table, cancel = self.step_arrays(running, rows, cancelled)
         vocab = self.engine.config.vocab_size
         args = (self.engine.params, self.engine.drafter_params)
-        if not self.speculative:
+        if program == PLAIN:
             self.store, out = paged.step_rows(
                 *args, self.store, row_ids, table, cancel, self.place(np.asarray(1, np.int32)),
                 self.place(root_bitmask(matchers, vocab)), layout=self.layout, setup=self.setup, seq_len=seq_len,
-                write_pages=paged.write_pages(self.layout, self.setup, 1), chunk_steps=1)
+                speculate=False, write_pages=paged.write_pages(self.layout, self.setup, 1), chunk_steps=1)
             return out
+        short_nodes = self.short_nodes if program == SHORT else None
         draft, tree = paged.propose_rows(*args, self.store, row_ids, table, layout=self.layout, setup=self.setup,
                                          seq_len=seq_len)
-        tree, bitmask = constrain_proposal(matchers, tree, vocab, greedy=greedy)
+        tree, bitmask = constrain_proposal(matchers, tree, vocab, greedy=greedy, nodes=short_nodes)
         self.store, out = paged.verify_rows(*args, self.store, row_ids, table, cancel, draft, tree,
                                             self.place(bitmask), layout=self.layout, setup=self.setup, seq_len=seq_len,
-                                            write_pages=paged.write_pages(self.layout, self.setup, 1))
+                                            write_pages=paged.write_pages(self.layout, self.setup, 1),
+                                            short_nodes=short_nodes)
         return out
 
     def step_programs(self) -> list[tuple[str, int]]:

@@ -221,20 +221,22 @@ def propose_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_tabl
         return propose(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len))
 
 
-@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "write_pages"),
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "write_pages", "short_nodes"),
                    donate_argnames=("store",))
 def verify_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
                 draft_state, tree: DraftTree, token_bitmask: jax.Array, *, layout: PagedLayout,
-                setup: GenerateSetup, seq_len: int, write_pages: int) -> tuple[Store, Readout]:
+                setup: GenerateSetup, seq_len: int, write_pages: int,
+                short_nodes: int | None = None) -> tuple[Store, Readout]:
     """A structured step's second half: finishes the rows where ``cancel`` is set, verifies :func:`propose_rows`'s
     ``tree`` (``draft_state`` the drafter's state it left) under ``token_bitmask`` (i32[R, T, W], one mask per
-    node), accepts and commits -> (store, readout), as one step of :func:`step_rows`."""
+    node), accepts and commits -> (store, readout), as one step of :func:`step_rows` (short_nodes: as there)."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         entry_len = state.seq_len
         since = jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
         state = verify_proposal(params_t, params_d, state, draft_state, tree,
-                                inputs.with_token_bitmask(token_bitmask), setup=setup.with_max_seq_len(seq_len))
+                                inputs.with_token_bitmask(token_bitmask), setup=setup.with_max_seq_len(seq_len),
+                                short_nodes=short_nodes)
         return (scatter_view(layout, store, (shard_state(state), inputs), row_ids, page_table, seq_len, since=since,
                              write_pages=write_pages), _readout(state, entry_len, setup.tokens_per_step))

@@ -147,12 +147,7 @@ class Scheduler:
         rows = next(r for r in config.row_buckets if r >= len(running))
         need = max(self.rows[i].need for i in running)
         seq_len = next(n for n in config.seq_buckets if n >= need)
-        program = FULL
-        sampled = any(self.rows[i].request.temperature > 0.0 for i in running)
-        if self.adapter is not None:
-            expected = self.adapter.expected_acceptance(
-                [(self.rows[i].acceptance, self.rows[i].measured_steps) for i in running])
-            program = self.adapter.choose_program(rows, expected, sampled, seq_len)
+        program, sampled = self.choose_program(running, rows, seq_len)
         rows, seq_len = self.runner.step_bucket(program, rows, seq_len)
         lean = False
         if self.offers_api_features and not any(uses_api_features(self.rows[i].request) for i in running):
@@ -161,6 +156,17 @@ class Scheduler:
                 self.runner.programs.request(("step_lean", program, rows, seq_len))
         cancelled = tuple(self.rows[i].request.cancelled is not None for i in running)
         return StepPlan(tuple(running), cancelled, program, rows, seq_len, config.steps_per_chunk, lean), sampled
+
+    def choose_program(self, running: list[int], rows: int, seq_len: int | None) -> tuple[str, bool]:
+        """The step program (:data:`FULL`, :data:`SHORT` or :data:`PLAIN`) the load adapter picks for ``running``
+        rows in the occupancy bucket ``rows`` at context ``seq_len`` (None: by the start-up cost table), from their
+        expected acceptance (the whole tree without an adapter) -> (it, whether any row samples)."""
+        sampled = any(self.rows[i].request.temperature > 0.0 for i in running)
+        if self.adapter is None:
+            return FULL, sampled
+        expected = self.adapter.expected_acceptance(
+            [(self.rows[i].acceptance, self.rows[i].measured_steps) for i in running])
+        return self.adapter.choose_program(rows, expected, sampled, seq_len), sampled
 
     def draft_tokens(self, program: str) -> int:
         """Draft tokens a speculative step of ``program`` verifies: the tree's nodes but the root (the short

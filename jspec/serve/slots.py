@@ -75,6 +75,8 @@ from jspec.serve.serve_config import serve_config
 logger = logging.getLogger("jspec.serve")
 
 CHUNK_LABELS = {FULL: "speculative", SHORT: "speculative_short", PLAIN: "plain"}  # jspec:chunks' program label
+# A structured step's label, by the program it masks (a plain server's: "structured").
+STRUCTURED_LABELS = {FULL: "structured", SHORT: "structured_short", PLAIN: "structured_plain"}
 
 
 class SlotEngine:
@@ -213,7 +215,7 @@ class SlotEngine:
                         "its window's)", self.layout.window, self.layout.window_pages - 1,
                         (self.layout.window_pages - 1) * self.block_size)
         real = list(calibration_prompt) if calibration_prompt else list(range(1, 17))
-        structured = (2 if self.speculative else 1) * len(self.row_buckets) * len(self.seq_buckets)
+        structured = self.runner.masked_programs_per_bucket() * len(self.row_buckets) * len(self.seq_buckets)
         began = time.perf_counter()
         self.runner.compile_up_front(real, structured if self.warm_up_structured_outputs else 0)
         logger.info("compiled %d programs in %.1f s", len(self.runner.programs), time.perf_counter() - began)
@@ -431,16 +433,25 @@ class SlotEngine:
             self._land()
 
     def _structured_step(self, running: list[int]) -> None:
-        """One step over ``running`` rows when any of them has a grammar (``ModelRunner.structured_step``: every
-        draft-tree node masked from its path's grammar state), read back at once."""
+        """One step over ``running`` rows when any of them has a grammar (``ModelRunner.structured_step``: the
+        masked form of the program the load adapter picks, by its start-up costs: a plain step under each row's
+        mask, or every node a speculative step verifies masked from its path's grammar state), read back at once.
+        Its acceptance feeds the adapter; its time does not (a masked step waits on the host between programs)."""
         start = time.perf_counter()
+        rows = next(r for r in self.row_buckets if r >= len(running))
+        program, _ = self.scheduler.choose_program(running, rows, None)
+        program = self.runner.masked_program(program)
         out = self.runner.structured_step(running, self._cancelled(running),
                                           max(self._rows[i].need for i in running),
                                           [self._rows[i].pending.matcher for i in running],
-                                          greedy=all(self._rows[i].request.temperature <= 0.0 for i in running))
-        self._update_from_output(running, out, program=FULL, chunk_start=start)
+                                          greedy=all(self._rows[i].request.temperature <= 0.0 for i in running),
+                                          program=program)
+        _, (tokens, verify_steps, _) = self._update_from_output(running, out, program=program, chunk_start=start)
         self._landed = time.perf_counter()
-        self.metrics.observe_chunk("structured", self._landed - start, 1)
+        if self.adapter is not None:
+            self.adapter.observe(program, tokens, verify_steps)
+        self.metrics.observe_chunk(STRUCTURED_LABELS[program] if self.speculative else "structured",
+                                   self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
 
     def _dispatch(self, running: list[int]) -> Flight:

@@ -24,7 +24,7 @@ def root_bitmask(matchers: list, vocab_size: int, nodes: int = 1) -> np.ndarray:
 
 
 def constrain_tree(matchers: list, tokens: np.ndarray, mask: np.ndarray, vocab_size: int,
-                   substitute: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   substitute: bool = True, nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (bitmask i32[B, T, W] each row's node masks, tokens i32[B, T], substituted bool[B]) for a draft tree's
     tokens i32[B, T] (node 0 the root) with ancestry mask bool[B, T, T] (node j is n or an ancestor of n); rows
     without a matcher all allowed.
@@ -33,19 +33,23 @@ def constrain_tree(matchers: list, tokens: np.ndarray, mask: np.ndarray, vocab_s
     (llguidance's fast-forward tokens: a JSON key, a closing quote), where it forces one; substituted[b] says a
     row's tree changed. Only for deterministic drafts (no draft_probs) or an all-greedy batch (whose verification
     reads no draft_probs): verification of such drafts is lossless whatever chose them, while a sampled draft must
-    be the draw its probabilities describe."""
-    rows, nodes = tokens.shape
+    be the draw its probabilities describe.
+
+    nodes: only the first ``nodes`` (a short chain's, which is all a short step verifies) are masked and may be
+    substituted; the rest stay all allowed and unread (default: every node)."""
+    rows = tokens.shape[0]
+    masked = tokens.shape[1] if nodes is None else min(nodes, tokens.shape[1])
     tokens = tokens.copy()
     substituted = np.zeros(rows, bool)
-    out = np.full((rows, nodes, bitmask_words(vocab_size)), -1, np.int32)
+    out = np.full((rows, tokens.shape[1], bitmask_words(vocab_size)), -1, np.int32)
     depth = mask.sum(axis=-1) - 1
     for b, matcher in enumerate(matchers):
         if matcher is None:
             continue
         _fill(matcher, out[b], 0)
-        reachable = np.zeros(nodes, bool)
+        reachable = np.zeros(tokens.shape[1], bool)
         reachable[0] = True
-        for n in np.argsort(depth[b], kind="stable")[1:]:
+        for n in np.argsort(depth[b, :masked], kind="stable")[1:]:
             ancestors = np.nonzero(mask[b, n])[0]
             ancestors = ancestors[np.argsort(depth[b, ancestors], kind="stable")]  # root first, n last
             parent = ancestors[-2]
@@ -83,16 +87,17 @@ def with_forced_drafts(tree, tokens: np.ndarray, substituted: np.ndarray):
     return tree._replace(tokens=like(tree.tokens, tokens), **flags)
 
 
-def constrain_proposal(matchers: list, tree, vocab_size: int, *, greedy: bool):
+def constrain_proposal(matchers: list, tree, vocab_size: int, *, greedy: bool, nodes: int | None = None):
     """A drafter's proposal (a DraftTree on the device) under each row's grammar, between the propose and verify
     programs of a structured step -> (the tree to verify, its token bitmask [B, T, words]): every node masked from
     its path's grammar state (:func:`constrain_tree`), and where a grammar forbids a row's drafts, the tokens it
     forces drafted instead (:func:`with_forced_drafts`) when that cannot change what verification accepts: for
-    deterministic drafts, or when every row is greedy (``greedy``; verification then ignores ``draft_probs``)."""
+    deterministic drafts, or when every row is greedy (``greedy``; verification then ignores ``draft_probs``).
+    nodes: the nodes the step verifies (a short chain's first; default all), the only ones masked."""
     from jspec.sharding import to_host
 
     bitmask, tokens, substituted = constrain_tree(matchers, to_host(tree.tokens), to_host(tree.mask), vocab_size,
-                                                  substitute=tree.draft_probs is None or greedy)
+                                                  substitute=tree.draft_probs is None or greedy, nodes=nodes)
     if substituted.any():  # a row given forced drafts now has drafts to verify, all of its chain
         tree = with_forced_drafts(tree, tokens, substituted)
     return tree, bitmask

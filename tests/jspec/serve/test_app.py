@@ -750,8 +750,9 @@ def structured_server():
 def test_structured_outputs_through_the_client_equal_offline(structured_server, tokenizer):
     """response_format json_schema (chat), vLLM's structured_outputs JSON (compact) and regex (completions, a
     prompt long enough to be prefilled in pieces) and an unconstrained request at once: each equal to offline
-    generate with the same constraint, the JSON valid against its schema; bad grammars and two ways at once are
-    400s; with the structured programs warmed up, the scheduler compiles nothing."""
+    generate with the same constraint, the JSON valid against its schema, also with the masked step programs taken
+    in turn; bad grammars and two ways at once are 400s; with the structured programs warmed up, the scheduler
+    compiles nothing."""
     server = structured_server
     schema = {"type": "object", "properties": {"lang": {"enum": ["python", "c"]}, "lines": {
         "type": "integer", "minimum": 0, "maximum": 99}}, "required": ["lang", "lines"], "additionalProperties": False}
@@ -793,6 +794,20 @@ def test_structured_outputs_through_the_client_equal_offline(structured_server, 
     assert answers["regex"].choices[0].text == engine.generate([long_prompt], max_new_tokens=24,
                                                                structured_outputs={"regex": regex}).texts[0]
     assert answers["free"].choices[0].text == engine.generate(["def fibonacci(n):"], max_new_tokens=24).texts[0]
+    # Structured steps take the load adapter's program in its masked form: plain steps, the short chain and the
+    # whole one in turn give the constrained target's tokens all the same.
+    label = 'jspec:chunks_total{program="%s"}'
+    programs = ("structured", "structured_short", "structured_plain")
+    before = {program: server.metric(label % program) for program in programs}
+    slots = server.slots
+    adapter, slots.adapter = slots.adapter, Cycling(slots.adapter)
+    try:
+        again = calls["compact"]().choices[0]
+        regex_again = calls["regex"]().choices[0]
+    finally:
+        slots.adapter = adapter
+    assert again.text == compact.text and regex_again.text == answers["regex"].choices[0].text
+    assert all(server.metric(label % program) > count for program, count in before.items())
     for body, message in (({"structured_outputs": {"regex": "a(b"}}, "structured_outputs"),
                           ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
                            "one way")):

@@ -80,3 +80,17 @@ def test_bad_grammars_are_refused_when_compiled(compiler):
         compiler.matcher(StructuredOutputsParams(regex="a(b"))
     with pytest.raises(ValueError, match="structured_outputs grammar"):
         compiler.matcher(StructuredOutputsParams(grammar="start: undefined_rule"))
+
+
+def test_a_short_steps_masks_cover_only_the_nodes_it_verifies(compiler, tokenizer):
+    """nodes=k (a short chain's first k nodes, root included): those are masked as over the whole chain, the rest
+    stay all allowed and keep their drafts."""
+    good = tokenizer.encode('{"name":"ada"}', add_special_tokens=False).ids
+    x = tokenizer.encode("x", add_special_tokens=False).ids[-1]
+    tokens = np.array([[1] + good[:3] + [x]])
+    chain = np.tril(np.ones((5, 5), bool))[None]
+    whole, _, _ = constrain_tree([compiler.matcher(SCHEMA)], tokens, chain, VOCAB)
+    short, new_tokens, _ = constrain_tree([compiler.matcher(SCHEMA)], tokens, chain, VOCAB, nodes=3)
+    np.testing.assert_array_equal(short[:, :3], whole[:, :3])
+    assert (short[:, 3:] == -1).all() and (new_tokens == tokens).all()
+    assert not (whole[:, 3] == -1).all()
