@@ -5,9 +5,11 @@
     python scripts/serve_checks.py preemption   # a pool too small for the load
     python scripts/serve_checks.py prefix       # 16 requests sharing a 500-token prefix, cache on and off
     python scripts/serve_checks.py chunked      # a 900-token prompt arriving while 8 requests stream
+    python scripts/serve_checks.py multiturn    # 8 chat sessions x 6 turns with EAGLE-3, cache on and off
 
-The prefix and chunked checks serve plain decoding (--drafter none); ``--drafter default`` runs them on the
-default server (the bundled model's default drafter), any other name with that drafter.
+The prefix and chunked checks serve plain decoding (--drafter none), the multi-turn one EAGLE-3 (--drafter
+eagle3); ``--drafter default`` runs them on the default server (the bundled model's default drafter), any other
+name with that drafter.
 
 Prints one line per figure and exits 1 when a check fails.
 """
@@ -93,6 +95,22 @@ class Server:
                 times.append(time.perf_counter())
                 ids += new
         return ids, times
+
+    def chat(self, messages: list[dict], max_tokens: int) -> tuple[str, float, int]:
+        """Streams a greedy chat reply -> (its text, seconds to the first token, its prompt's tokens)."""
+        start = time.perf_counter()
+        first, text, prompt_tokens = None, "", 0
+        stream = self.client.chat.completions.create(model="jspec-code", messages=messages, max_tokens=max_tokens,
+                                                     temperature=0.0, stream=True,
+                                                     stream_options={"include_usage": True})
+        for chunk in stream:
+            if chunk.usage is not None:
+                prompt_tokens = chunk.usage.prompt_tokens
+            if chunk.choices and chunk.choices[0].delta.content:
+                if first is None:
+                    first = time.perf_counter() - start
+                text += chunk.choices[0].delta.content
+        return text, first, prompt_tokens
 
     def complete_all(self, prompts: list[list[int]], max_tokens: int, watch: bool = False):
         """Every prompt at once -> (token ids each, TTFT each, the most requests seen running)."""
@@ -223,12 +241,55 @@ def chunked(failures: list[str], drafter: str = "none") -> None:
           whole["outputs"] == expected and pieces["outputs"] == expected, failures)
 
 
+def multiturn(failures: list[str], drafter: str = "eagle3", sessions: int = 8, turns: int = 6) -> None:
+    """``sessions`` chats of ``turns`` turns, each turn's prompt the whole conversation so far (a system prompt of
+    two HumanEval problems, then every user turn and reply), the sessions' turns sent at once, turn after turn;
+    with the prefix cache and without. Reports the share of what later turns share with the turn before (its
+    prompt) that hit the cache, and the later turns' TTFT p50 each way."""
+    from jspec.train.corpus import human_eval_prompts
+
+    problems = [p["prompt"] for p in human_eval_prompts()]
+    budget = 16
+    figures = {}
+    for caching in (True, False):
+        flags = (["--max-seq-len", "1024"] + ([] if drafter == "default" else ["--drafter", drafter])
+                 + ([] if caching else ["--no-enable-prefix-caching"]))
+        with Server(flags) as server:
+            server.chat([{"role": "user", "content": "warm up"}], 2)
+            histories = [[{"role": "system", "content": "Project:\n" + problems[2 * s] + problems[2 * s + 1]}]
+                         for s in range(sessions)]
+            previous, shared, later_ttfts, replies = [0] * sessions, 0, [], []
+            hits = server.metric("jspec:prefix_cache_hits_total")
+            for turn in range(turns):
+                for history in histories:
+                    history.append({"role": "user", "content": f"Turn {turn}: write the next helper."})
+                with concurrent.futures.ThreadPoolExecutor(sessions) as pool:
+                    answers = list(pool.map(lambda h: server.chat(h, budget), histories))
+                for session, (text, ttft, prompt_tokens) in enumerate(answers):
+                    if turn:
+                        shared += previous[session]
+                        later_ttfts.append(ttft)
+                    previous[session] = prompt_tokens
+                    histories[session].append({"role": "assistant", "content": text})
+                    replies.append(text)
+            figures[caching] = dict(hits=server.metric("jspec:prefix_cache_hits_total") - hits, shared=shared,
+                                    ttft=float(np.median(later_ttfts)), replies=replies)
+    on, off = figures[True], figures[False]
+    print(f"  multiturn: {sessions} sessions x {turns} turns ({drafter}): turns after the first hit {on['hits']:.0f} "
+          f"of the {on['shared']} prompt tokens they share with the turn before ({on['hits'] / on['shared']:.0%}); "
+          f"their TTFT p50 {on['ttft'] * 1e3:.0f} ms cached vs {off['ttft'] * 1e3:.0f} ms uncached "
+          f"({off['ttft'] / on['ttft']:.1f}x)")
+    check("multiturn: hits >= 90% of the shared history", on["hits"] >= 0.9 * on["shared"], failures)
+    check("multiturn: later turns' TTFT p50 at least 3x lower", off["ttft"] >= 3 * on["ttft"], failures)
+    check("multiturn: the replies equal, cached and not", on["replies"] == off["replies"], failures)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checks", nargs="+", choices=("capacity", "preemption", "prefix", "chunked"))
-    parser.add_argument("--drafter", default="none",
-                        help="the prefix and chunked checks' drafter: none (plain decoding), default (the server's), "
-                             "or a name")
+    parser.add_argument("checks", nargs="+", choices=("capacity", "preemption", "prefix", "chunked", "multiturn"))
+    parser.add_argument("--drafter", default=None,
+                        help="the prefix, chunked and multiturn checks' drafter: none (plain decoding), default (the "
+                             "server's), or a name (default: none; eagle3 for multiturn)")
     args = parser.parse_args(argv)
     failures: list[str] = []
     for name in args.checks:
@@ -238,9 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "preemption":
             capacity(failures, pool_tokens=2560, name="preemption")
         elif name == "chunked":
-            chunked(failures, args.drafter)
+            chunked(failures, args.drafter or "none")
+        elif name == "multiturn":
+            multiturn(failures, args.drafter or "eagle3")
         else:
-            prefix(failures, args.drafter)
+            prefix(failures, args.drafter or "none")
     return 1 if failures else 0
 
 

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 from jspec.detokenize import TextStream
 from jspec.logprobs import SequenceLogprobs
 from jspec.serve import tool_parsers
+from jspec.serve.tool_call_stream import ToolCallStream
 from jspec.serve.fleet_routes import add_fleet_routes
 from jspec.serve.logprobs import chat_logprobs, completion_logprobs, with_prompt
 from jspec.serve.protocol import APIError, GenerationParams, ModelInfo, choice_params, parse_chat, parse_completion
@@ -229,29 +230,30 @@ async def _stream(generations: list[_Generation], shape: "_Shape") -> AsyncItera
             for index in range(len(generations)):
                 yield _event(shape.chunk({"role": "assistant", "content": ""}, None, index=index))
         echo = [shape.params.echo] * len(generations)
-        calls = [_HeldCalls(shape.params.tool_call_parser) for _ in generations]
+        calls = [ToolCallStream(shape.params.tool_call_parser) for _ in generations]
         running = len(generations)
         while running:
             index, piece = await events.get()
             generation = generations[index]
             if piece is None:
-                rest, tool_calls = calls[index].finish()
+                rest, deltas, called = calls[index].finish()
                 if rest:
                     yield _event(shape.chunk(rest, None, index=index))
-                if tool_calls:
-                    yield _event(shape.chunk({"tool_calls": [c.as_openai(i) for i, c in enumerate(tool_calls)]},
-                                             None, index=index))
-                yield _event(shape.chunk("", "tool_calls" if tool_calls else generation.finish_reason, index=index))
+                if deltas:
+                    yield _event(shape.chunk({"tool_calls": deltas}, None, index=index))
+                yield _event(shape.chunk("", "tool_calls" if called else generation.finish_reason, index=index))
                 running -= 1
                 continue
             text, tokens, logprobs = piece
-            text = calls[index].feed(text)
+            text, deltas = calls[index].feed(text)
             if echo[index]:  # the prompt first (scored before the first tokens arrive)
                 yield _event(shape.echo_chunk(generation.request.scored_prompt, index))
                 echo[index] = False
             # tokens whose text is held back: no event, unless their ids or log-probabilities are asked for
             if text or (tokens and (shape.params.return_token_ids or logprobs is not None)):
                 yield _event(shape.chunk(text, None, tokens, logprobs, index=index))
+            if deltas:
+                yield _event(shape.chunk({"tool_calls": deltas}, None, index=index))
         if shape.params.include_usage:
             yield _event(shape.usage_chunk(sum(len(g.token_ids) for g in generations), generations))
         yield "data: [DONE]\n\n"
@@ -260,32 +262,6 @@ async def _stream(generations: list[_Generation], shape: "_Shape") -> AsyncItera
             task.cancel()
         for generation in generations:
             generation.cancel_unless_finished()
-
-
-class _HeldCalls:
-    """A streamed chat reply's text with its tool calls held back: the text from where a call may begin (the
-    parser's ``tool_call_start``) is kept until the end, then parsed; with no parser, text passes through."""
-
-    def __init__(self, parser: str | None):
-        self.parser, self.text, self.sent = parser, "", 0
-        self.start = None if parser is None else tool_parsers.tool_call_start(parser)
-
-    def feed(self, piece: str) -> str:
-        """-> what of the reply may be sent now."""
-        if self.parser is None:
-            return piece
-        self.text += piece
-        held = self.start(self.text)
-        upto = len(self.text) if held is None else max(held, self.sent)
-        out, self.sent = self.text[self.sent:upto], upto
-        return out
-
-    def finish(self) -> tuple[str, list[tool_parsers.ToolCall]]:
-        """-> (the held text to send as content, the calls parsed from the reply)."""
-        if self.parser is None:
-            return "", []
-        content, calls = tool_parsers.parse(self.parser, self.text)
-        return ("", calls) if calls else (self.text[self.sent:], [])
 
 
 def _event(payload: dict[str, Any]) -> str:

@@ -270,6 +270,12 @@ class ModelRunner:
         speculative = [p for p in self.masked_programs() if p != PLAIN]
         return 1 + len(speculative) + (1 if speculative else 0)
 
+    def masked_programs_compiled(self) -> int:
+        """Programs the structured steps compiled so far: each bucket's plain step and verify passes, and one
+        proposal per bucket of a speculative one."""
+        proposals = {(rows, seq_len) for program, rows, seq_len in self.structured_buckets if program != PLAIN}
+        return len(self.structured_buckets) + len(proposals)
+
     def warm_structured(self) -> None:
         """Compiles and runs once every bucket's structured steps (``warm_up_structured_outputs``), of every
         program the load adapter may choose, on the idle null row (its pages are the null page) with nothing

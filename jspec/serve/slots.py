@@ -104,7 +104,7 @@ class SlotEngine:
         self.blocks: KVCacheCoordinator | None = None
         self.runner = self.runner_class(engine, self.setup, self.config, ways_out=(
             "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
-        self.metrics.watch_programs(self.runner.programs)
+        self.metrics.watch_programs(self.runner.programs, self.runner.masked_programs_compiled)
         self.scheduler = Scheduler(self.config, self.setup, self.metrics, self.runner)
         self._accepting = False
         self._stopping = False

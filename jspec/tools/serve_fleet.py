@@ -12,14 +12,18 @@ replica whose prefix cache holds the longest part of it) listens on ``--host``/`
 SIGTERM drains every replica (accepted requests finish, as one server's SIGTERM does) and then stops the router;
 SIGINT stops everything at once. A replica that dies is the router's to route around (it retries the requests the
 replica dropped on another, and its circuit breaker and health checks stop sending to it) and the launcher's to
-start again on the same port, once a minute at most. Whether the router sends to it again is the router's (seen
-once, not always, with sglang-router 0.3.2; docs/serving.md).
+start again on the same port, once a minute at most. Once the new process answers ``/health``, the launcher
+registers it with the router again (the gateway's worker API: ``DELETE /workers/{id}``, then ``POST /workers``):
+the router then sends to it as to a new worker, with its circuit breaker closed and its cache-aware tree empty, as
+the new process's prefix cache is (left to the router's own health checks, sglang-router 0.3.2 took a restarted
+replica back once in four runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -28,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 STARTUP_SECONDS = 1800.0  # replicas compile their programs at start-up (minutes for a large model)
@@ -115,6 +120,39 @@ def _wait_healthy(url: str, processes: list[subprocess.Popen], what: str, deadli
     raise RuntimeError(f"{what} was not ready at {url} within {STARTUP_SECONDS:.0f} s")
 
 
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _call(method: str, url: str, body: dict | None = None) -> dict:
+    """One JSON call to the router's API -> its JSON reply ({} where it has none)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10.0) as response:
+        text = response.read()
+    return json.loads(text) if text.strip() else {}
+
+
+def register_again(router_url: str, worker_url: str) -> bool:
+    """Registers a restarted replica with the router as a new worker: its entries in ``GET /workers`` deleted
+    (``DELETE /workers/{id}``), then ``POST /workers`` with its URL -> whether the router took it (an error is
+    printed, not raised: the router may still take the replica back by its own health checks)."""
+    try:
+        for worker in _call("GET", router_url + "/workers").get("workers", []):
+            if worker.get("url") == worker_url and worker.get("id"):
+                _call("DELETE", f"{router_url}/workers/{urllib.parse.quote(str(worker['id']), safe='')}")
+        _call("POST", router_url + "/workers", {"url": worker_url})
+        return True
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        print(f"jspec serve: registering {worker_url} with the router again failed ({error}); its health checks "
+              f"may still take it back", flush=True)
+        return False
+
+
 def run_fleet(args: argparse.Namespace) -> int:
     """Starts ``args.data_parallel_size`` replicas and the router; serves until a signal (module docstring)."""
     if importlib.util.find_spec("sglang_router") is None:
@@ -145,6 +183,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         print(f"jspec serve: http://{_url_host(host)}:{args.port}/v1 ({len(urls)} replicas behind sglang-router: "
               f"{' '.join(urls)}) ready", flush=True)
         restarted = [-RESTART_SECONDS] * len(replicas)  # when each was last started again
+        rejoining: set[int] = set()  # replicas started again, not yet registered with the router again
+        router_url = f"http://{_url_host(host)}:{args.port}"
         while stopping["signal"] is None and router.poll() is None:
             for index, process in enumerate(replicas):
                 if process.poll() is not None and time.monotonic() - restarted[index] > RESTART_SECONDS:
@@ -152,6 +192,12 @@ def run_fleet(args: argparse.Namespace) -> int:
                           f"starting it again", flush=True)
                     replicas[index] = subprocess.Popen(base + ["--port", str(ports[index])], env=envs[index])
                     restarted[index] = time.monotonic()
+                    rejoining.add(index)
+                elif index in rejoining and process.poll() is None and _healthy(urls[index] + "/health"):
+                    rejoining.discard(index)
+                    if register_again(router_url, urls[index]):
+                        print(f"jspec serve: replica {index} ({urls[index]}) is ready again; registered with the "
+                              f"router", flush=True)
             time.sleep(POLL_SECONDS)
         return 0 if stopping["signal"] is not None else 1
     finally:

@@ -816,6 +816,37 @@ def test_structured_outputs_through_the_client_equal_offline(structured_server, 
     assert server.served_compiles == []
 
 
+# slow: a forced tool call streamed through the official client as deltas; default tier: test_tool_parsers (the
+# deltas of every format, piece by piece) and its forced tool choice's grammar
+@pytest.mark.slow
+def test_a_streamed_tool_call_arrives_as_deltas_through_the_client(structured_server):
+    """tool_choice naming a function, streamed: the call's header (id, name) comes first, its arguments in several
+    pieces as the model writes them, assembled by the client into what the whole reply's call parses to;
+    finish_reason tool_calls."""
+    server = structured_server
+    tool = {"type": "function", "function": {"name": "count_lines", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string", "maxLength": 12}, "limit": {"type": "integer"}},
+        "required": ["path", "limit"], "additionalProperties": False}}}
+    body = dict(model=NAME, messages=[{"role": "user", "content": "Count the lines."}], max_tokens=48, tools=[tool],
+                tool_choice={"type": "function", "function": {"name": "count_lines"}}, temperature=0)
+    whole = server.client.chat.completions.create(**body).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    expected = json.loads(whole.message.tool_calls[0].function.arguments)
+    header, pieces, reasons = None, [], []
+    for chunk in server.client.chat.completions.create(**body, stream=True):
+        choice = chunk.choices[0]
+        reasons.append(choice.finish_reason)
+        for call in choice.delta.tool_calls or ():
+            if call.id is not None:
+                assert header is None and call.index == 0
+                header = call
+            else:
+                pieces.append(call.function.arguments)
+    assert header.function.name == "count_lines" and header.type == "function" and header.function.arguments == ""
+    assert len(pieces) > 2 and json.loads("".join(pieces)) == expected
+    assert reasons[-1] == "tool_calls"
+
+
 def test_vllm_metric_names_report_what_was_served(server, tokenizer):
     """Every metric vLLM has is exported under vLLM's name with jspec's value, and what they count matches what
     the requests got: finished requests, their prompt and completion tokens, end-to-end latencies, and the

@@ -1,5 +1,6 @@
 """Tool calls (jspec/serve/tool_parsers.py and the chat API around them): the hermes and llama3_json parsers on the
-formats those models write, the streamed reply holding a call back until it can be parsed, tools rendered through
+formats those models write, the streamed reply sending its calls as deltas (name first, then the arguments as
+written), tools rendered through
 the chat template with the request's messages (tool calls and tool results kept), and the answer's shape."""
 
 import json
@@ -10,7 +11,8 @@ import tokenizers
 
 from jspec.chat import ChatTemplate
 from jspec.serve import tool_parsers
-from jspec.serve.app import _HeldCalls, _Shape
+from jspec.serve.app import _Shape
+from jspec.serve.tool_call_stream import ToolCallStream
 from jspec.serve.protocol import APIError, ModelInfo, parse_chat
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -48,17 +50,71 @@ def test_llama3_json_calls():
     assert tool_parsers.parse("llama3_json", '{"name": "f", "parameters": {}} and more')[1] == []
 
 
+def streamed(parser: str | None, pieces: list[str]) -> tuple[str, list[dict], bool, int]:
+    """``pieces`` through a ToolCallStream -> (the content sent, the tool-call deltas, whether the reply was calls,
+    the number of pieces after which some delta was sent)."""
+    stream, content, deltas, with_deltas = ToolCallStream(parser), "", [], 0
+    for piece in pieces:
+        text, new = stream.feed(piece)
+        content, deltas, with_deltas = content + text, deltas + new, with_deltas + bool(new)
+    rest, new, called = stream.finish()
+    return content + rest, deltas + new, called, with_deltas
+
+
+def assembled(deltas: list[dict]) -> list[tuple[str, str, dict]]:
+    """Deltas as a client assembles them -> per call (id, name, arguments parsed)."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        call = calls.setdefault(delta["index"], {"id": None, "name": "", "arguments": ""})
+        if "id" in delta:
+            assert call["id"] is None and delta["type"] == "function" and delta["function"]["arguments"] == ""
+            call["id"], call["name"] = delta["id"], delta["function"]["name"]
+        call["arguments"] += delta["function"]["arguments"]
+    return [(c["id"], c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_streamed_calls_come_as_deltas_name_first_then_arguments_as_written(size):
+    """The reply in pieces of ``size`` characters: the content before the calls streams, each call's header
+    (id, name) comes once its name is written, its arguments in pieces as the model writes them (a brace inside
+    a string, nested lists), and they assemble into what the whole reply parses to."""
+    reply = HERMES_REPLY.replace('{"city": "Paris"}', '{"city": "Paris", "tags": [1, {"note": "a } b"}]}')
+    content, deltas, called, with_deltas = streamed("hermes", [reply[i:i + size] for i in range(0, len(reply), size)])
+    _, whole = tool_parsers.parse("hermes", reply)
+    calls = assembled(deltas)
+    assert called and content == "Let me look.\n"
+    assert [(name, args) for _, name, args in calls] == [(c.name, json.loads(c.arguments)) for c in whole]
+    assert all(call_id.startswith("call_") for call_id, _, _ in calls) and calls[0][0] != calls[1][0]
+    if size == 1:  # streamed as written: the first call's arguments before the second call's name
+        assert with_deltas > 20
+        first_second = next(i for i, d in enumerate(deltas) if d["index"] == 1)
+        assert "".join(d["function"]["arguments"] for d in deltas[:first_second]).startswith('{"city": "Paris"')
+
+
 def test_a_streamed_reply_holds_back_a_call_even_when_its_tag_is_cut():
-    held = _HeldCalls("hermes")
     pieces = ["Let me look.\n<to", "ol_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Paris\"}}",
               "\n</tool_call>"]
-    sent = "".join(held.feed(p) for p in pieces)
-    rest, calls = held.finish()
-    assert sent == "Let me look.\n" and rest == "" and [c.name for c in calls] == ["get_weather"]
-    plain = _HeldCalls("hermes")
-    sent = "".join(plain.feed(p) for p in ["a <b", " c <", "to"])
-    assert sent + plain.finish()[0] == "a <b c <to" and plain.finish()[1] == []
-    assert _HeldCalls(None).feed("<tool_call>") == "<tool_call>"
+    content, deltas, called, _ = streamed("hermes", pieces)
+    assert content == "Let me look.\n" and called and [name for _, name, _ in assembled(deltas)] == ["get_weather"]
+    assert streamed("hermes", ["a <b", " c <", "to"])[:3] == ("a <b c <to", [], False)
+    assert streamed(None, ["<tool_call>"])[:3] == ("<tool_call>", [], False)
+
+
+def test_other_formats_stream_their_calls_and_plain_text_stays_content():
+    text = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+            '{"name": "get_time", "parameters": {}}')
+    _, deltas, called, _ = streamed("llama3_json", [text[i:i + 2] for i in range(0, len(text), 2)])
+    assert called and [(n, a) for _, n, a in assembled(deltas)] == [("get_weather", {"city": "Paris"}),
+                                                                    ("get_time", {})]
+    assert streamed("llama3_json", [" The weather", " is fine."])[:3] == (" The weather is fine.", [], False)
+
+
+def test_a_call_cut_short_ends_as_content_after_its_first_deltas():
+    """A reply whose call never completes (max_tokens): the deltas sent stay sent, the held text comes as
+    content and the reply finishes as text (vLLM's streaming parsers leave the same)."""
+    content, deltas, called, _ = streamed("hermes", ["x <tool_call>{\"name\": \"f\", ", "\"arguments\": {\"a\": 1"])
+    assert not called and content == 'x <tool_call>{"name": "f", "arguments": {"a": 1'
+    assert deltas[0]["function"]["name"] == "f"
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +212,6 @@ def test_a_forced_tool_choice_constrains_the_reply_to_its_calls_schema(model, ch
     assert choice_out["finish_reason"] == "tool_calls" and choice_out["message"]["content"] is None
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
             for c in choice_out["message"]["tool_calls"]] == [("get_weather", {"city": "Paris"})]
-    held = _HeldCalls(params.tool_call_parser)
-    assert held.feed(reply[:5]) == "" and [c.name for c in (held.feed(reply[5:]), held.finish())[1][1]] == [
-        "get_weather"]
+    content, deltas, called, _ = streamed(params.tool_call_parser, [reply[:5], reply[5:]])
+    assert content == "" and called and [(name, args) for _, name, args in assembled(deltas)] == [
+        ("get_weather", {"city": "Paris"})]
