@@ -56,8 +56,8 @@ class ModelRunner:
         self.store_shape = None  # the store's shapes and shardings: what programs are lowered for
         self.tables = np.zeros((config.max_num_seqs + 1, 1, 1), np.int32)  # [rows, groups, pages]: allocate()
         self.host_step = 0  # the store's loop step counter, as last read back
-        # (program, rows, seq_len) whose structured step compiled
-        self.structured_buckets: set[tuple[str, int, int]] = set()
+        # (program, rows, seq_len, lean) whose structured step compiled
+        self.structured_buckets: set[tuple[str, int, int, bool]] = set()
 
     # --- the pool and the store ---------------------------------------------------------------------------------
 
@@ -230,26 +230,29 @@ class ModelRunner:
         return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
 
     def structured_step(self, running: list[int], cancelled: list[bool], need: int, matchers: list, *,
-                        greedy: bool, program: str = FULL) -> paged.Readout:
+                        greedy: bool, program: str = FULL, lean: bool = False) -> paged.Readout:
         """One structured step (:meth:`masked_step`) of ``program`` (the load adapter's choice: :data:`FULL`,
         :data:`SHORT` or :data:`PLAIN`) over ``running`` rows, ``need`` token slots at most, at the occupancy and
-        context bucket holding them, matchers[i] the grammar of running[i] (None: unconstrained). A bucket's
-        programs compile at its first structured step of that program; near the memory-mapping limit a compiled
-        bucket at least as large serves instead, if any."""
+        context bucket holding them, matchers[i] the grammar of running[i] (None: unconstrained); lean: in its
+        form without the API features (no row's request uses them). A bucket's programs compile at its first
+        structured step of that program and form; near the memory-mapping limit a compiled bucket at least as
+        large serves instead, if any."""
         program = self.masked_program(program)
         rows = next(r for r in self.row_buckets if r >= len(running))
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        if ((program, rows, seq_len) not in self.structured_buckets
+        if ((program, rows, seq_len, lean) not in self.structured_buckets
                 and not memory_maps.room_for(2, self.programs.maps_per_program)):
-            larger = [(r, s) for p, r, s in self.structured_buckets if p == program and r >= rows and s >= seq_len]
+            larger = [(r, s, f) for p, r, s, f in self.structured_buckets
+                      if p == program and r >= rows and s >= seq_len and (lean or not f)]
             if larger:
-                rows, seq_len = min(larger)
+                rows, seq_len, lean = min(larger)
             else:
                 logger.warning("compiling structured-output programs near vm.max_map_count (%s)",
                                memory_maps.RAISE_IT)
-        self.structured_buckets.add((program, rows, seq_len))
+        self.structured_buckets.add((program, rows, seq_len, lean))
         matchers = list(matchers) + [None] * (rows - len(running))
-        return self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy, program=program)
+        return self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy, program=program,
+                                lean=lean)
 
     def masked_program(self, program: str) -> str:
         """The masked form a structured step of ``program`` runs: a plain server's one program is its plain step;
@@ -273,29 +276,32 @@ class ModelRunner:
     def masked_programs_compiled(self) -> int:
         """Programs the structured steps compiled so far: each bucket's plain step and verify passes, and one
         proposal per bucket of a speculative one."""
-        proposals = {(rows, seq_len) for program, rows, seq_len in self.structured_buckets if program != PLAIN}
+        proposals = {(rows, seq_len) for program, rows, seq_len, _ in self.structured_buckets if program != PLAIN}
         return len(self.structured_buckets) + len(proposals)
 
     def warm_structured(self) -> None:
         """Compiles and runs once every bucket's structured steps (``warm_up_structured_outputs``), of every
-        program the load adapter may choose, on the idle null row (its pages are the null page) with nothing
-        masked; the prefills take their grammar masks already."""
+        program the load adapter may choose, in their form without the API features (requests with a grammar that
+        also ask for log-probabilities or logits processors compile theirs on first use), on the idle null row
+        (its pages are the null page) with nothing masked; the prefills take their grammar masks already."""
         for program in self.masked_programs():
             for rows in self.row_buckets:
                 for seq_len in self.seq_buckets:
-                    out = self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True, program=program)
+                    out = self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True, program=program,
+                                           lean=True)
                     jax.block_until_ready(out)
-                    self.structured_buckets.add((program, rows, seq_len))
+                    self.structured_buckets.add((program, rows, seq_len, True))
 
     def masked_step(self, running: list[int], cancelled: list[bool], rows: int, seq_len: int, matchers: list, *,
-                    greedy: bool, program: str = FULL) -> tuple:
+                    greedy: bool, program: str = FULL, lean: bool = False) -> tuple:
         """One structured step of ``program`` over ``running`` rows (``cancelled``: each one's request cancelled)
         padded to ``rows`` at context ``seq_len``, matchers[i] the grammar of program row i (None: unconstrained);
         greedy: every row's temperature is 0 (forced drafts may then stand in for a deterministic drafter's) -> its
         readout. :data:`PLAIN` (and a plain server's): one plain step under each row's mask. :data:`FULL` and
         :data:`SHORT`: the drafter proposes (``paged.propose_rows``), the host masks every tree node the step
         verifies (the short chain's first ``short_nodes``) from its path's grammar state
-        (``jspec.structured_outputs.tree_masks``), the target verifies under the masks (``paged.verify_rows``)."""
+        (``jspec.structured_outputs.tree_masks``), the target verifies under the masks (``paged.verify_rows``).
+        lean: the programs' form without the API features (``paged.step_rows``' ``api_features=False``)."""
         row_ids, table, cancel = self.step_arrays(running, rows, cancelled)
         vocab = self.engine.config.vocab_size
         args = (self.engine.params, self.engine.drafter_params)
@@ -303,7 +309,8 @@ class ModelRunner:
             self.store, out = paged.step_rows(
                 *args, self.store, row_ids, table, cancel, self.place(np.asarray(1, np.int32)),
                 self.place(root_bitmask(matchers, vocab)), layout=self.layout, setup=self.setup, seq_len=seq_len,
-                speculate=False, write_pages=paged.write_pages(self.layout, self.setup, 1), chunk_steps=1)
+                speculate=False, write_pages=paged.write_pages(self.layout, self.setup, 1), chunk_steps=1,
+                api_features=not lean)
             return out
         short_nodes = self.short_nodes if program == SHORT else None
         draft, tree = paged.propose_rows(*args, self.store, row_ids, table, layout=self.layout, setup=self.setup,
@@ -312,7 +319,7 @@ class ModelRunner:
         self.store, out = paged.verify_rows(*args, self.store, row_ids, table, cancel, draft, tree,
                                             self.place(bitmask), layout=self.layout, setup=self.setup, seq_len=seq_len,
                                             write_pages=paged.write_pages(self.layout, self.setup, 1),
-                                            short_nodes=short_nodes)
+                                            short_nodes=short_nodes, api_features=not lean)
         return out
 
     def step_programs(self) -> list[tuple[str, int]]:

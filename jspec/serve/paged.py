@@ -221,22 +221,32 @@ def propose_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_tabl
         return propose(params_t, params_d, state, inputs, setup=setup.with_max_seq_len(seq_len))
 
 
-@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "write_pages", "short_nodes"),
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "write_pages", "short_nodes",
+                                               "api_features"),
                    donate_argnames=("store",))
 def verify_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
                 draft_state, tree: DraftTree, token_bitmask: jax.Array, *, layout: PagedLayout,
-                setup: GenerateSetup, seq_len: int, write_pages: int,
-                short_nodes: int | None = None) -> tuple[Store, Readout]:
+                setup: GenerateSetup, seq_len: int, write_pages: int, short_nodes: int | None = None,
+                api_features: bool = True) -> tuple[Store, Readout]:
     """A structured step's second half: finishes the rows where ``cancel`` is set, verifies :func:`propose_rows`'s
     ``tree`` (``draft_state`` the drafter's state it left) under ``token_bitmask`` (i32[R, T, W], one mask per
-    node), accepts and commits -> (store, readout), as one step of :func:`step_rows` (short_nodes: as there)."""
+    node), accepts and commits -> (store, readout), as one step of :func:`step_rows` (short_nodes, api_features:
+    as there)."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         entry_len = state.seq_len
         since = jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
+        unchanged, step_setup, step_inputs, gathered = frozenset(), setup, inputs, state
+        if not api_features:
+            unchanged, step_setup = api_feature_leaves(layout), without_api_features(setup)
+            state = state._replace(features=state.features.without_api())
+            step_inputs = inputs._replace(features=inputs.features.without_api())
         state = verify_proposal(params_t, params_d, state, draft_state, tree,
-                                inputs.with_token_bitmask(token_bitmask), setup=setup.with_max_seq_len(seq_len),
-                                short_nodes=short_nodes)
+                                step_inputs.with_token_bitmask(token_bitmask),
+                                setup=step_setup.with_max_seq_len(seq_len), short_nodes=short_nodes)
+        readout = _readout(state, entry_len, setup.tokens_per_step)
+        if not api_features:  # the tree as stored; these leaves are not written back
+            state = state._replace(features=state.features.with_api_from(gathered.features))
         return (scatter_view(layout, store, (shard_state(state), inputs), row_ids, page_table, seq_len, since=since,
-                             write_pages=write_pages), _readout(state, entry_len, setup.tokens_per_step))
+                             write_pages=write_pages, unchanged=unchanged), readout)

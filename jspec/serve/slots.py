@@ -68,7 +68,7 @@ from jspec.serve.metrics import ServeMetrics
 from jspec.serve.model_runner import ModelRunner
 from jspec.serve.plans import PrefillPlan
 from jspec.serve.output_processor import OutputProcessor
-from jspec.serve.requests import Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver
+from jspec.serve.requests import Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver, uses_api_features
 from jspec.serve.scheduler import Scheduler
 from jspec.serve.serve_config import serve_config
 
@@ -445,7 +445,8 @@ class SlotEngine:
                                           max(self._rows[i].need for i in running),
                                           [self._rows[i].pending.matcher for i in running],
                                           greedy=all(self._rows[i].request.temperature <= 0.0 for i in running),
-                                          program=program)
+                                          program=program,
+                                          lean=not any(uses_api_features(self._rows[i].request) for i in running))
         _, (tokens, verify_steps, _) = self._update_from_output(running, out, program=program, chunk_start=start)
         self._landed = time.perf_counter()
         if self.adapter is not None:

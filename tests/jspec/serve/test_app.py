@@ -57,8 +57,9 @@ class Server:
     """The app over a warm slot engine, served by uvicorn in a background thread on a free local port."""
 
     def __init__(self, max_batch_size: int, max_seq_len: int = MAX_SEQ_LEN, engine: jspec.SpecEngine | None = None,
-                 **slot_kwargs):
-        """engine: what it serves (default: the bundled model with its default drafter)."""
+                 tool_call_parser: str | None = None, **slot_kwargs):
+        """engine: what it serves (default: the bundled model with its default drafter); tool_call_parser: as
+        ``create_app``'s."""
         if engine is None:
             drafter, spec = bundled.default_method("cpu")
             engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec,
@@ -79,7 +80,8 @@ class Server:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(self.slots, NAME), loop="asyncio", lifespan="off", log_level="warning")
+        config = uvicorn.Config(create_app(self.slots, NAME, tool_call_parser=tool_call_parser), loop="asyncio",
+                                lifespan="off", log_level="warning")
         self.server = DrainingServer(config, self.slots, shutdown_timeout=5.0)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -816,32 +818,51 @@ def test_structured_outputs_through_the_client_equal_offline(structured_server, 
     assert server.served_compiles == []
 
 
-# slow: a forced tool call streamed through the official client as deltas; default tier: test_tool_parsers (the
-# deltas of every format, piece by piece) and its forced tool choice's grammar
+# slow: a hermes tool call streamed through the official client as deltas; default tier: test_tool_parsers (the
+# deltas of every format, piece by piece)
 @pytest.mark.slow
-def test_a_streamed_tool_call_arrives_as_deltas_through_the_client(structured_server):
-    """tool_choice naming a function, streamed: the call's header (id, name) comes first, its arguments in several
-    pieces as the model writes them, assembled by the client into what the whole reply's call parses to;
+def test_a_streamed_tool_call_arrives_as_deltas_through_the_client():
+    """A hermes tool call (the reply held to one by a regex, the server started with --tool-call-parser hermes),
+    streamed: the content before it streams as content, the call's header (id, name) comes first, its arguments in
+    several pieces as the model writes them, assembled by the client into what the whole reply's call parses to;
     finish_reason tool_calls."""
-    server = structured_server
+    from jspec.chat import ChatTemplate
+
+    drafter, spec = bundled.default_method("cpu")
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter=drafter, spec=spec, max_batch_size=2,
+                                              max_seq_len=256)
+    engine.chat_template = ChatTemplate("{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}{% for m in messages %}"
+                                        "{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:", {})
+    server = Server(max_batch_size=2, max_seq_len=256, engine=engine, row_buckets=(2,), tool_call_parser="hermes",
+                    warm_up_structured_outputs=True)
+    try:
+        _stream_a_tool_call(server)
+    finally:
+        server.stop()
+
+
+def _stream_a_tool_call(server: Server) -> None:
     tool = {"type": "function", "function": {"name": "count_lines", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string", "maxLength": 12}, "limit": {"type": "integer"}},
-        "required": ["path", "limit"], "additionalProperties": False}}}
-    body = dict(model=NAME, messages=[{"role": "user", "content": "Count the lines."}], max_tokens=48, tools=[tool],
-                tool_choice={"type": "function", "function": {"name": "count_lines"}}, temperature=0)
+        "type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}}}}
+    call = (r'Sure\. <tool_call>\{"name": "count_lines", "arguments": \{"path": "[a-z_]{1,10}\.py", '
+            r'"limit": [1-9][0-9]?\}\}</tool_call>')
+    body = dict(model=NAME, messages=[{"role": "user", "content": "Count the lines."}], max_tokens=80, tools=[tool],
+                temperature=0, extra_body={"structured_outputs": {"regex": call}})
     whole = server.client.chat.completions.create(**body).choices[0]
-    assert whole.finish_reason == "tool_calls"
+    assert whole.finish_reason == "tool_calls", whole.message
     expected = json.loads(whole.message.tool_calls[0].function.arguments)
-    header, pieces, reasons = None, [], []
+    header, pieces, reasons, content = None, [], [], ""
     for chunk in server.client.chat.completions.create(**body, stream=True):
         choice = chunk.choices[0]
         reasons.append(choice.finish_reason)
-        for call in choice.delta.tool_calls or ():
-            if call.id is not None:
-                assert header is None and call.index == 0
-                header = call
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or ():
+            if delta.id is not None:
+                assert header is None and delta.index == 0
+                header = delta
             else:
-                pieces.append(call.function.arguments)
+                pieces.append(delta.function.arguments)
+    assert content == "Sure. " and whole.message.content == "Sure."
     assert header.function.name == "count_lines" and header.type == "function" and header.function.arguments == ""
     assert len(pieces) > 2 and json.loads("".join(pieces)) == expected
     assert reasons[-1] == "tool_calls"
