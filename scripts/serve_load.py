@@ -74,8 +74,10 @@ def counters(base: str, keys: tuple[str, ...] = COUNTERS) -> dict[str, float]:
     return out
 
 
-def fire(base: str, model: str, requests: list[dict]) -> tuple[float, list[float], int]:
-    """All requests at once -> (seconds, latency per request, completion tokens)."""
+def fire(base: str, model: str, requests: list[dict], per_request: list[int] | None = None
+         ) -> tuple[float, list[float], int]:
+    """All requests at once -> (seconds, latency per request, completion tokens); per_request: filled with each
+    request's completion tokens."""
     def one(body: dict) -> tuple[float, int]:
         start = time.perf_counter()
         reply = httpx.post(f"{base}/v1/completions", json=dict(model=model, **body), timeout=1200)
@@ -85,6 +87,8 @@ def fire(base: str, model: str, requests: list[dict]) -> tuple[float, list[float
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
         results = list(pool.map(one, requests))
+    if per_request is not None:
+        per_request[:] = [r[1] for r in results]
     return time.perf_counter() - start, [r[0] for r in results], sum(r[1] for r in results)
 
 
@@ -197,11 +201,17 @@ def main(argv: list[str] | None = None) -> int:
                              f"{' and '.join(repr(s) for s in DEFAULT_SERVERS)})")
     parser.add_argument("--request", action="append", default=[], metavar="NAME=JSON",
                         help="fields added to every request body sent to server NAME (repeatable)")
+    parser.add_argument("--lengths-from", default=None, metavar="NAME",
+                        help="every other server's request i asks for at most the completion tokens server NAME's "
+                             "request i got (measured once, unmeasured, before the rounds): the same output lengths "
+                             "where NAME's requests end sooner (a JSON schema that closes)")
     parser.add_argument("serve_flags", nargs="*", help="extra jspec serve flags for every server (after --)")
     args = parser.parse_args(argv)
     servers = [s.partition("=") for s in args.server or DEFAULT_SERVERS]
     if len(servers) < 2 or any(not name or not sep for name, sep, _ in servers):
         parser.error(f"--server {args.server}: expected at least two NAME=FLAGS")
+    if args.lengths_from is not None and args.lengths_from not in {name for name, _, _ in servers}:
+        parser.error(f"--lengths-from {args.lengths_from!r}: expected one of the --server names")
     extras: dict[str, dict] = {}
     for item in args.request:
         name, sep, text = item.partition("=")
@@ -223,6 +233,15 @@ def main(argv: list[str] | None = None) -> int:
             fire(running[-1].base, running[-1].model, [{**r, **extras.get(name, {})} for r in warmup])
             if args.settle:
                 running[-1].settle(bodies[name])
+        if args.lengths_from is not None:
+            source = next(server for server in running if server.name == args.lengths_from)
+            lengths: list[int] = []
+            fire(source.base, source.model, bodies[source.name], lengths)
+            for name in bodies:
+                if name != source.name:
+                    bodies[name] = [{**r, "max_tokens": max(1, min(r["max_tokens"], n))}
+                                    for r, n in zip(bodies[name], lengths)]
+            print(f"max_tokens of the others from {source.name}'s outputs: {sum(lengths)} tokens in all")
         results = measure(running, bodies, args.rounds)
     finally:
         for server in running:
