@@ -106,10 +106,10 @@ class ServeMetrics:
                                         "off the scheduler's thread (their requests run on a larger compiled "
                                         "bucket meanwhile)", registry=r)
 
-    def watch_programs(self, programs, others=lambda: 0) -> None:
+    def watch_programs(self, programs) -> None:
         """Reads the two program gauges off ``programs`` (a ``jspec.serve.program_cache.ProgramCache``) when
-        scraped; others() -> programs compiled beside it (the structured steps')."""
-        self.programs_compiled.set_function(lambda: len(programs) + others())
+        scraped."""
+        self.programs_compiled.set_function(lambda: len(programs))
         self.programs_compiling.set_function(programs.pending)
 
     def observe_tokens(self, count: int, *, waited: float | None, chunk_seconds: float) -> None:

@@ -19,7 +19,7 @@ from jspec.batching import prompt_bucket, prompt_buckets
 from jspec.config import SamplingParams
 from jspec.logprobs import SequenceLogprobs
 from jspec.prompt_logprobs import score_prompts
-from jspec.serve import kv_store, memory_maps, paged
+from jspec.serve import kv_store, paged
 from jspec.serve.adapt import FULL, PLAIN, SHORT
 from jspec.serve.block_manager import pages_for
 from jspec.serve.calibration import calibration_width
@@ -29,6 +29,7 @@ from jspec.serve.plans import PrefillPlan, StepPlan
 from jspec.serve.programs import admit_row
 from jspec.serve.serve_config import ServeConfig
 from jspec.sharding import per_device_bytes, put
+from jspec.structured_outputs.bitmask import bitmask_words
 from jspec.structured_outputs.tree_masks import constrain_proposal, root_bitmask
 
 logger = logging.getLogger("jspec.serve")
@@ -56,8 +57,6 @@ class ModelRunner:
         self.store_shape = None  # the store's shapes and shardings: what programs are lowered for
         self.tables = np.zeros((config.max_num_seqs + 1, 1, 1), np.int32)  # [rows, groups, pages]: allocate()
         self.host_step = 0  # the store's loop step counter, as last read back
-        # (program, rows, seq_len, lean) whose structured step compiled
-        self.structured_buckets: set[tuple[str, int, int, bool]] = set()
 
     # --- the pool and the store ---------------------------------------------------------------------------------
 
@@ -230,29 +229,19 @@ class ModelRunner:
         return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
 
     def structured_step(self, running: list[int], cancelled: list[bool], need: int, matchers: list, *,
-                        greedy: bool, program: str = FULL, lean: bool = False) -> paged.Readout:
+                        greedy: bool, program: str = FULL, lean: bool = False) -> tuple[str, paged.Readout]:
         """One structured step (:meth:`masked_step`) of ``program`` (the load adapter's choice: :data:`FULL`,
         :data:`SHORT` or :data:`PLAIN`) over ``running`` rows, ``need`` token slots at most, at the occupancy and
-        context bucket holding them, matchers[i] the grammar of running[i] (None: unconstrained); lean: in its
-        form without the API features (no row's request uses them). A bucket's programs compile at its first
-        structured step of that program and form; near the memory-mapping limit a compiled bucket at least as
-        large serves instead, if any."""
-        program = self.masked_program(program)
+        context bucket holding them (:meth:`masked_bucket`: its own programs where compiled, else compiled ones
+        standing in while they compile off this thread), matchers[i] the grammar of running[i] (None:
+        unconstrained); lean: in its form without the API features (no row's request uses them) -> (the program
+        it ran, its readout)."""
         rows = next(r for r in self.row_buckets if r >= len(running))
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        if ((program, rows, seq_len, lean) not in self.structured_buckets
-                and not memory_maps.room_for(2, self.programs.maps_per_program)):
-            larger = [(r, s, f) for p, r, s, f in self.structured_buckets
-                      if p == program and r >= rows and s >= seq_len and (lean or not f)]
-            if larger:
-                rows, seq_len, lean = min(larger)
-            else:
-                logger.warning("compiling structured-output programs near vm.max_map_count (%s)",
-                               memory_maps.RAISE_IT)
-        self.structured_buckets.add((program, rows, seq_len, lean))
+        program, rows, seq_len, lean = self.masked_bucket(self.masked_program(program), rows, seq_len, lean)
         matchers = list(matchers) + [None] * (rows - len(running))
-        return self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy, program=program,
-                                lean=lean)
+        return program, self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy,
+                                         program=program, lean=lean)
 
     def masked_program(self, program: str) -> str:
         """The masked form a structured step of ``program`` runs: a plain server's one program is its plain step;
@@ -273,53 +262,77 @@ class ModelRunner:
         speculative = [p for p in self.masked_programs() if p != PLAIN]
         return 1 + len(speculative) + (1 if speculative else 0)
 
-    def masked_programs_compiled(self) -> int:
-        """Programs the structured steps compiled so far: each bucket's plain step and verify passes, and one
-        proposal per bucket of a speculative one."""
-        proposals = {(rows, seq_len) for program, rows, seq_len, _ in self.structured_buckets if program != PLAIN}
-        return len(self.structured_buckets) + len(proposals)
+    def masked_keys(self, program: str, rows: int, seq_len: int, lean: bool) -> list[tuple]:
+        """The program-cache keys a masked step of ``program`` runs: ("masked", program, rows, seq_len, lean) (the
+        plain step, or the verify pass), after ("propose", rows, seq_len) for a speculative one."""
+        masked = ("masked", program, rows, seq_len, lean)
+        return [masked] if program == PLAIN else [("propose", rows, seq_len), masked]
+
+    def masked_bucket(self, program: str, rows: int, seq_len: int, lean: bool) -> tuple[str, int, int, bool]:
+        """(program, rows, seq_len, lean) of the masked step that serves a structured step of ``program`` over
+        ``rows`` rows at context ``seq_len``: its own where compiled; else (its own asked for on the compiling
+        thread) the smallest compiled bucket holding it, of that program or, failing that, of another (every
+        masked program commits the constrained target's tokens), a lean step standing in only for a lean one;
+        with none compiled, its own, compiled here (the server's first structured step, without
+        ``--warm-up-structured-outputs``)."""
+        wanted = self.masked_keys(program, rows, seq_len, lean)
+        if all(key in self.programs for key in wanted):
+            return program, rows, seq_len, lean
+        for key in wanted:
+            self.programs.request(key)
+        compiled = [key[1:] for key in self.programs.keys() if key[0] == "masked"]
+        others = tuple(p for p in (PLAIN, SHORT, FULL) if p != program and p in self.masked_programs())
+        for candidate in (program,) + others:  # the cheaper stand-ins first
+            held = [(r, s, f) for p, r, s, f in compiled if p == candidate and r >= rows and s >= seq_len
+                    and (lean or not f) and all(k in self.programs for k in self.masked_keys(p, r, s, f))]
+            if held:
+                r, s, f = min(held, key=lambda bucket: (bucket[0] * bucket[1], bucket[0], bucket[2] != lean))
+                return candidate, r, s, f
+        logger.info("compiling the structured-output programs %s on first use (--warm-up-structured-outputs "
+                    "compiles them at start-up)", wanted)
+        self.programs.compile_now(wanted)
+        return program, rows, seq_len, lean
 
     def warm_structured(self) -> None:
-        """Compiles and runs once every bucket's structured steps (``warm_up_structured_outputs``), of every
-        program the load adapter may choose, in their form without the API features (requests with a grammar that
-        also ask for log-probabilities or logits processors compile theirs on first use), on the idle null row
-        (its pages are the null page) with nothing masked; the prefills take their grammar masks already."""
-        for program in self.masked_programs():
-            for rows in self.row_buckets:
-                for seq_len in self.seq_buckets:
-                    out = self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True, program=program,
-                                           lean=True)
-                    jax.block_until_ready(out)
-                    self.structured_buckets.add((program, rows, seq_len, True))
+        """Compiles every bucket's structured steps (``warm_up_structured_outputs``), of every program the load
+        adapter may choose, in their form without the API features (requests with a grammar that also ask for
+        log-probabilities or logits processors compile theirs on first use), and runs each once on the idle null
+        row (its pages are the null page) with nothing masked; the prefills take their grammar masks already."""
+        buckets = [(program, rows, seq_len) for program in self.masked_programs() for rows in self.row_buckets
+                   for seq_len in self.seq_buckets]
+        keys = [key for bucket in buckets for key in self.masked_keys(*bucket, True)]
+        later = sum(key[0] == "masked" for key in keys)
+        self.programs.compile_up_front((key for key in keys if key[0] == "propose"), later=later)
+        self.programs.compile_up_front(key for key in keys if key[0] == "masked")  # verify passes read proposals
+        for program, rows, seq_len in buckets:
+            jax.block_until_ready(self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True,
+                                                   program=program, lean=True))
 
     def masked_step(self, running: list[int], cancelled: list[bool], rows: int, seq_len: int, matchers: list, *,
                     greedy: bool, program: str = FULL, lean: bool = False) -> tuple:
         """One structured step of ``program`` over ``running`` rows (``cancelled``: each one's request cancelled)
-        padded to ``rows`` at context ``seq_len``, matchers[i] the grammar of program row i (None: unconstrained);
-        greedy: every row's temperature is 0 (forced drafts may then stand in for a deterministic drafter's) -> its
-        readout. :data:`PLAIN` (and a plain server's): one plain step under each row's mask. :data:`FULL` and
-        :data:`SHORT`: the drafter proposes (``paged.propose_rows``), the host masks every tree node the step
-        verifies (the short chain's first ``short_nodes``) from its path's grammar state
-        (``jspec.structured_outputs.tree_masks``), the target verifies under the masks (``paged.verify_rows``).
-        lean: the programs' form without the API features (``paged.step_rows``' ``api_features=False``)."""
+        padded to ``rows`` at context ``seq_len`` by its compiled programs (:meth:`masked_keys`), matchers[i] the
+        grammar of program row i (None: unconstrained); greedy: every row's temperature is 0 (forced drafts may
+        then stand in for a deterministic drafter's) -> its readout. :data:`PLAIN` (and a plain server's): one plain
+        step under each row's mask. :data:`FULL` and :data:`SHORT`: the drafter proposes (``paged.propose_rows``),
+        the host masks every tree node the step verifies (the short chain's first ``short_nodes``) from its path's
+        grammar state (``jspec.structured_outputs.tree_masks``), the target verifies under the masks
+        (``paged.verify_rows``). lean: the programs' form without the API features (``paged.step_rows``'
+        ``api_features=False``)."""
         row_ids, table, cancel = self.step_arrays(running, rows, cancelled)
         vocab = self.engine.config.vocab_size
         args = (self.engine.params, self.engine.drafter_params)
+        keys = self.masked_keys(program, rows, seq_len, lean)
         if program == PLAIN:
-            self.store, out = paged.step_rows(
-                *args, self.store, row_ids, table, cancel, self.place(np.asarray(1, np.int32)),
-                self.place(root_bitmask(matchers, vocab)), layout=self.layout, setup=self.setup, seq_len=seq_len,
-                speculate=False, write_pages=paged.write_pages(self.layout, self.setup, 1), chunk_steps=1,
-                api_features=not lean)
+            self.store, out = self.programs[keys[0]](*args, self.store, row_ids, table, cancel,
+                                                     self.place(np.asarray(1, np.int32)),
+                                                     self.place(root_bitmask(matchers, vocab)))
             return out
-        short_nodes = self.short_nodes if program == SHORT else None
-        draft, tree = paged.propose_rows(*args, self.store, row_ids, table, layout=self.layout, setup=self.setup,
-                                         seq_len=seq_len)
-        tree, bitmask = constrain_proposal(matchers, tree, vocab, greedy=greedy, nodes=short_nodes)
-        self.store, out = paged.verify_rows(*args, self.store, row_ids, table, cancel, draft, tree,
-                                            self.place(bitmask), layout=self.layout, setup=self.setup, seq_len=seq_len,
-                                            write_pages=paged.write_pages(self.layout, self.setup, 1),
-                                            short_nodes=short_nodes, api_features=not lean)
+        draft, tree = self.programs[keys[0]](*args, self.store, row_ids, table)
+        tree, bitmask = constrain_proposal(matchers, tree, vocab, greedy=greedy,
+                                           nodes=self.short_nodes if program == SHORT else None)
+        self.store, out = self.programs[keys[1]](*args, self.store, row_ids, table, cancel, draft, tree,
+                                                 self.place(bitmask))
         return out
 
     def step_programs(self) -> list[tuple[str, int]]:
@@ -462,6 +475,10 @@ class ModelRunner:
         if kind in ("step", "step_lean"):
             _, _, rows, _ = key
             return (*self.step_arrays([], rows), self.place(np.asarray(self.steps_per_chunk, np.int32)))
+        if kind == "propose":
+            return self.step_arrays([], key[1])[:2]
+        if kind == "masked":
+            return self.step_arrays([], key[2])
         if kind == "score":
             return (self.place(np.zeros((1, key[1]), np.int32)), self.place(np.ones((1,), np.int32)))
         _, rows, width = key
@@ -481,12 +498,41 @@ class ModelRunner:
         if kind == "prefill_cached":
             return paged.prefill_cached_rows.lower(*args, self.store_shape, *example, layout=self.layout,
                                                    setup=self.setup, seq_len=self.max_seq_len)
+        if kind == "propose":
+            return paged.propose_rows.lower(*args, self.store_shape, *example, layout=self.layout, setup=self.setup,
+                                            seq_len=key[2])
+        if kind == "masked":
+            return self.lower_masked(key, example)
         _, program, _, seq_len = key
         return paged.step_rows.lower(
             *args, self.store_shape, *example, layout=self.layout, setup=self.setup, seq_len=seq_len,
             speculate=program != PLAIN, write_pages=paged.write_pages(self.layout, self.setup, self.steps_per_chunk),
             short_nodes=self.short_nodes if program == SHORT else None, chunk_steps=self.steps_per_chunk,
             api_features=kind != "step_lean")
+
+    def lower_masked(self, key: tuple, example: tuple):
+        """The masked step program of ``key`` (:meth:`masked_keys`) lowered: the plain step under a root mask
+        i32[rows, 1, W], or the verify pass of the proposal (its shapes and shardings those the compiled proposal
+        returns) under a mask per node i32[rows, T, W]."""
+        _, program, rows, seq_len, lean = key
+        args = (self.engine.params, self.engine.drafter_params)
+        words = bitmask_words(self.engine.config.vocab_size)
+        write_pages = paged.write_pages(self.layout, self.setup, 1)
+        if program == PLAIN:
+            return paged.step_rows.lower(
+                *args, self.store_shape, *example, self.place(np.asarray(1, np.int32)),
+                self.place(np.zeros((rows, 1, words), np.int32)), layout=self.layout, setup=self.setup,
+                seq_len=seq_len, speculate=False, write_pages=write_pages, chunk_steps=1, api_features=not lean)
+        proposal_key = ("propose", rows, seq_len)
+        proposal = (self.programs[proposal_key] if proposal_key in self.programs
+                    else self.lower(proposal_key).compile())
+        draft, tree = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                   proposal.out_info)
+        bitmask = self.place(np.zeros((rows, tree.tokens.shape[1], words), np.int32))
+        return paged.verify_rows.lower(*args, self.store_shape, *example, draft, tree, bitmask, layout=self.layout,
+                                       setup=self.setup, seq_len=seq_len, write_pages=write_pages,
+                                       short_nodes=self.short_nodes if program == SHORT else None,
+                                       api_features=not lean)
 
     def step_bucket(self, program: str, rows: int, seq_len: int) -> tuple[int, int]:
         """(rows, seq_len) of the compiled step program a chunk of ``program`` over ``rows`` rows at context

@@ -90,6 +90,17 @@ class ProgramCache:
             self._compiled.update(compiled)
             self._asked.update(compiled)
 
+    def compile_now(self, keys: Iterable[Key]) -> None:
+        """Compiles ``keys`` on this thread, one after another (those not compiled yet; one queued for the
+        compiling thread meanwhile is compiled there again, and the later copy kept)."""
+        for key in keys:
+            if key in self._compiled:
+                continue
+            program = self._lower(key).compile()
+            with self._lock:
+                self._compiled[key] = program
+                self._asked.add(key)
+
     def request(self, key: Key) -> None:
         """Asks for ``key`` to be compiled on the compiling thread (once; nothing where it is compiled, queued or
         was refused for want of mappings)."""

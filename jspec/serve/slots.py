@@ -104,7 +104,7 @@ class SlotEngine:
         self.blocks: KVCacheCoordinator | None = None
         self.runner = self.runner_class(engine, self.setup, self.config, ways_out=(
             "a smaller --max-num-seqs or --max-seq-len (fewer buckets), without --warm-up-structured-outputs"))
-        self.metrics.watch_programs(self.runner.programs, self.runner.masked_programs_compiled)
+        self.metrics.watch_programs(self.runner.programs)
         self.scheduler = Scheduler(self.config, self.setup, self.metrics, self.runner)
         self._accepting = False
         self._stopping = False
@@ -440,13 +440,11 @@ class SlotEngine:
         start = time.perf_counter()
         rows = next(r for r in self.row_buckets if r >= len(running))
         program, _ = self.scheduler.choose_program(running, rows, None)
-        program = self.runner.masked_program(program)
-        out = self.runner.structured_step(running, self._cancelled(running),
-                                          max(self._rows[i].need for i in running),
-                                          [self._rows[i].pending.matcher for i in running],
-                                          greedy=all(self._rows[i].request.temperature <= 0.0 for i in running),
-                                          program=program,
-                                          lean=not any(uses_api_features(self._rows[i].request) for i in running))
+        program, out = self.runner.structured_step(
+            running, self._cancelled(running), max(self._rows[i].need for i in running),
+            [self._rows[i].pending.matcher for i in running],
+            greedy=all(self._rows[i].request.temperature <= 0.0 for i in running), program=program,
+            lean=not any(uses_api_features(self._rows[i].request) for i in running))
         _, (tokens, verify_steps, _) = self._update_from_output(running, out, program=program, chunk_start=start)
         self._landed = time.perf_counter()
         if self.adapter is not None:
