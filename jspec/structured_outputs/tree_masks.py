@@ -36,41 +36,101 @@ def constrain_tree(matchers: list, tokens: np.ndarray, mask: np.ndarray, vocab_s
     be the draw its probabilities describe.
 
     nodes: only the first ``nodes`` (a short chain's, which is all a short step verifies) are masked and may be
-    substituted; the rest stay all allowed and unread (default: every node)."""
+    substituted; the rest stay all allowed and unread (default: every node).
+
+    Chains (each node's parent the one before it) are masked for all rows at once by llguidance's parallel fill
+    along the drafts (in Rust, off the GIL); a row whose grammar forbids one of its drafts, or stops within them,
+    is masked node by node as a tree is (where forced tokens may replace its drafts)."""
     rows = tokens.shape[0]
     masked = tokens.shape[1] if nodes is None else min(nodes, tokens.shape[1])
     tokens = tokens.copy()
     substituted = np.zeros(rows, bool)
     out = np.full((rows, tokens.shape[1], bitmask_words(vocab_size)), -1, np.int32)
+    pending = [b for b, matcher in enumerate(matchers) if matcher is not None]
+    if pending and masked > 1 and _is_chain(mask[:, :masked, :masked]):
+        pending = _mask_chains(matchers, pending, tokens[:, :masked], out, vocab_size)
     depth = mask.sum(axis=-1) - 1
-    for b, matcher in enumerate(matchers):
-        if matcher is None:
-            continue
-        _fill(matcher, out[b], 0)
-        reachable = np.zeros(tokens.shape[1], bool)
-        reachable[0] = True
-        for n in np.argsort(depth[b, :masked], kind="stable")[1:]:
-            ancestors = np.nonzero(mask[b, n])[0]
-            ancestors = ancestors[np.argsort(depth[b, ancestors], kind="stable")]  # root first, n last
-            parent = ancestors[-2]
-            if not reachable[parent]:
-                continue
-            path = tokens[b, ancestors[1:-1]].tolist()
-            consumed = matcher.try_consume_tokens(path)  # the parent's state (reachable: all of the path)
-            token = int(tokens[b, n])
-            if substitute and not _allowed(out[b, parent], token):
-                forced = matcher.compute_ff_tokens()
-                if forced:
-                    token = tokens[b, n] = forced[0]
-                    substituted[b] = True
-            if (0 <= token < vocab_size and not matcher.is_stopped() and _allowed(out[b, parent], token)
-                    and matcher.consume_token(token)):
-                reachable[n] = True
-                _fill(matcher, out[b], n)
-                consumed += 1
-            if consumed:
-                matcher.rollback(consumed)
+    for b in pending:
+        substituted[b] = _constrain_row(matchers[b], tokens[b], mask[b], depth[b], out[b], masked, vocab_size,
+                                        substitute)
     return out, tokens, substituted
+
+
+def _is_chain(mask: np.ndarray) -> bool:
+    """Whether every row's tree (ancestry mask bool[B, T, T]) is a chain: node n's ancestors are nodes 0..n."""
+    return bool((mask == np.tril(np.ones(mask.shape[1:], bool))).all())
+
+
+def _mask_chains(matchers: list, rows: list[int], tokens: np.ndarray, out: np.ndarray, vocab_size: int) -> list[int]:
+    """Masks the chains of ``rows`` (tokens i32[B, K]: the root, then K - 1 drafts) into out[b, :K] in one
+    parallel fill along each row's drafts -> the rows it could not mask: a draft out of the vocabulary, forbidden
+    at its parent, or after the grammar's end, or a node the grammar allows nothing at (all for
+    :func:`_constrain_row`)."""
+    from llguidance.numpy import fill_next_token_bitmask_par_with_draft_tokens
+
+    nodes = tokens.shape[1]
+    drafts = tokens[rows, 1:]
+    in_vocabulary = ((drafts >= 0) & (drafts < vocab_size)).all(axis=1)
+    rest = [b for b, ok in zip(rows, in_vocabulary) if not ok]
+    rows, drafts = [b for b, ok in zip(rows, in_vocabulary) if ok], drafts[in_vocabulary]
+    if not rows:
+        return rest
+    flat = np.zeros((len(rows) * nodes, out.shape[-1]), np.int32)
+    fill_next_token_bitmask_par_with_draft_tokens(
+        _executor(), [(matchers[b], i * nodes, drafts[i].tolist()) for i, b in enumerate(rows)], flat)
+    flat = flat.reshape(len(rows), nodes, -1)
+    clipped = np.clip(drafts, 0, 32 * flat.shape[-1] - 1)
+    words = np.take_along_axis(flat[:, :-1], (clipped // 32)[..., None], axis=2)[..., 0]
+    fine = (((words >> (clipped % 32)) & 1) == 1).all(axis=1)  # each draft allowed at its parent
+    fine &= flat.any(axis=2).all(axis=1)  # no node past the grammar's end (nothing allowed)
+    fine &= np.asarray([not matchers[b].is_stopped() for b in rows])
+    out[np.asarray(rows)[fine], :nodes] = flat[fine]
+    return rest + [b for b, ok in zip(rows, fine) if not ok]
+
+
+def _constrain_row(matcher, tokens: np.ndarray, mask: np.ndarray, depth: np.ndarray, out: np.ndarray, masked: int,
+                   vocab_size: int, substitute: bool) -> bool:
+    """One row of :func:`constrain_tree`, node by node (tokens i32[T], mask bool[T, T], depth i32[T]; out i32[T, W]
+    written, tokens where substituted) -> whether a draft was substituted."""
+    substituted = False
+    _fill(matcher, out, 0)
+    reachable = np.zeros(tokens.shape[0], bool)
+    reachable[0] = True
+    for n in np.argsort(depth[:masked], kind="stable")[1:]:
+        ancestors = np.nonzero(mask[n])[0]
+        ancestors = ancestors[np.argsort(depth[ancestors], kind="stable")]  # root first, n last
+        parent = ancestors[-2]
+        if not reachable[parent]:
+            continue
+        path = tokens[ancestors[1:-1]].tolist()
+        consumed = matcher.try_consume_tokens(path)  # the parent's state (reachable: all of the path)
+        token = int(tokens[n])
+        if substitute and not _allowed(out[parent], token):
+            forced = matcher.compute_ff_tokens()
+            if forced:
+                token = tokens[n] = forced[0]
+                substituted = True
+        if (0 <= token < vocab_size and not matcher.is_stopped() and _allowed(out[parent], token)
+                and matcher.consume_token(token)):
+            reachable[n] = True
+            _fill(matcher, out, n)
+            consumed += 1
+        if consumed:
+            matcher.rollback(consumed)
+    return substituted
+
+
+_EXECUTOR = None
+
+
+def _executor():
+    """llguidance's thread pool for parallel mask fills (one per process)."""
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        from llguidance import LLExecutor
+
+        _EXECUTOR = LLExecutor()
+    return _EXECUTOR
 
 
 def with_forced_drafts(tree, tokens: np.ndarray, substituted: np.ndarray):

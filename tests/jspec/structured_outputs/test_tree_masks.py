@@ -94,3 +94,37 @@ def test_a_short_steps_masks_cover_only_the_nodes_it_verifies(compiler, tokenize
     np.testing.assert_array_equal(short[:, :3], whole[:, :3])
     assert (short[:, 3:] == -1).all() and (new_tokens == tokens).all()
     assert not (whole[:, 3] == -1).all()
+
+
+def test_chains_masked_in_parallel_equal_masking_node_by_node(compiler, tokenizer):
+    """Chains take llguidance's parallel fill along their drafts; every row (drafts all allowed, one forbidden and
+    replaced by a forced token, past the grammar's end, a padding draft, a row without a grammar) gets what the
+    node-by-node masking of a tree gives it."""
+    from jspec.structured_outputs import tree_masks
+
+    text = tokenizer.encode('{"name":"ada"}', add_special_tokens=False).ids
+    eos = 2
+    x = tokenizer.encode("x", add_special_tokens=False).ids[-1]
+    cases = [(2, text[2:6]), (3, [x] + text[4:7]), (len(text) - 2, text[-2:] + [eos, 5]), (1, text[1:3] + [-1, 7])]
+    states, chains = [], []
+    for consumed, drafts in cases:
+        matcher = compiler.matcher(SCHEMA)
+        assert matcher.consume_tokens(text[:consumed])
+        states.append(matcher)
+        chains.append([text[consumed - 1]] + drafts)
+    states.append(None)
+    chains.append([1, 2, 3, 4, 5])
+    tokens = np.array(chains)
+    mask = np.tril(np.ones((5, 5), bool))[None].repeat(len(chains), axis=0)
+    bitmask, new_tokens, substituted = constrain_tree(states, tokens, mask, VOCAB)
+    depth = mask.sum(axis=-1) - 1
+    for b, matcher in enumerate(states):
+        want, want_tokens = np.full_like(bitmask[b], -1), tokens[b].copy()
+        changed = matcher is not None and tree_masks._constrain_row(matcher, want_tokens, mask[b], depth[b], want,
+                                                                    5, VOCAB, True)
+        np.testing.assert_array_equal(bitmask[b], want, err_msg=f"row {b}")
+        assert (new_tokens[b] == want_tokens).all() and substituted[b] == changed
+    assert not substituted[0] and substituted[1]  # "x" forbidden at its parent: the forced token drafted instead
+    assert tree_masks._mask_chains(states, [0, 1, 3], tokens, np.full_like(bitmask, -1), VOCAB) == [3, 1]
+    for matcher in states[:-1]:  # the grammars are where they were
+        assert not matcher.is_stopped()
