@@ -237,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
             source = next(server for server in running if server.name == args.lengths_from)
             lengths: list[int] = []
             fire(source.base, source.model, bodies[source.name], lengths)
-            for name in bodies:
-                if name != source.name:
-                    bodies[name] = [{**r, "max_tokens": max(1, min(r["max_tokens"], n))}
-                                    for r, n in zip(bodies[name], lengths)]
+            for server in running:
+                if server is not source:
+                    bodies[server.name] = [{**r, "max_tokens": max(1, min(r["max_tokens"], n))}
+                                           for r, n in zip(bodies[server.name], lengths)]
+                    if args.settle:  # other lengths, other buckets: compiled before the rounds
+                        server.settle(bodies[server.name])
             print(f"max_tokens of the others from {source.name}'s outputs: {sum(lengths)} tokens in all")
         results = measure(running, bodies, args.rounds)
     finally:
