@@ -245,7 +245,8 @@ def multiturn(failures: list[str], drafter: str = "eagle3", sessions: int = 8, t
     """``sessions`` chats of ``turns`` turns, each turn's prompt the whole conversation so far (a system prompt of
     two HumanEval problems, then every user turn and reply), the sessions' turns sent at once, turn after turn;
     with the prefix cache and without. Reports the share of what later turns share with the turn before (its
-    prompt) that hit the cache, and the later turns' TTFT p50 each way."""
+    prompt) that hit the cache, and the later turns' TTFT p50 each way, after two other sessions (unmeasured) whose
+    turns set off the compiles of the cached prefills those widths run on."""
     from jspec.train.corpus import human_eval_prompts
 
     problems = [p["prompt"] for p in human_eval_prompts()]
@@ -255,7 +256,15 @@ def multiturn(failures: list[str], drafter: str = "eagle3", sessions: int = 8, t
         flags = (["--max-seq-len", "1024"] + ([] if drafter == "default" else ["--drafter", drafter])
                  + ([] if caching else ["--no-enable-prefix-caching"]))
         with Server(flags) as server:
-            server.chat([{"role": "user", "content": "warm up"}], 2)
+            # two sessions of other problems first, unmeasured: the cached prefills of the turns' widths compile on
+            # first use (off the scheduler's thread), and until they are compiled a turn is prefilled whole
+            warm = [[{"role": "system", "content": "Project:\n" + problems[-1 - s]}] for s in range(2)]
+            for turn in range(turns):
+                for history in warm:
+                    history.append({"role": "user", "content": f"Turn {turn}: write the next helper."})
+                    history.append({"role": "assistant", "content": server.chat(history, budget)[0]})
+            while server.metric("jspec:programs_compiling"):
+                time.sleep(1.0)
             histories = [[{"role": "system", "content": "Project:\n" + problems[2 * s] + problems[2 * s + 1]}]
                          for s in range(sessions)]
             previous, shared, later_ttfts, replies = [0] * sessions, 0, [], []
