@@ -176,6 +176,13 @@ def capacity(failures: list[str], pool_tokens: int = 8192, name: str = "capacity
         check("preemption: preemptions counted", preempted > 0, failures)
 
 
+def caching_flags(drafter: str, caching: bool) -> list[str]:
+    """The prefix and multi-turn checks' server: ``drafter`` ("default": the server's own), prefix caching on or
+    off."""
+    return (["--max-seq-len", "1024"] + ([] if drafter == "default" else ["--drafter", drafter])
+            + ([] if caching else ["--no-enable-prefix-caching"]))
+
+
 def prefix(failures: list[str], drafter: str = "none") -> None:
     shared = humaneval_ids(1, 500)[0]
     tails = humaneval_ids(16, 12, offset=20)
@@ -183,9 +190,7 @@ def prefix(failures: list[str], drafter: str = "none") -> None:
     budget = 16
     figures = {}
     for caching in (True, False):
-        flags = (["--max-seq-len", "1024"] + ([] if drafter == "default" else ["--drafter", drafter])
-                 + ([] if caching else ["--no-enable-prefix-caching"]))
-        with Server(flags) as server:
+        with Server(caching_flags(drafter, caching)) as server:
             server.complete_all([humaneval_ids(1, 40, offset=40)[0]], 2)  # warm, shares nothing
             first, _ = server.complete(prompts[0], budget)
             queries, hits = (server.metric("jspec:prefix_cache_queries_total"),
@@ -253,9 +258,7 @@ def multiturn(failures: list[str], drafter: str = "eagle3", sessions: int = 8, t
     budget = 16
     figures = {}
     for caching in (True, False):
-        flags = (["--max-seq-len", "1024"] + ([] if drafter == "default" else ["--drafter", drafter])
-                 + ([] if caching else ["--no-enable-prefix-caching"]))
-        with Server(flags) as server:
+        with Server(caching_flags(drafter, caching)) as server:
             # two sessions of other problems first, unmeasured: the cached prefills of the turns' widths compile on
             # first use (off the scheduler's thread), and until they are compiled a turn is prefilled whole
             warm = [[{"role": "system", "content": "Project:\n" + problems[-1 - s]}] for s in range(2)]

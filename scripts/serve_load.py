@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -104,8 +105,9 @@ class Served:
         started = time.perf_counter()
         for line in self.process.stdout:
             sys.stdout.write(f"[{name}] {line}")
-            if "ready" in line:
+            if "ready" in line and self.base in line:  # its own address (a fleet's replicas print theirs first)
                 break
+        threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()  # never full
         self.model = httpx.get(f"{self.base}/v1/models", timeout=30).json()["data"][0]["id"]
         self.start_up_seconds = time.perf_counter() - started
 
