@@ -118,14 +118,15 @@ def test_a_killed_replica_loses_no_request_and_comes_back(fleet):
             pass
         time.sleep(1.0)
     assert httpx.get(replicas[0] + "/health", timeout=5).status_code == 200
-    # registered with the router again by the launcher: bursts of requests reach it (the cache-aware policy sends
-    # to the less loaded replica once the other's load passes its balance thresholds)
+    # registered with the router again by the launcher: requests reach it. The cache-aware policy sends a prompt
+    # to the replica whose tree holds most of it, and one that matches no tree to the smallest tree: the restarted
+    # replica's, empty. These prompts (digits first) match nothing the earlier tests sent.
     served = _metric(replicas[0], "jspec:request_success_total")
     deadline = time.monotonic() + 60
     while _metric(replicas[0], "jspec:request_success_total") == served and time.monotonic() < deadline:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda i: client.completions.create(model=model, prompt=f"class C{i}:", max_tokens=24,
-                                                              temperature=0), range(16)))
+            list(pool.map(lambda i: client.completions.create(model=model, prompt=f"{7919 * (i + 1)} = total",
+                                                              max_tokens=24, temperature=0), range(16)))
     assert _metric(replicas[0], "jspec:request_success_total") > served
 
 
