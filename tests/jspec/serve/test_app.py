@@ -818,6 +818,28 @@ def test_structured_outputs_through_the_client_equal_offline(structured_server, 
     assert server.served_compiles == []
 
 
+# slow: a plain server (no drafter) constrains its steps, its first structured step compiling its program;
+# default tier: test_program_cache's bucket choice (a synchronous compile with none compiled)
+@pytest.mark.slow
+def test_a_plain_servers_structured_step_equals_offline_without_warm_up():
+    """No drafter, no --warm-up-structured-outputs: the first JSON request compiles its masked plain step where it
+    runs, and the reply equals offline generate under the same schema; the steps count as "structured"."""
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), max_batch_size=2, max_seq_len=MAX_SEQ_LEN)
+    server = Server(max_batch_size=2, engine=engine, row_buckets=(2,))
+    try:
+        schema = {"type": "object", "properties": {"lang": {"enum": ["python", "c"]}, "lines": {
+            "type": "integer", "minimum": 0, "maximum": 99}}, "required": ["lang", "lines"],
+            "additionalProperties": False}
+        constraint = {"json": schema, "disable_any_whitespace": True}
+        out = server.client.completions.create(model=NAME, prompt="# JSON\nrecord = ", max_tokens=40,
+                                               extra_body={"structured_outputs": constraint})
+        want = engine.generate(["# JSON\nrecord = "], max_new_tokens=40, structured_outputs=constraint).texts[0]
+        assert out.choices[0].text == want and json.loads(want)["lang"] in ("python", "c")
+        assert server.metric('jspec:chunks_total{program="structured"}') > 0
+    finally:
+        server.stop()
+
+
 # slow: a hermes tool call streamed through the official client as deltas; default tier: test_tool_parsers (the
 # deltas of every format, piece by piece)
 @pytest.mark.slow
