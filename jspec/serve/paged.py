@@ -166,6 +166,18 @@ def write_pages(layout: PagedLayout, setup: GenerateSetup, steps: int) -> int:
     return math.ceil(reach / layout.page_size) + 1
 
 
+def _feature_form(layout: PagedLayout, setup: GenerateSetup, state: DecodeState, inputs, api_features: bool):
+    """The gathered (state, inputs) in the form a program runs them: as they are, or (``api_features`` False)
+    without the API features' leaves -> (the leaves not to write back, the setup to run, the state as gathered,
+    the state to run, the inputs to run); the caller puts ``with_api_from`` the gathered state's features back
+    before the write-back."""
+    if api_features:
+        return frozenset(), setup, state, state, inputs
+    return (api_feature_leaves(layout), without_api_features(setup), state,
+            state._replace(features=state.features.without_api()),
+            inputs._replace(features=inputs.features.without_api()))
+
+
 @functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "speculate", "write_pages",
                                                "short_nodes", "chunk_steps", "api_features"),
                    donate_argnames=("store",))
@@ -194,12 +206,7 @@ def step_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: 
         entry_len = state.seq_len
         since = None if write_pages is None else jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
-        unchanged, loop_setup, loop_inputs = frozenset(), setup, inputs
-        if not api_features:
-            unchanged, loop_setup = api_feature_leaves(layout), without_api_features(setup)
-            gathered = state
-            state = state._replace(features=state.features.without_api())
-            loop_inputs = inputs._replace(features=inputs.features.without_api())
+        unchanged, loop_setup, gathered, state, loop_inputs = _feature_form(layout, setup, state, inputs, api_features)
         state = run_loop(params_t, params_d, state, loop_inputs.with_token_bitmask(token_bitmask),
                          setup=loop_setup.with_max_seq_len(seq_len), max_steps=max_steps, speculate=speculate,
                          short_nodes=short_nodes)
@@ -237,11 +244,7 @@ def verify_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table
         entry_len = state.seq_len
         since = jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
-        unchanged, step_setup, step_inputs, gathered = frozenset(), setup, inputs, state
-        if not api_features:
-            unchanged, step_setup = api_feature_leaves(layout), without_api_features(setup)
-            state = state._replace(features=state.features.without_api())
-            step_inputs = inputs._replace(features=inputs.features.without_api())
+        unchanged, step_setup, gathered, state, step_inputs = _feature_form(layout, setup, state, inputs, api_features)
         state = verify_proposal(params_t, params_d, state, draft_state, tree,
                                 step_inputs.with_token_bitmask(token_bitmask),
                                 setup=step_setup.with_max_seq_len(seq_len), short_nodes=short_nodes)
