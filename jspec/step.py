@@ -88,15 +88,28 @@ def decode_one(params_t, state: DecodeState, token: jax.Array, inputs: StepInput
     """The target on one token per sequence (token i32[B], written at slot cache_len) -> (its DecoderOutput,
     the next token i32[B] sampled from the target's distribution, the logits f32[B, 1, V] its log-probability is
     recorded from: ``jspec.logprobs.recorded_logits``)."""
+    out = target_on_token(params_t, state, token, setup=setup)
+    return (out, *sample_one(state, out.logits, inputs, keys, setup=setup))
+
+
+def target_on_token(params_t, state: DecodeState, token: jax.Array, *, setup: GenerateSetup):
+    """The target on token i32[B] at each sequence's slot cache_len (its K/V written there) -> its DecoderOutput."""
     cache_len = state.cache_len
-    out = setup.target_model().apply({"params": params_t}, token[:, None], cache_len[:, None], state.cache,
-                                     cache_len, tap_layers=setup.tap_layers)
+    return setup.target_model().apply({"params": params_t}, token[:, None], cache_len[:, None], state.cache,
+                                      cache_len, tap_layers=setup.tap_layers)
+
+
+def sample_one(state: DecodeState, raw_logits: jax.Array, inputs: StepInputs, keys: jax.Array, *,
+               setup: GenerateSetup) -> tuple[jax.Array, jax.Array]:
+    """The next token i32[B] drawn from the target's logits f32[B, 1, V] at each sequence's last token, shaped by
+    the request's features (grammar mask, logits processors) -> (it, the logits its log-probability is recorded
+    from)."""
     def history():
         return state.features.output_counts[:, None], state.num_generated[:, None]
 
-    logits = shaped_logits(out.logits, inputs.features, history, inputs.stop_ids)
-    recorded = recorded_logits(out.logits, logits, inputs.sampling, setup.logprobs_mode)
-    return out, sample_tokens(logits[:, 0], inputs.sampling, keys), recorded
+    logits = shaped_logits(raw_logits, inputs.features, history, inputs.stop_ids)
+    recorded = recorded_logits(raw_logits, logits, inputs.sampling, setup.logprobs_mode)
+    return sample_tokens(logits[:, 0], inputs.sampling, keys), recorded
 
 
 def path_tokens(tree_tokens: jax.Array, verified) -> tuple[jax.Array, jax.Array]:
@@ -235,6 +248,14 @@ def _decode_root(params_t, params_d, state: DecodeState, draft_state, tree, *, i
                             inputs=inputs, setup=setup, keys=keys)
 
 
+class RootForward(NamedTuple):
+    """What :func:`root_forward` hands :func:`root_commit`: the target's logits f32[B, 1, V] at each sequence's
+    last token (before any feature shapes them) and the states of its tap layers ([L, B, 1, H], or None)."""
+
+    logits: jax.Array
+    taps: jax.Array | None
+
+
 def root_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, setup: GenerateSetup) -> DecodeState:
     """Plain decoding that keeps the drafter's state current: the target decodes each sequence's last token and
     the drafter commits it (one narrow drafter forward; no proposal, no T-token verify pass).
@@ -243,29 +264,56 @@ def root_step(params_t, params_d, state: DecodeState, inputs: StepInputs, *, set
     its window from the committed tokens (the "extend"), so it never needs a preceding ``propose``. The token
     drawn is the target's own (as in plain decoding), so greedy output is unchanged.
     """
-    keys = keys_at(inputs.keys, state.seq_len)
-    return _root_and_commit(params_t, params_d, state, state.draft, last_tokens(state), 1, inputs=inputs,
-                            setup=setup, keys=keys)
+    state, forward = root_forward(params_t, state, setup=setup)
+    return root_commit(params_t, params_d, state, forward, inputs, setup=setup)
+
+
+def root_forward(params_t, state: DecodeState, *, setup: GenerateSetup) -> tuple[DecodeState, RootForward]:
+    """:func:`root_step`'s first half: the target on each sequence's last token, its K/V written (the state's
+    cache) -> (the state, the :class:`RootForward` :func:`root_commit` draws from). Nothing is drawn or committed:
+    a server computes the rows' grammar masks on the host while this runs."""
+    out = target_on_token(params_t, state, last_tokens(state), setup=setup)
+    return state._replace(cache=out.cache), RootForward(out.logits, out.taps)
+
+
+def root_commit(params_t, params_d, state: DecodeState, forward: RootForward, inputs: StepInputs, *,
+                setup: GenerateSetup) -> DecodeState:
+    """:func:`root_step`'s second half on the state :func:`root_forward` left: the next token drawn from
+    ``forward``'s logits (under ``inputs``' features: a grammar's masks), committed, and the drafter's commit of it."""
+    token, recorded = sample_one(state, forward.logits, inputs, keys_at(inputs.keys, state.seq_len), setup=setup)
+    return _commit_root(params_t, params_d, state, state.draft, token, recorded, forward.taps, 1, inputs=inputs,
+                        setup=setup)
 
 
 def _root_and_commit(params_t, params_d, state: DecodeState, draft_state, root: jax.Array, num_nodes: int, *,
                      inputs: StepInputs, setup: GenerateSetup, keys: jax.Array) -> DecodeState:
     """The target on root i32[B] alone, one token committed per sequence, and the drafter's commit of it (taps
     padded to ``num_nodes`` rows: the drafter reads node 0's only)."""
-    cache_len = state.cache_len
-    batch = root.shape[0]
     out, token, recorded = decode_one(params_t, state, root, inputs, keys, setup=setup)
+    return _commit_root(params_t, params_d, state._replace(cache=out.cache), draft_state, token, recorded, out.taps,
+                        num_nodes, inputs=inputs, setup=setup)
+
+
+def _commit_root(params_t, params_d, state: DecodeState, draft_state, token: jax.Array, recorded: jax.Array,
+                 taps: jax.Array | None, num_nodes: int, *, inputs: StepInputs, setup: GenerateSetup) -> DecodeState:
+    """Commits token i32[B] (drawn from ``recorded``'s distribution at the root, the target's tap states ``taps``)
+    as a step that accepted no draft, and the drafter's commit of it, if any (taps padded to ``num_nodes``
+    rows)."""
+    cache_len = state.cache_len
+    batch = token.shape[0]
     width = setup.tokens_per_step
     new_tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(token)
     state, committed = commit_tokens(state, new_tokens, jnp.ones_like(cache_len), inputs.max_new_tokens,
                                      inputs.stop_ids)
     accept_index = jnp.full((batch, width), -1, jnp.int32).at[:, 0].set(0)
-    state = capture_committed(state, out.taps, cache_len, committed, setup=setup)
+    state = capture_committed(state, taps, cache_len, committed, setup=setup)
     state = state._replace(features=with_logprobs(state.features, lambda: recorded, token[:, None], cache_len + 1,
                                                   committed))
-    taps = constrain(setup.drafter_taps(out.taps), TAPS)
+    if setup.drafter is None:  # plain decoding (a plain server's masked step)
+        return state._replace(step=state.step + 1)
+    taps = constrain(setup.drafter_taps(taps), TAPS)
     if taps is not None and num_nodes > 1:
         taps = jnp.pad(taps, ((0, 0), (0, 0), (0, num_nodes - 1), (0, 0)))
     draft_state = setup.drafter.commit(params_t, params_d, draft_state,
                                        CommitContext(new_tokens, committed, accept_index, taps, cache_len))
-    return state._replace(cache=out.cache, draft=draft_state, step=state.step + 1)
+    return state._replace(draft=draft_state, step=state.step + 1)

@@ -62,7 +62,7 @@ def load(num: int, seed: int, max_tokens: tuple[int, ...] = MAX_TOKENS) -> list[
 
 
 COUNTERS = ("chunks_total", "preemptions", "kv_cache_usage", "generation_tokens_total", "prompt_tokens_total",
-            "busy_seconds_total", "prefix_cache", "programs_compiled")
+            "busy_seconds_total", "prefix_cache", "programs_compiled", "structured_ahead")
 
 
 def counters(base: str, keys: tuple[str, ...] = COUNTERS) -> dict[str, float]:
@@ -111,7 +111,7 @@ class Served:
         self.model = httpx.get(f"{self.base}/v1/models", timeout=30).json()["data"][0]["id"]
         self.start_up_seconds = time.perf_counter() - started
 
-    def settle(self, requests: list[dict], passes: int = 4, timeout: float = 900.0) -> None:
+    def settle(self, requests: list[dict], passes: int = 8, timeout: float = 900.0) -> None:
         """Runs ``requests`` unmeasured and waits for the compiles they set off, again until a pass sets off none
         (a repeated load hits the prefix cache: other prefill programs), at most ``passes`` times: measured rounds
         then time serving, not first-use compiles."""

@@ -336,3 +336,9 @@ def api_feature_leaves(layout: PagedLayout) -> frozenset[int]:
     the logits processors' parameters (empty for a setup without them)."""
     state, inputs = jax.tree.unflatten(layout.treedef, list(range(len(layout.leaves))))
     return frozenset(jax.tree.leaves((state.features.api_parts(), inputs.features.api_parts())))
+
+
+def non_kv_leaves(layout: PagedLayout) -> frozenset[int]:
+    """Indices of every leaf but the target's K/V pools: what a program that only runs the target on the rows'
+    last tokens (``paged.forward_rows``) leaves as gathered."""
+    return frozenset(i for i, spec in enumerate(layout.leaves) if not spec.kv)

@@ -100,6 +100,10 @@ class ServeMetrics:
                                     "readouts, by phase (prefill, step); the rest of its time is host work",
                                     ["phase"], registry=r)
         self.chunks = Counter("jspec:chunks", "Chunks run, by step program", ["program"], registry=r)
+        self.structured_ahead = Counter("jspec:structured_ahead", "First halves of structured steps (a plain "
+                                        "step's target pass, a speculative one's proposal) dispatched a step "
+                                        "ahead, by outcome: used by the next step, or dropped (it ran another "
+                                        "program, bucket or rows)", ["outcome"], registry=r)
         self.programs_compiled = Gauge("jspec:programs_compiled", "Compiled programs the server holds (at start-up "
                                        "and on first use)", registry=r)
         self.programs_compiling = Gauge("jspec:programs_compiling", "Programs queued or compiling on first use, "

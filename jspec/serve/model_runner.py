@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,33 @@ CPU_MAX_TOTAL_TOKENS = 65536  # the KV pool on a CPU, where device memory cannot
 # The uncached rest of a prefix-cache hit (a shared system prompt's user turn) that the cached prefill compiled at
 # warm-up holds: a first burst of such hits is served from the cache while the rests' own widths compile.
 CACHED_STAND_IN = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstHalf:
+    """A structured step's first half, dispatched (:meth:`ModelRunner.masked_step`): ``kind`` "forward" (a plain
+    step's target pass, ``paged.forward_rows``: ``out`` its ``jspec.step.RootForward``) or "propose" (a speculative
+    step's proposal, ``paged.propose_rows``: ``out`` (the drafter's state, the DraftTree)), over the program rows
+    ``rows`` (row ids in program order, None an idle row) of the occupancy bucket ``bucket`` at context
+    ``seq_len``. ``out`` holds device arrays; the step's second half reads them."""
+
+    kind: str
+    rows: tuple[int | None, ...]
+    bucket: int
+    seq_len: int
+    out: object
+
+
+class StructuredStep(NamedTuple):
+    """What :meth:`ModelRunner.structured_step` ran: the program, its rows in program order (None: an idle row),
+    its readout (in flight), the next step's first half over the same rows (dispatched already, or None) and
+    whether it used the first half it was given."""
+
+    program: str
+    rows: list[int | None]
+    readout: paged.Readout
+    ahead: FirstHalf | None
+    used_ahead: bool
 
 
 class ModelRunner:
@@ -229,19 +256,36 @@ class ModelRunner:
         return SequenceLogprobs(token, top_ids[:, :num_top], top[:, :num_top])
 
     def structured_step(self, running: list[int], cancelled: list[bool], need: int, matchers: list, *,
-                        greedy: bool, program: str = FULL, lean: bool = False) -> tuple[str, paged.Readout]:
+                        greedy: bool, program: str = FULL, lean: bool = False,
+                        ahead: FirstHalf | None = None) -> StructuredStep:
         """One structured step (:meth:`masked_step`) of ``program`` (the load adapter's choice: :data:`FULL`,
         :data:`SHORT` or :data:`PLAIN`) over ``running`` rows, ``need`` token slots at most, at the occupancy and
         context bucket holding them (:meth:`masked_bucket`: its own programs where compiled, else compiled ones
         standing in while they compile off this thread), matchers[i] the grammar of running[i] (None:
-        unconstrained); lean: in its form without the API features (no row's request uses them) -> (the program
-        it ran, its readout)."""
+        unconstrained); lean: in its form without the API features (no row's request uses them). ahead: the
+        first half the step before dispatched, over program rows among which every running row is (with the
+        request it ran); used where it is this step's own (a plain step's target pass, or a speculative one's
+        proposal) at its bucket: rows since finished run idle. The step dispatches the next one's first half
+        over the same program rows before its readout: the device runs it while the host reads this step back and
+        computes the next masks -> :class:`StructuredStep`."""
         rows = next(r for r in self.row_buckets if r >= len(running))
         seq_len = next(n for n in self.seq_buckets if n >= need)
-        program, rows, seq_len, lean = self.masked_bucket(self.masked_program(program), rows, seq_len, lean)
-        matchers = list(matchers) + [None] * (rows - len(running))
-        return program, self.masked_step(running, cancelled, rows, seq_len, matchers, greedy=greedy,
-                                         program=program, lean=lean)
+        masked = self.masked_program(program)
+        first = self.masked_keys(masked, rows, seq_len, lean)[0]
+        if ahead is not None and (ahead.kind, ahead.bucket, ahead.seq_len) == first and \
+                ("masked", masked, rows, seq_len, lean) in self.programs:
+            live = dict(zip(running, zip(cancelled, matchers)))
+            order = [row if row in live else None for row in ahead.rows]
+            cancelled = [row is not None and live[row][0] for row in order]
+            matchers = [None if row is None else live[row][1] for row in order]
+            program = masked
+        else:
+            ahead, order, matchers = None, list(running), list(matchers)
+            program, rows, seq_len, lean = self.masked_bucket(masked, rows, seq_len, lean)
+        matchers += [None] * (rows - len(order))
+        out, following = self.masked_step(order, cancelled, rows, seq_len, matchers, greedy=greedy, program=program,
+                                          lean=lean, first=ahead, prepare_next=True)
+        return StructuredStep(program, order, out, following, ahead is not None)
 
     def masked_program(self, program: str) -> str:
         """The masked form a structured step of ``program`` runs: a plain server's one program is its plain step;
@@ -257,16 +301,18 @@ class ModelRunner:
         return (FULL, PLAIN) if self.short_nodes is None else (FULL, SHORT, PLAIN)
 
     def masked_programs_per_bucket(self) -> int:
-        """Compiled programs the masked steps of one bucket take: the proposal (shared by the speculative ones),
-        a verify pass per speculative program and the plain step."""
+        """Compiled programs the masked steps of one bucket take: the proposal (shared by the speculative ones)
+        and a verify pass per speculative program; the plain step's two halves."""
         speculative = [p for p in self.masked_programs() if p != PLAIN]
-        return 1 + len(speculative) + (1 if speculative else 0)
+        return 2 + len(speculative) + (1 if speculative else 0)
 
     def masked_keys(self, program: str, rows: int, seq_len: int, lean: bool) -> list[tuple]:
-        """The program-cache keys a masked step of ``program`` runs: ("masked", program, rows, seq_len, lean) (the
-        plain step, or the verify pass), after ("propose", rows, seq_len) for a speculative one."""
-        masked = ("masked", program, rows, seq_len, lean)
-        return [masked] if program == PLAIN else [("propose", rows, seq_len), masked]
+        """The program-cache keys a masked step of ``program`` runs: its first half, ("forward", rows, seq_len)
+        for a plain step (``paged.forward_rows``) or ("propose", rows, seq_len) for a speculative one, then
+        ("masked", program, rows, seq_len, lean), the draw under the masks (``paged.sample_rows``) or the verify
+        pass (``paged.verify_rows``)."""
+        first = ("forward" if program == PLAIN else "propose", rows, seq_len)
+        return [first, ("masked", program, rows, seq_len, lean)]
 
     def masked_bucket(self, program: str, rows: int, seq_len: int, lean: bool) -> tuple[str, int, int, bool]:
         """(program, rows, seq_len, lean) of the masked step that serves a structured step of ``program`` over
@@ -302,38 +348,52 @@ class ModelRunner:
                    for seq_len in self.seq_buckets]
         keys = [key for bucket in buckets for key in self.masked_keys(*bucket, True)]
         later = sum(key[0] == "masked" for key in keys)
-        self.programs.compile_up_front((key for key in keys if key[0] == "propose"), later=later)
-        self.programs.compile_up_front(key for key in keys if key[0] == "masked")  # verify passes read proposals
+        self.programs.compile_up_front((key for key in keys if key[0] != "masked"), later=later)
+        self.programs.compile_up_front(key for key in keys if key[0] == "masked")  # second halves read first ones'
         for program, rows, seq_len in buckets:
             jax.block_until_ready(self.masked_step([], [], rows, seq_len, [None] * rows, greedy=True,
-                                                   program=program, lean=True))
+                                                   program=program, lean=True)[0])
 
-    def masked_step(self, running: list[int], cancelled: list[bool], rows: int, seq_len: int, matchers: list, *,
-                    greedy: bool, program: str = FULL, lean: bool = False) -> tuple:
-        """One structured step of ``program`` over ``running`` rows (``cancelled``: each one's request cancelled)
-        padded to ``rows`` at context ``seq_len`` by its compiled programs (:meth:`masked_keys`), matchers[i] the
-        grammar of program row i (None: unconstrained); greedy: every row's temperature is 0 (forced drafts may
-        then stand in for a deterministic drafter's) -> its readout. :data:`PLAIN` (and a plain server's): one plain
-        step under each row's mask. :data:`FULL` and :data:`SHORT`: the drafter proposes (``paged.propose_rows``),
-        the host masks every tree node the step verifies (the short chain's first ``short_nodes``) from its path's
+    def masked_step(self, running: list[int | None], cancelled: list[bool], rows: int, seq_len: int, matchers: list,
+                    *, greedy: bool, program: str = FULL, lean: bool = False, first: FirstHalf | None = None,
+                    prepare_next: bool = False) -> tuple[paged.Readout, FirstHalf | None]:
+        """One structured step of ``program`` over ``running`` rows (None: an idle row; ``cancelled``: each one's
+        request cancelled) padded to ``rows`` at context ``seq_len`` by its compiled programs (:meth:`masked_keys`),
+        matchers[i] the grammar of program row i (None: unconstrained); greedy: every row's temperature is 0 (forced
+        drafts may then stand in for a deterministic drafter's) -> (its readout, with prepare_next the next step's
+        first half over the same program rows, dispatched at once). :data:`PLAIN` (and a plain server's): the
+        target on each row's last token (``paged.forward_rows``), then the draw under each row's mask
+        (``paged.sample_rows``). :data:`FULL` and :data:`SHORT`: the drafter proposes (``paged.propose_rows``), the
+        host masks every tree node the step verifies (the short chain's first ``short_nodes``) from its path's
         grammar state (``jspec.structured_outputs.tree_masks``), the target verifies under the masks
-        (``paged.verify_rows``). lean: the programs' form without the API features (``paged.step_rows``'
-        ``api_features=False``)."""
+        (``paged.verify_rows``). first: the first half, dispatched already over the same program rows. lean: the
+        second half's form without the API features (``paged.step_rows``' ``api_features=False``)."""
         row_ids, table, cancel = self.step_arrays(running, rows, cancelled)
         vocab = self.engine.config.vocab_size
         args = (self.engine.params, self.engine.drafter_params)
-        keys = self.masked_keys(program, rows, seq_len, lean)
+        first_key, second_key = self.masked_keys(program, rows, seq_len, lean)
+        if first is None:
+            first = self._first_half(first_key, running, row_ids, table)
         if program == PLAIN:
-            self.store, out = self.programs[keys[0]](*args, self.store, row_ids, table, cancel,
-                                                     self.place(np.asarray(1, np.int32)),
-                                                     self.place(root_bitmask(matchers, vocab)))
-            return out
-        draft, tree = self.programs[keys[0]](*args, self.store, row_ids, table)
-        tree, bitmask = constrain_proposal(matchers, tree, vocab, greedy=greedy,
-                                           nodes=self.short_nodes if program == SHORT else None)
-        self.store, out = self.programs[keys[1]](*args, self.store, row_ids, table, cancel, draft, tree,
-                                                 self.place(bitmask))
-        return out
+            self.store, out = self.programs[second_key](*args, self.store, row_ids, table, cancel, first.out,
+                                                        self.place(root_bitmask(matchers, vocab)))
+        else:
+            draft, tree = first.out
+            tree, bitmask = constrain_proposal(matchers, tree, vocab, greedy=greedy,
+                                               nodes=self.short_nodes if program == SHORT else None)
+            self.store, out = self.programs[second_key](*args, self.store, row_ids, table, cancel, draft, tree,
+                                                        self.place(bitmask))
+        return out, self._first_half(first_key, running, row_ids, table) if prepare_next else None
+
+    def _first_half(self, key: tuple, running: list[int | None], row_ids: jax.Array, table: jax.Array) -> FirstHalf:
+        """Dispatches the first half of ``key`` (:meth:`masked_keys`) over ``running`` program rows."""
+        kind, rows, seq_len = key
+        args = (self.engine.params, self.engine.drafter_params)
+        if kind == "forward":  # writes the rows' K/V at their last token
+            self.store, out = self.programs[key](*args, self.store, row_ids, table)
+        else:  # reads the store only
+            out = self.programs[key](*args, self.store, row_ids, table)
+        return FirstHalf(kind, tuple(running), rows, seq_len, out)
 
     def step_programs(self) -> list[tuple[str, int]]:
         """(program, occupancy bucket) of every compiled step program (each at every context bucket): a plain
@@ -408,11 +468,11 @@ class ModelRunner:
         cached_lens[:len(cached)] = cached
         return (arrays[0], self.place(whole), self.place(cached_lens), *arrays[2:])
 
-    def step_arrays(self, running: list[int], rows: int, cancelled: list[bool] | None = None) -> tuple:
-        """(row_ids, page_table, cancel) of a chunk over ``running`` rows padded to ``rows``; cancelled: each running
-        row's request cancelled (default: none)."""
+    def step_arrays(self, running: list[int | None], rows: int, cancelled: list[bool] | None = None) -> tuple:
+        """(row_ids, page_table, cancel) of a chunk over ``running`` rows (None: an idle row) padded to ``rows``;
+        cancelled: each running row's request cancelled (default: none)."""
         ids = np.full((rows,), self.layout.null_row, np.int32)
-        ids[:len(running)] = running
+        ids[:len(running)] = [self.layout.null_row if row is None else row for row in running]
         cancel = np.zeros((rows,), bool)
         cancel[:len(running)] = cancelled if cancelled is not None else False
         return tuple(self.place(a) for a in (ids, self.tables[ids], cancel))
@@ -475,7 +535,7 @@ class ModelRunner:
         if kind in ("step", "step_lean"):
             _, _, rows, _ = key
             return (*self.step_arrays([], rows), self.place(np.asarray(self.steps_per_chunk, np.int32)))
-        if kind == "propose":
+        if kind in ("propose", "forward"):
             return self.step_arrays([], key[1])[:2]
         if kind == "masked":
             return self.step_arrays([], key[2])
@@ -501,6 +561,9 @@ class ModelRunner:
         if kind == "propose":
             return paged.propose_rows.lower(*args, self.store_shape, *example, layout=self.layout, setup=self.setup,
                                             seq_len=key[2])
+        if kind == "forward":
+            return paged.forward_rows.lower(*args, self.store_shape, *example, layout=self.layout, setup=self.setup,
+                                            seq_len=key[2])
         if kind == "masked":
             return self.lower_masked(key, example)
         _, program, _, seq_len = key
@@ -511,23 +574,23 @@ class ModelRunner:
             api_features=kind != "step_lean")
 
     def lower_masked(self, key: tuple, example: tuple):
-        """The masked step program of ``key`` (:meth:`masked_keys`) lowered: the plain step under a root mask
-        i32[rows, 1, W], or the verify pass of the proposal (its shapes and shardings those the compiled proposal
-        returns) under a mask per node i32[rows, T, W]."""
+        """The second half of the masked step of ``key`` (:meth:`masked_keys`) lowered, its first half's outputs'
+        shapes and shardings those the compiled first half returns: the draw under a root mask i32[rows, 1, W], or
+        the verify pass of the proposal under a mask per node i32[rows, T, W]."""
         _, program, rows, seq_len, lean = key
         args = (self.engine.params, self.engine.drafter_params)
         words = bitmask_words(self.engine.config.vocab_size)
         write_pages = paged.write_pages(self.layout, self.setup, 1)
+        first_key = self.masked_keys(program, rows, seq_len, lean)[0]
+        first = self.programs[first_key] if first_key in self.programs else self.lower(first_key).compile()
+        outputs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                               first.out_info)
         if program == PLAIN:
-            return paged.step_rows.lower(
-                *args, self.store_shape, *example, self.place(np.asarray(1, np.int32)),
-                self.place(np.zeros((rows, 1, words), np.int32)), layout=self.layout, setup=self.setup,
-                seq_len=seq_len, speculate=False, write_pages=write_pages, chunk_steps=1, api_features=not lean)
-        proposal_key = ("propose", rows, seq_len)
-        proposal = (self.programs[proposal_key] if proposal_key in self.programs
-                    else self.lower(proposal_key).compile())
-        draft, tree = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                   proposal.out_info)
+            bitmask = self.place(np.zeros((rows, 1, words), np.int32))
+            return paged.sample_rows.lower(*args, self.store_shape, *example, outputs[1], bitmask,
+                                           layout=self.layout, setup=self.setup, seq_len=seq_len,
+                                           write_pages=write_pages, api_features=not lean)
+        draft, tree = outputs
         bitmask = self.place(np.zeros((rows, tree.tokens.shape[1], words), np.int32))
         return paged.verify_rows.lower(*args, self.store_shape, *example, draft, tree, bitmask, layout=self.layout,
                                        setup=self.setup, seq_len=seq_len, write_pages=write_pages,

@@ -31,11 +31,12 @@ from jspec.drafters.base import DraftTree
 from jspec.features import FeatureInputs
 from jspec.logprobs import Logprobs
 from jspec.sampling import SamplingArrays
-from jspec.serve.kv_store import PagedLayout, Store, api_feature_leaves, gather_view, scatter_view
+from jspec.serve.kv_store import (PagedLayout, Store, api_feature_leaves, gather_view, non_kv_leaves,
+                                  scatter_view)
 from jspec.serve.programs import start_state
 from jspec.sharding import traced_on
 from jspec.state import DecodeState
-from jspec.step import StepInputs, propose, verify_proposal
+from jspec.step import RootForward, StepInputs, propose, root_commit, root_forward, verify_proposal
 
 
 def without_api_features(setup: GenerateSetup) -> GenerateSetup:
@@ -239,15 +240,58 @@ def verify_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table
     ``tree`` (``draft_state`` the drafter's state it left) under ``token_bitmask`` (i32[R, T, W], one mask per
     node), accepts and commits -> (store, readout), as one step of :func:`step_rows` (short_nodes, api_features:
     as there)."""
+    def verify(state, inputs, step_setup):
+        return verify_proposal(params_t, params_d, state, draft_state, tree, inputs, setup=step_setup,
+                               short_nodes=short_nodes)
+
+    return _second_half(verify, store, row_ids, page_table, cancel, token_bitmask, layout=layout, setup=setup,
+                        seq_len=seq_len, write_pages=write_pages, api_features=api_features)
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len"), donate_argnames=("store",))
+def forward_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: jax.Array, *,
+                 layout: PagedLayout, setup: GenerateSetup, seq_len: int) -> tuple[Store, RootForward]:
+    """A masked plain step's first half over rows ``row_ids`` (as :func:`step_rows`): the target on each row's last
+    token, its K/V written into the row's pages -> (store, ``jspec.step.RootForward``: the raw logits f32[R, 1, V]
+    and tap states). Nothing is drawn: the server computes the rows' grammar masks while this runs, then
+    :func:`sample_rows` draws under them. Only the K/V pools change."""
+    del params_d  # the signature of the other row programs
+    with traced_on(setup.mesh):
+        state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
+        state, forward = root_forward(params_t, shard_state(state), setup=setup.with_max_seq_len(seq_len))
+        return scatter_view(layout, store, (state, inputs), row_ids, page_table, seq_len,
+                            unchanged=non_kv_leaves(layout)), forward
+
+
+@functools.partial(setup_jit, static_argnames=("layout", "setup", "seq_len", "write_pages", "api_features"),
+                   donate_argnames=("store",))
+def sample_rows(params_t, params_d, store: Store, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
+                forward: RootForward, token_bitmask: jax.Array, *, layout: PagedLayout, setup: GenerateSetup,
+                seq_len: int, write_pages: int, api_features: bool = True) -> tuple[Store, Readout]:
+    """A masked plain step's second half after :func:`forward_rows` over the same rows: finishes the rows where
+    ``cancel`` is set, draws each row's next token from ``forward``'s logits under ``token_bitmask`` (i32[R, 1,
+    W]), commits it and the drafter's commit of it -> (store, readout): one plain step of :func:`step_rows`
+    (api_features: as there)."""
+    def commit(state, inputs, step_setup):
+        return root_commit(params_t, params_d, state, forward, inputs, setup=step_setup)
+
+    return _second_half(commit, store, row_ids, page_table, cancel, token_bitmask, layout=layout, setup=setup,
+                        seq_len=seq_len, write_pages=write_pages, api_features=api_features)
+
+
+def _second_half(step, store: Store, row_ids: jax.Array, page_table: jax.Array, cancel: jax.Array,
+                 token_bitmask: jax.Array, *, layout: PagedLayout, setup: GenerateSetup, seq_len: int,
+                 write_pages: int, api_features: bool) -> tuple[Store, Readout]:
+    """A masked step's commit over the rows' view (traced): ``step(state, inputs, setup)`` -> the state after one
+    step, run on the gathered rows (``cancel``'s finished) with ``token_bitmask`` and the setup's form
+    (:func:`_feature_form`) -> (store, readout of one step's tokens)."""
     with traced_on(setup.mesh):
         state, inputs = gather_view(layout, store, row_ids, page_table, seq_len, paged_kv=True)
         entry_len = state.seq_len
         since = jnp.maximum(state.seq_len - 1 - rewritten_margin(setup), 0)
         state = shard_state(state._replace(done=state.done | cancel))
         unchanged, step_setup, gathered, state, step_inputs = _feature_form(layout, setup, state, inputs, api_features)
-        state = verify_proposal(params_t, params_d, state, draft_state, tree,
-                                step_inputs.with_token_bitmask(token_bitmask),
-                                setup=step_setup.with_max_seq_len(seq_len), short_nodes=short_nodes)
+        state = step(state, step_inputs.with_token_bitmask(token_bitmask), step_setup.with_max_seq_len(seq_len))
         readout = _readout(state, entry_len, setup.tokens_per_step)
         if not api_features:  # the tree as stored; these leaves are not written back
             state = state._replace(features=state.features.with_api_from(gathered.features))

@@ -177,11 +177,11 @@ class Scheduler:
             return self.config.short_draft_len
         return self.setup.spec.tree_size - 1
 
-    def update_from_output(self, rows: list[int], out: paged.Readout, *, program: str | None,
-                           owners: list[Running] | None = None) -> tuple:
+    def update_from_output(self, rows: list[int | None], out: paged.Readout, *, program: str | None,
+                           owners: list[Running | None] | None = None) -> tuple:
         """Reads a program's readout (waiting for it) into the scheduler's state (tokens committed, the adapter's
-        per-row acceptance, grammars advanced, finished rows freed). rows: the program's rows in order; program: the chunk's step program
-        (None: a prefill); owners: the requests that held the rows when the program was dispatched (default: those
+        per-row acceptance, grammars advanced, finished rows freed). rows: the program's rows in order (None: an
+        idle one); program: the chunk's step program (None: a prefill); owners: the requests that held the rows when the program was dispatched (default: those
         holding them now; a row whose request was preempted or freed since is skipped) -> (the loop steps the
         program ran, (tokens the rows gained, verify steps they took, how many of those committed n tokens at
         index n - 1), a RequestOutput per request that gained tokens or finished (for the output processor), the
@@ -195,6 +195,8 @@ class Scheduler:
         chunk_hist = np.zeros(hist.shape[1:], np.int64)
         outputs = []
         for k, row in enumerate(rows):
+            if row is None:  # an idle program row
+                continue
             running = self.rows[row]
             if owners is not None and running is not owners[k]:
                 continue

@@ -65,7 +65,7 @@ from jspec.serve.calibration import calibration_chunks, first_runs
 from jspec.serve.kv_cache_manager import KVCacheManager
 from jspec.serve.input_processor import InputProcessor
 from jspec.serve.metrics import ServeMetrics
-from jspec.serve.model_runner import ModelRunner
+from jspec.serve.model_runner import FirstHalf, ModelRunner
 from jspec.serve.plans import PrefillPlan
 from jspec.serve.output_processor import OutputProcessor
 from jspec.serve.requests import Flight, NotAccepting, Pending, QueueFull, Request, Running, deliver, uses_api_features
@@ -111,6 +111,9 @@ class SlotEngine:
         self._thread: threading.Thread | None = None
         self._flight: Flight | None = None  # the chunk dispatched and not read back (async scheduling)
         self._landed = 0.0  # time.perf_counter() when the last chunk was read back
+        # A structured step's next first half, in flight over its rows, and the requests that held them
+        # (``ModelRunner.structured_step``); a chunk drops it.
+        self._ahead: tuple[FirstHalf, list[Running | None]] | None = None
         self.ready = False
 
     # --- requests ----------------------------------------------------------------------------------------------
@@ -426,6 +429,9 @@ class SlotEngine:
             self._land()
             self._structured_step(running)
             return
+        if self._ahead is not None:  # its logits are stale once a chunk commits (its K/V writes are the chunk's)
+            self.metrics.structured_ahead.labels("dropped").inc()
+            self._ahead = None
         flight = self._dispatch(running) if running else None
         self._land()
         self._flight = flight
@@ -436,20 +442,36 @@ class SlotEngine:
         """One step over ``running`` rows when any of them has a grammar (``ModelRunner.structured_step``: the
         masked form of the program the load adapter picks, by its start-up costs: a plain step under each row's
         mask, or every node a speculative step verifies masked from its path's grammar state), read back at once.
-        Its acceptance feeds the adapter; its time does not (a masked step waits on the host between programs)."""
+        Its first half (the target's pass, or the proposal) may have been dispatched by the step before, over rows
+        among which every running one is with the request it ran then; it dispatches the next one's before its
+        readout. Its acceptance feeds the adapter; its time does not (a masked step waits on the host between
+        programs)."""
         start = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            first, owners = ahead
+            held = {row: owner for row, owner in zip(first.rows, owners) if row is not None}
+            ahead = first if all(held.get(i) is self._rows[i] for i in running) else None
+            if ahead is None:
+                self.metrics.structured_ahead.labels("dropped").inc()
         rows = next(r for r in self.row_buckets if r >= len(running))
         program, _ = self.scheduler.choose_program(running, rows, None)
-        program, out = self.runner.structured_step(
+        step = self.runner.structured_step(
             running, self._cancelled(running), max(self._rows[i].need for i in running),
             [self._rows[i].pending.matcher for i in running],
             greedy=all(self._rows[i].request.temperature <= 0.0 for i in running), program=program,
-            lean=not any(uses_api_features(self._rows[i].request) for i in running))
-        _, (tokens, verify_steps, _) = self._update_from_output(running, out, program=program, chunk_start=start)
+            lean=not any(uses_api_features(self._rows[i].request) for i in running), ahead=ahead)
+        if ahead is not None:
+            self.metrics.structured_ahead.labels("used" if step.used_ahead else "dropped").inc()
+        owners = [None if i is None else self._rows[i] for i in step.rows]
+        if step.ahead is not None:
+            self._ahead = (step.ahead, owners)
+        _, (tokens, verify_steps, _) = self._update_from_output(step.rows, step.readout, program=step.program,
+                                                                chunk_start=start, owners=owners)
         self._landed = time.perf_counter()
         if self.adapter is not None:
-            self.adapter.observe(program, tokens, verify_steps)
-        self.metrics.observe_chunk(STRUCTURED_LABELS[program] if self.speculative else "structured",
+            self.adapter.observe(step.program, tokens, verify_steps)
+        self.metrics.observe_chunk(STRUCTURED_LABELS[step.program] if self.speculative else "structured",
                                    self._landed - start, 1)
         self.metrics.busy_seconds.labels("step").inc(self._landed - start)
 

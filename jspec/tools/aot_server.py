@@ -8,8 +8,8 @@ Variants, as the scheduler runs them (``jspec.serve.model_runner``):
 - "step": a chunk of ``steps_per_chunk`` steps over a bucket of rows, the API features' leaves untouched (the form
   it runs while no running request asks for log-probabilities or logits processors);
 - "logprobs": the same chunk keeping ``num_logprobs`` top log-probabilities a position (``--max-logprobs``);
-- "structured": one step under the rows' grammar masks: a plain server's step with the root's mask, a speculative
-  server's proposal (its own program) then its verification under a mask a tree node.
+- "structured": one step under the rows' grammar masks, in two programs: a plain server's target pass then its
+  draw under the root's mask, a speculative server's proposal then its verification under a mask a tree node.
 
 The pool: as a server sizes it on a GPU or TPU (``ModelRunner.pool_tokens``), ``kv_cache_memory_fraction`` of the
 chip's HBM less the weights one device holds and the program's workspace (its temporaries and new outputs, compiled
@@ -105,24 +105,30 @@ def _compile_programs(pool_tokens: int, *, setup, params, layout, devices, varia
                  jax.ShapeDtypeStruct((rows, layout.num_groups, layout.pages_per_row), jnp.int32)]
     cancel = jax.ShapeDtypeStruct((rows,), jnp.bool_)
     words = bitmask_words(setup.target.vocab_size)
-    if variant != "structured" or setup.drafter is None:
-        structured = variant == "structured"
+    if variant != "structured":
         step = functools.partial(paged.step_rows, layout=layout, setup=setup, seq_len=seq_len,
-                                 write_pages=paged.write_pages(layout, setup, 1 if structured else steps_per_chunk),
-                                 chunk_steps=1 if structured else steps_per_chunk, api_features=variant != "step")
+                                 write_pages=paged.write_pages(layout, setup, steps_per_chunk),
+                                 chunk_steps=steps_per_chunk, api_features=variant != "step")
         args = [*params, store, *rows_args, cancel, jax.ShapeDtypeStruct((), jnp.int32)]
-        if structured:
-            args.append(jax.ShapeDtypeStruct((rows, 1, words), jnp.int32))
         return [(compile_for(step, args, devices, donate_argnums=(2,)), store)]
-    propose = functools.partial(paged.propose_rows, layout=layout, setup=setup, seq_len=seq_len)
-    proposed = compile_for(propose, [*params, store, *rows_args], devices)
-    draft, tree = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                               jax.eval_shape(propose, *params, store, *rows_args), proposed.output_shardings)
-    verify = functools.partial(paged.verify_rows, layout=layout, setup=setup, seq_len=seq_len,
+    # A structured step's two halves (ModelRunner.masked_step): a plain server's target pass then its draw under the
+    # root's mask; a speculative server's proposal then its verification under a mask a tree node.
+    if setup.drafter is None:
+        first = functools.partial(paged.forward_rows, layout=layout, setup=setup, seq_len=seq_len)
+        second, donated = paged.sample_rows, (2,)
+    else:
+        first = functools.partial(paged.propose_rows, layout=layout, setup=setup, seq_len=seq_len)
+        second, donated = paged.verify_rows, ()
+    first_half = compile_for(first, [*params, store, *rows_args], devices, donate_argnums=donated)
+    outputs = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                           jax.eval_shape(first, *params, store, *rows_args), first_half.output_shardings)
+    handed = [outputs[1]] if setup.drafter is None else list(outputs)  # the forward's store goes on as the store
+    nodes = 1 if setup.drafter is None else outputs[1].tokens.shape[1]
+    second = functools.partial(second, layout=layout, setup=setup, seq_len=seq_len,
                                write_pages=paged.write_pages(layout, setup, 1))
-    bitmask = jax.ShapeDtypeStruct((rows, tree.tokens.shape[1], words), jnp.int32)
-    return [(proposed, store), (compile_for(verify, [*params, store, *rows_args, cancel, draft, tree, bitmask], devices,
-                                            donate_argnums=(2,)), store)]
+    bitmask = jax.ShapeDtypeStruct((rows, nodes, words), jnp.int32)
+    return [(first_half, store), (compile_for(second, [*params, store, *rows_args, cancel, *handed, bitmask], devices,
+                                              donate_argnums=(2,)), store)]
 
 
 def describe(program: ServerProgram) -> dict[str, Any]:

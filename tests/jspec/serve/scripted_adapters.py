@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from jspec.serve.adapt import FULL, PLAIN, SHORT, LoadAdapter
 
 
-class Cycling(LoadAdapter):
-    """Runs the whole chain, the short chain and plain steps in turn, whatever they cost (the short chain only at
-    the buckets that have it)."""
+class Scripted(LoadAdapter):
+    """Runs ``programs`` in turn, over and over, whatever they cost (the short chain only at the buckets that have
+    it; the whole chain elsewhere)."""
 
-    def __init__(self, adapter: LoadAdapter):
+    def __init__(self, adapter: LoadAdapter, programs: Sequence[str]):
         super().__init__(adapter.costs, adapter.acceptance, short_draft_len=adapter.short_draft_len)
-        self.turn = 0
+        self.programs, self.turn = tuple(programs), 0
 
     def choose_program(self, rows, acceptance=None, sampled=False, seq_len=None):
+        program = self.programs[self.turn % len(self.programs)]
         self.turn += 1
-        program = (FULL, SHORT, PLAIN)[self.turn % 3]
         return FULL if program == SHORT and rows not in self.costs.short_step_seconds else program
+
+
+class Cycling(Scripted):
+    """The short chain, plain steps and the whole chain in turn."""
+
+    def __init__(self, adapter: LoadAdapter):
+        super().__init__(adapter, (SHORT, PLAIN, FULL))

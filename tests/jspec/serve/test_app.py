@@ -28,7 +28,7 @@ from jspec.serve.slots import SlotEngine
 from jspec.serve.stop_strings import StopMatcher
 from jspec.tools import bundled
 from jspec.tools.serve_cmd import CALIBRATION_PROMPT, DrainingServer
-from tests.jspec.serve.scripted_adapters import Cycling
+from tests.jspec.serve.scripted_adapters import Cycling, Scripted
 from tests.program_structure import memory_as_users_compile
 
 MAX_SEQ_LEN = 128
@@ -364,6 +364,49 @@ def test_every_step_program_in_turn_keeps_greedy_output(server, tokenizer):
     finally:
         slots.adapter = adapter
     assert all(server.metric(label % program) > count for program, count in before.items())
+
+
+def test_structured_steps_dispatch_the_next_first_half_ahead_and_equal_offline(server, tokenizer):
+    """Six JSON requests on four rows, the step programs scripted (three plain steps, then the short chain twice):
+    each structured step dispatches the next one's first half (a plain step's target pass, the proposal) before it
+    is read back, and the next step uses it while every row it ran still runs (rows since finished idle) and the
+    program's first half and bucket are its own; a request admitted since, or another program, drops it. Each
+    reply equals offline generate under the same schema."""
+    from jspec.serve.adapt import PLAIN, SHORT
+
+    slots = server.slots
+    constraint = {"json": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}},
+                           "required": ["name"], "additionalProperties": False}, "disable_any_whitespace": True}
+    prompts = [prompt_ids(tokenizer, 12, offset=offset) for offset in (0, 7, 15, 23, 31, 40)]
+    budgets = [12, 30, 18, 30, 9, 24]
+    seq_len = next(n for n in slots.seq_buckets if n >= 12 + max(budgets))
+    # compiled here, not on the scheduler's thread (no test of this module's server sees it compile while serving)
+    slots.runner.programs.compile_now(slots.runner.masked_keys(PLAIN, 4, seq_len, True) +
+                                      slots.runner.masked_keys(SHORT, 4, seq_len, True))
+    label = 'jspec:structured_ahead_total{outcome="%s"}'
+    before = {outcome: server.metric(label % outcome) for outcome in ("used", "dropped")}
+    compiled_while_serving = len(server.served_compiles)
+    answers = [None] * len(prompts)
+
+    def ask(i):
+        answers[i] = server.http.post("/v1/completions", json={
+            "prompt": prompts[i], "max_tokens": budgets[i], "return_token_ids": True,
+            "structured_outputs": constraint}).json()["choices"][0]["token_ids"]
+
+    adapter, slots.adapter = slots.adapter, Scripted(slots.adapter, (PLAIN, PLAIN, PLAIN, SHORT, SHORT))
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        slots.adapter = adapter
+    for prompt, budget, answer in zip(prompts, budgets, answers):
+        assert answer == server.plain.generate([prompt], max_new_tokens=budget,
+                                               structured_outputs=constraint).token_ids[0]
+    assert all(server.metric(label % outcome) > count for outcome, count in before.items())
+    assert len(server.served_compiles) == compiled_while_serving
 
 
 def test_models_health_metrics(server):

@@ -73,17 +73,19 @@ def test_a_structured_step_runs_on_a_compiled_stand_in_while_its_own_compiles():
     its own compiled there and then."""
     from jspec.serve.adapt import FULL, PLAIN, SHORT
 
-    own = _masked_runner([("masked", PLAIN, 4, 64, True)])
+    own = _masked_runner([("forward", 4, 64), ("masked", PLAIN, 4, 64, True)])
     assert own.masked_bucket(PLAIN, 4, 64, True) == (PLAIN, 4, 64, True) and own.programs.asked == []
-    larger = _masked_runner([("masked", PLAIN, 8, 128, True), ("masked", PLAIN, 8, 64, False)])
+    larger = _masked_runner([("forward", 8, 128), ("forward", 8, 64), ("masked", PLAIN, 8, 128, True),
+                             ("masked", PLAIN, 8, 64, False)])
     assert larger.masked_bucket(PLAIN, 4, 64, True) == (PLAIN, 8, 64, False)  # the smallest that holds it
-    assert larger.programs.asked == [("masked", PLAIN, 4, 64, True)] and larger.programs.now == []
+    assert larger.programs.asked == [("forward", 4, 64), ("masked", PLAIN, 4, 64, True)]
+    assert larger.programs.now == []
     other = _masked_runner([("propose", 8, 128), ("masked", SHORT, 8, 128, False), ("masked", FULL, 8, 128, True)])
     assert other.masked_bucket(PLAIN, 4, 64, True) == (SHORT, 8, 128, False)
     assert other.masked_bucket(PLAIN, 4, 64, False) == (SHORT, 8, 128, False)  # not the lean FULL
     missing_proposal = _masked_runner([("masked", FULL, 8, 128, False)])  # its verify pass alone does not serve
     assert missing_proposal.masked_bucket(FULL, 4, 64, False) == (FULL, 4, 64, False)
     assert missing_proposal.programs.now == [("propose", 4, 64), ("masked", FULL, 4, 64, False)]
-    lean_only = _masked_runner([("masked", PLAIN, 8, 128, True)])
+    lean_only = _masked_runner([("forward", 8, 128), ("masked", PLAIN, 8, 128, True)])
     assert lean_only.masked_bucket(PLAIN, 4, 64, False) == (PLAIN, 4, 64, False)
-    assert lean_only.programs.now == [("masked", PLAIN, 4, 64, False)]
+    assert lean_only.programs.now == [("forward", 4, 64), ("masked", PLAIN, 4, 64, False)]
