@@ -1,9 +1,10 @@
 """``jspec serve --data-parallel-size N``: N replicas behind a router at one address.
 
-Each replica is a ``jspec serve`` process of its own on its own devices (GPUs split by ``CUDA_VISIBLE_DEVICES``,
-``--tensor-parallel-size`` each; on a CPU the processes share it), listening on a free port of ``--host``; in front
-of them the SGLang Model Gateway (``pip install sglang-router``; its cache-aware policy sends a request to the
-replica whose prefix cache holds the longest part of it) listens on ``--host``/``--port``. The same, run by hand::
+Each replica is a ``jspec serve`` process of its own on its own devices (``--tensor-parallel-size`` each: GPUs split
+by ``CUDA_VISIBLE_DEVICES``, a TPU host's chips by libtpu's ``TPU_VISIBLE_CHIPS``; on a CPU the processes share
+it), listening on a free port of ``--host``; in front of them the SGLang Model Gateway (``pip install
+sglang-router``; its cache-aware policy sends a request to the replica whose prefix cache holds the longest part of
+it) listens on ``--host``/``--port``. The same, run by hand::
 
     jspec serve --port 8001 &  jspec serve --port 8002 &
     python -m sglang_router.launch_router --worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002 \\
@@ -79,30 +80,57 @@ def _gpus() -> list[str]:
     return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
 
 
-def _has_tpu() -> bool:
-    """Whether this host has TPU chips (their device files), without starting JAX."""
-    return os.path.exists("/dev/accel0") or any(name.isdigit() for name in _listdir("/dev/vfio"))
+def _tpu_chips() -> list[str]:
+    """This host's TPU chips by index (their device files: /dev/accel* on v4, v5e and v6e hosts, /dev/vfio/<n> on
+    newer ones), without starting JAX."""
+    accel = sorted(int(name[5:]) for name in _listdir("/dev") if name.startswith("accel") and name[5:].isdigit())
+    vfio = sorted(int(name) for name in _listdir("/dev/vfio") if name.isdigit())
+    return [str(i) for i in range(len(accel or vfio))]
 
 
 def _listdir(path: str) -> list[str]:
     return os.listdir(path) if os.path.isdir(path) else []
 
 
+# A replica's chips as a block of the host's chip grid (libtpu's TPU_CHIPS_PER_PROCESS_BOUNDS, x,y,z), by how many
+# it has, each replica taking consecutive chip indices: the blocks of JAX's recipe for processes that share a TPU
+# host without communicating (a v4 host has 4 chips, a v5e or v6e host 8).
+TPU_CHIP_BLOCKS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
+TPU_FIRST_PORT = 8476  # libtpu's own; each replica's TPU runtime listens on the next one
+
+
 def replica_envs(replicas: int, tensor_parallel_size: int) -> list[dict[str, str]]:
-    """Each replica's environment: on a GPU machine its own ``tensor_parallel_size`` GPUs; elsewhere as this one's
-    (on a CPU the replicas share it). ValueError when the GPUs do not go round."""
+    """Each replica's environment: on a GPU machine its own ``tensor_parallel_size`` GPUs (``CUDA_VISIBLE_DEVICES``);
+    on a TPU host its own chips (libtpu's variables for processes that share a host and do not communicate:
+    ``TPU_VISIBLE_CHIPS``, its block of the chip grid, a port of its own); elsewhere as this one's (on a CPU the
+    replicas share it). ValueError when the devices do not go round."""
     gpus = _gpus()
-    if not gpus and _has_tpu():
-        raise ValueError(f"--data-parallel-size {replicas} on a TPU host: the replicas cannot be given chips of their "
-                         f"own here yet; run one jspec serve per TPU host (or slice) behind sglang-router")
-    if not gpus:
+    if gpus:
+        if len(gpus) < replicas * tensor_parallel_size:
+            raise ValueError(f"--data-parallel-size {replicas} x --tensor-parallel-size {tensor_parallel_size} needs "
+                             f"{replicas * tensor_parallel_size} GPUs, but {len(gpus)} are visible")
+        return [dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus[i * tensor_parallel_size:
+                                                                      (i + 1) * tensor_parallel_size]))
+                for i in range(replicas)]
+    chips = _tpu_chips()
+    if not chips:
         return [dict(os.environ) for _ in range(replicas)]
-    if len(gpus) < replicas * tensor_parallel_size:
+    if tensor_parallel_size not in TPU_CHIP_BLOCKS:
+        raise ValueError(f"--data-parallel-size {replicas} on a TPU host: --tensor-parallel-size "
+                         f"{tensor_parallel_size} chips a replica is not a block of the host's chip grid; expected "
+                         f"one of {sorted(TPU_CHIP_BLOCKS)}")
+    if len(chips) < replicas * tensor_parallel_size:
         raise ValueError(f"--data-parallel-size {replicas} x --tensor-parallel-size {tensor_parallel_size} needs "
-                         f"{replicas * tensor_parallel_size} GPUs, but {len(gpus)} are visible")
-    return [dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus[i * tensor_parallel_size:
-                                                                  (i + 1) * tensor_parallel_size]))
-            for i in range(replicas)]
+                         f"{replicas * tensor_parallel_size} TPU chips, but this host has {len(chips)}")
+    envs = []
+    for i in range(replicas):
+        mine = ",".join(chips[i * tensor_parallel_size:(i + 1) * tensor_parallel_size])
+        port = TPU_FIRST_PORT + i
+        envs.append(dict(os.environ, TPU_VISIBLE_CHIPS=mine, TPU_VISIBLE_DEVICES=mine,
+                         TPU_CHIPS_PER_PROCESS_BOUNDS=TPU_CHIP_BLOCKS[tensor_parallel_size],
+                         TPU_PROCESS_BOUNDS="1,1,1", TPU_MESH_CONTROLLER_ADDRESS=f"localhost:{port}",
+                         TPU_MESH_CONTROLLER_PORT=str(port)))
+    return envs
 
 
 def _wait_healthy(url: str, processes: list[subprocess.Popen], what: str, deadline: float) -> None:

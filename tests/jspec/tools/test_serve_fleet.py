@@ -45,12 +45,23 @@ def test_without_sglang_router_it_says_what_to_install(monkeypatch):
         serve_fleet.run_fleet(argparse.Namespace(data_parallel_size=2))
 
 
-def test_a_tpu_host_is_refused_by_name(monkeypatch):
+def test_a_tpu_hosts_chips_are_split_between_replicas(monkeypatch):
+    """Each replica sees its own chips (consecutive, as a block of the chip grid) and runs its TPU runtime on a port
+    of its own; chips that do not go round, or a count that is no block, are refused by name."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(serve_fleet.shutil, "which", lambda name: None)
-    monkeypatch.setattr(serve_fleet, "_has_tpu", lambda: True)
-    with pytest.raises(ValueError, match="--data-parallel-size 2 on a TPU host"):
-        serve_fleet.replica_envs(2, 1)
+    monkeypatch.setattr(serve_fleet, "_listdir", lambda path: {"/dev": ["accel0", "accel1", "accel2", "accel3",
+                                                                        "accel4", "accel5", "accel6", "accel7",
+                                                                        "null"]}.get(path, []))
+    envs = serve_fleet.replica_envs(4, 2)
+    assert [env["TPU_VISIBLE_CHIPS"] for env in envs] == ["0,1", "2,3", "4,5", "6,7"]
+    assert {env["TPU_CHIPS_PER_PROCESS_BOUNDS"] for env in envs} == {"1,2,1"}
+    assert len({env["TPU_MESH_CONTROLLER_PORT"] for env in envs}) == 4
+    assert [env["TPU_VISIBLE_CHIPS"] for env in serve_fleet.replica_envs(2, 4)] == ["0,1,2,3", "4,5,6,7"]
+    with pytest.raises(ValueError, match="needs 16 TPU chips, but this host has 8"):
+        serve_fleet.replica_envs(8, 2)
+    with pytest.raises(ValueError, match="--tensor-parallel-size 3 chips a replica is not a block"):
+        serve_fleet.replica_envs(2, 3)
 
 
 class _Worker(http.server.BaseHTTPRequestHandler):
