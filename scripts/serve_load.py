@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import re
 import shlex
 import signal
 import socket
@@ -103,9 +104,13 @@ class Served:
         self.process = subprocess.Popen([sys.executable, "-m", "jspec.tools.cli", "serve", "--port", str(port), *flags],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         started = time.perf_counter()
+        self.replicas: list[str] = []
         for line in self.process.stdout:
             sys.stdout.write(f"[{name}] {line}")
             if "ready" in line and self.base in line:  # its own address (a fleet's replicas print theirs first)
+                # a fleet's line names its replicas, whose metrics are the fleet's (the router's are its own)
+                self.replicas = re.findall(r"http://[^\s)]+", line.split("sglang-router:", 1)[-1]) \
+                    if "sglang-router:" in line else []
                 break
         threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()  # never full
         self.model = httpx.get(f"{self.base}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -125,7 +130,16 @@ class Served:
                 return
 
     def programs(self, gauge: str = "programs_compiled") -> float:
-        return counters(self.base, (gauge,)).get(f"jspec:{gauge}", 0.0)
+        return self.counters((gauge,)).get(f"jspec:{gauge}", 0.0)
+
+    def counters(self, keys: tuple[str, ...] = COUNTERS) -> dict[str, float]:
+        """Its counters (``counters``); a fleet's summed over its replicas (its gauges too: the usage fractions add
+        up to the replicas' count at most)."""
+        out: dict[str, float] = {}
+        for base in self.replicas or [self.base]:
+            for name, value in counters(base, keys).items():
+                out[name] = out.get(name, 0.0) + value
+        return out
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -138,7 +152,7 @@ class Served:
 def measure(servers: list[Served], requests: dict[str, list[dict]], rounds: int) -> list[dict]:
     """``rounds`` measured rounds of each server's requests, the order alternating (A B, B A, ...: drift in the
     machine's speed falls on both) -> per server its mean tokens/s, each round's, latencies and counters."""
-    per = {s.name: dict(seconds=[], tokens=[], latencies=[], before=counters(s.base)) for s in servers}
+    per = {s.name: dict(seconds=[], tokens=[], latencies=[], before=s.counters()) for s in servers}
     for round_ in range(rounds):
         for server in (servers if round_ % 2 == 0 else servers[::-1]):
             seconds, latencies, tokens = fire(server.base, server.model, requests[server.name])
@@ -148,7 +162,7 @@ def measure(servers: list[Served], requests: dict[str, list[dict]], rounds: int)
             record["latencies"] += latencies
     results = []
     for server in servers:
-        record, after = per[server.name], counters(server.base)
+        record, after = per[server.name], server.counters()
         rates = [t / s for t, s in zip(record["tokens"], record["seconds"])]
         results.append(dict(name=server.name, flags=server.flags, start_up_seconds=server.start_up_seconds,
                             rounds=rounds, seconds=float(np.mean(record["seconds"])),

@@ -26,11 +26,11 @@ if not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")) and \
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from jspec import compiled_programs  # noqa: E402
 from jspec.serve import memory_maps  # noqa: E402
+from tests import process_programs  # noqa: E402
 from tests.compile_cache import session_compile_cache_off  # noqa: E402
 
-RELEASE_AT = 0.4  # of vm.max_map_count: a test's programs (up to some 20,000 mappings) still fit after it
+RELEASE_AT = 0.4  # of vm.max_map_count: a module's programs (up to some 20,000 mappings) still fit after it
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -155,34 +155,18 @@ def hf_checkpoint(tmp_path_factory):
     return get
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """After a test, drops JAX's compilation caches and jspec's shared programs when this process holds more than
-    RELEASE_AT of ``vm.max_map_count`` memory mappings: XLA:CPU keeps about three per kernel of every live compiled
-    program, and a process past the limit dies inside LLVM ("Cannot allocate memory", then SIGSEGV;
-    ``python -m tests.map_count_reproduction`` shows it), or a server refuses to start. After each test, not each
-    module: one module's servers (the slow tier's test_app starts a dozen) can take the rest of the limit. Below
-    it, programs stay for later tests, which then compile less."""
+    """After a test module, drops JAX's compilation caches and jspec's shared programs
+    (``tests.process_programs.release``) when this process holds more than RELEASE_AT of ``vm.max_map_count``
+    memory mappings: XLA:CPU keeps about three per kernel of every live compiled program, and a process past the
+    limit dies inside LLVM ("Cannot allocate memory", then SIGSEGV; ``python -m tests.map_count_reproduction``
+    shows it), or a server refuses to start. Below that, programs stay for later modules, which then compile
+    less."""
     yield
     used, limit = memory_maps.maps_in_use(), memory_maps.max_map_count()
     if used is None or limit is None or used > RELEASE_AT * limit:
-        import gc
-
-        jax.clear_caches()
-        compiled_programs.clear()
-        _forget_served_apps()
-        gc.collect()
-
-
-def _forget_served_apps() -> None:
-    """Empties FastAPI's caches of endpoint callables (``lru_cache`` keyed by each callable): they keep every app a
-    test served alive, and with it the app's slot engine and all its compiled programs (a stopped test server's
-    some 4,000 mappings stayed). A server process builds one app; a test session builds dozens."""
-    from fastapi.dependencies import models
-
-    for value in vars(models).values():
-        if callable(getattr(value, "cache_clear", None)):
-            value.cache_clear()
+        process_programs.release()
 
 
 @pytest.fixture

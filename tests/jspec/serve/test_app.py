@@ -29,6 +29,7 @@ from jspec.serve.stop_strings import StopMatcher
 from jspec.tools import bundled
 from jspec.tools.serve_cmd import CALIBRATION_PROMPT, DrainingServer
 from tests.jspec.serve.scripted_adapters import Cycling, Scripted
+from tests import process_programs
 from tests.program_structure import memory_as_users_compile
 
 MAX_SEQ_LEN = 128
@@ -96,12 +97,18 @@ class Server:
         if "backend_compile" in event and threading.current_thread().name == "jspec-slots":
             self.served_compiles.append(event)
 
-    def stop(self) -> None:
+    def stop(self, release: bool = False) -> None:
+        """Stops serving; release: then frees this process's programs of what is no longer used
+        (``tests.process_programs.release``), for a test that started a server of its own: the module's
+        fixtures and the servers before it would otherwise hold the mappings the next one needs."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.server.drain()
         self.http.close()
         jax.monitoring.unregister_event_duration_listener(self._listen)
+        if release:
+            del self.slots, self.engine, self.plain, self.server, self.thread
+            process_programs.release()
 
     def metric(self, name: str) -> float:
         """A sample of /metrics: ``name`` as written there, labels included."""
@@ -880,7 +887,7 @@ def test_a_plain_servers_structured_step_equals_offline_without_warm_up():
         assert out.choices[0].text == want and json.loads(want)["lang"] in ("python", "c")
         assert server.metric('jspec:chunks_total{program="structured"}') > 0
     finally:
-        server.stop()
+        server.stop(release=True)
 
 
 # slow: a hermes tool call streamed through the official client as deltas; default tier: test_tool_parsers (the
@@ -903,7 +910,7 @@ def test_a_streamed_tool_call_arrives_as_deltas_through_the_client():
     try:
         _stream_a_tool_call(server)
     finally:
-        server.stop()
+        server.stop(release=True)
 
 
 def _stream_a_tool_call(server: Server) -> None:
@@ -1050,5 +1057,5 @@ def test_multi_turn_chats_reuse_their_history_from_the_prefix_cache():
             history.append({"role": "assistant", "content": out.choices[0].message.content})
         server.wait_idle()
     hits = server.metric("jspec:prefix_cache_hits_total") - before
-    server.stop()
+    server.stop(release=True)
     assert hits >= 0.9 * shared, (hits, shared)
