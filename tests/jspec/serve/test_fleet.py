@@ -120,12 +120,14 @@ def test_a_killed_replica_loses_no_request_and_comes_back(fleet):
     assert httpx.get(replicas[0] + "/health", timeout=5).status_code == 200
     # registered with the router again by the launcher: requests reach it. The cache-aware policy sends a prompt
     # to the replica whose tree holds most of it, and one that matches no tree to the smallest tree: the restarted
-    # replica's, empty. These prompts (digits first) match nothing the earlier tests sent.
+    # replica's, empty. These prompts (digits first) match nothing the earlier tests sent, nor the rounds before:
+    # a round sent before the router took the replica back would otherwise pin the same prompts to the other.
     served = _metric(replicas[0], "jspec:request_success_total")
-    deadline = time.monotonic() + 60
+    deadline, round_ = time.monotonic() + 60, 0
     while _metric(replicas[0], "jspec:request_success_total") == served and time.monotonic() < deadline:
+        round_ += 1
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda i: client.completions.create(model=model, prompt=f"{7919 * (i + 1)} = total",
+            list(pool.map(lambda i: client.completions.create(model=model, prompt=f"{7919 * (16 * round_ + i)} = total",
                                                               max_tokens=24, temperature=0), range(16)))
     assert _metric(replicas[0], "jspec:request_success_total") > served
 
