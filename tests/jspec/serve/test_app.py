@@ -890,6 +890,46 @@ def test_a_plain_servers_structured_step_equals_offline_without_warm_up():
         server.stop(release=True)
 
 
+# slow: a drafter reading the target's states (EAGLE-3) takes them from a structured plain step's first half to its
+# draw; default tier: test_structured_steps_dispatch_the_next_first_half_ahead_and_equal_offline (prompt lookup)
+@pytest.mark.slow
+def test_structured_plain_steps_hand_eagle3_the_targets_states_and_equal_offline():
+    """EAGLE-3 commits each token with the target's tap states, which a structured plain step's first half
+    (``paged.forward_rows``) computes and hands its draw (``paged.sample_rows``): both compile and run with them,
+    five JSON requests on four rows, plain steps only, each equal to offline generate under the schema, first halves
+    used a step ahead. (Wrong states would cost acceptance, not tokens: speculation keeps the target's.)"""
+    from jspec.serve.adapt import PLAIN
+
+    engine = jspec.SpecEngine.from_pretrained(jspec.bundled_model(), drafter="eagle3",
+                                              spec=bundled.default_spec("eagle3"), max_batch_size=4,
+                                              max_seq_len=MAX_SEQ_LEN)
+    server = Server(max_batch_size=4, engine=engine, row_buckets=(4,))
+    server.slots.adapter = Scripted(server.slots.adapter, (PLAIN,))
+    constraint = {"json": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}},
+                           "required": ["name"], "additionalProperties": False}, "disable_any_whitespace": True}
+    prompts = ["# JSON\nrecord = ", "config = ", "def f(x):\n    return ", "data = ", "x = "]
+    answers = [None] * len(prompts)
+
+    def ask(i):
+        answers[i] = server.client.completions.create(model=NAME, prompt=prompts[i], max_tokens=30, temperature=0,
+                                                      extra_body={"structured_outputs": constraint}).choices[0].text
+
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        used = server.metric('jspec:structured_ahead_total{outcome="used"}')
+    finally:
+        server.stop()
+    offline = [server.plain.generate([prompt], max_new_tokens=30, structured_outputs=constraint).texts[0]
+               for prompt in prompts]
+    assert answers == offline and used > 0
+    del server
+    process_programs.release()
+
+
 # slow: a hermes tool call streamed through the official client as deltas; default tier: test_tool_parsers (the
 # deltas of every format, piece by piece)
 @pytest.mark.slow
