@@ -146,6 +146,15 @@ def prompt_ids(tokenizer, length: int, offset: int = 0) -> list[int]:
     return ids[offset:offset + length]
 
 
+def at_once(call, count: int, timeout: float) -> None:
+    """Runs call(0) .. call(count - 1) in threads at once and waits for them (each at most ``timeout`` s)."""
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+
+
 # --- the official client ---------------------------------------------------------------------------------------
 
 def test_completion_stream_equals_whole_with_usage(server):
@@ -402,11 +411,7 @@ def test_structured_steps_dispatch_the_next_first_half_ahead_and_equal_offline(s
 
     adapter, slots.adapter = slots.adapter, Scripted(slots.adapter, (PLAIN, PLAIN, PLAIN, SHORT, SHORT))
     try:
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        at_once(ask, len(prompts), 60)
     finally:
         slots.adapter = adapter
     for prompt, budget, answer in zip(prompts, budgets, answers):
@@ -915,11 +920,7 @@ def test_structured_plain_steps_hand_eagle3_the_targets_states_and_equal_offline
                                                       extra_body={"structured_outputs": constraint}).choices[0].text
 
     try:
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        at_once(ask, len(prompts), 120)
         used = server.metric('jspec:structured_ahead_total{outcome="used"}')
     finally:
         server.stop()
