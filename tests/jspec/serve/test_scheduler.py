@@ -270,7 +270,14 @@ def test_chunks_whose_requests_use_no_api_feature_run_the_lean_step(engine):
         lean_chunks = [key[0] for key in calls[before:] if key[0].startswith("step")]
         settle(slots)  # the last chunk read back: nothing of these requests' runs after this point
         before = len(calls)
-        penalised = serve_all(slots, [dict(plain[0], processors={"presence_penalty": 0.5}), plain[1]])
+        # Both taken at once (submitted under the scheduler's lock): the penalised request, 30 tokens against 18,
+        # then rides every chunk. Submitted one after the other, a scheduler that ran ahead of this thread could
+        # finish it before taking the other, whose chunks alone then rightly run lean.
+        penalised = [Collector(), Collector()]
+        with slots.scheduler.lock:
+            for sink, request in zip(penalised, [dict(plain[0], processors={"presence_penalty": 0.5}), plain[1]]):
+                slots.submit(Request(sink=sink, **request))
+        assert all(sink.finished.wait(60) for sink in penalised)
         full_chunks = [key[0] for key in calls[before:] if key[0].startswith("step")]
     finally:
         slots.shutdown(10)
