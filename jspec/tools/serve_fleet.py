@@ -148,6 +148,24 @@ def _wait_healthy(url: str, processes: list[subprocess.Popen], what: str, deadli
     raise RuntimeError(f"{what} was not ready at {url} within {STARTUP_SECONDS:.0f} s")
 
 
+def _wait_registered(router_url: str, worker_urls: list[str], router: subprocess.Popen, deadline: float) -> None:
+    """Waits until the router lists every worker URL in ``GET /workers``: its ``/health`` answers before it has
+    registered the workers it was started with, and a request in between gets no worker."""
+    listed: set[str] = set()
+    while time.monotonic() < deadline:
+        if router.poll() is not None:
+            raise RuntimeError(f"the router exited (status {router.returncode}) before it registered its workers")
+        try:
+            listed = {w.get("url") for w in _call("GET", router_url + "/workers").get("workers", [])}
+        except (urllib.error.URLError, OSError, ValueError):
+            listed = set()
+        if listed >= set(worker_urls):
+            return
+        time.sleep(POLL_SECONDS)
+    raise RuntimeError(f"the router at {router_url} listed {sorted(listed)}, not all of {worker_urls}, within "
+                       f"{STARTUP_SECONDS:.0f} s")
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5.0) as response:
@@ -207,12 +225,13 @@ def run_fleet(args: argparse.Namespace) -> int:
                                    str(args.port), "--policy", "cache_aware", "--health-check-interval-secs",
                                    str(HEALTH_CHECK_SECONDS), "--cb-timeout-duration-secs", str(BREAKER_SECONDS),
                                    "--worker-urls", *urls])
-        _wait_healthy(f"http://{_url_host(host)}:{args.port}/health", [router], "the router", deadline)
+        router_url = f"http://{_url_host(host)}:{args.port}"
+        _wait_healthy(router_url + "/health", [router], "the router", deadline)
+        _wait_registered(router_url, urls, router, deadline)
         print(f"jspec serve: http://{_url_host(host)}:{args.port}/v1 ({len(urls)} replicas behind sglang-router: "
               f"{' '.join(urls)}) ready", flush=True)
         restarted = [-RESTART_SECONDS] * len(replicas)  # when each was last started again
         rejoining: set[int] = set()  # replicas started again, not yet registered with the router again
-        router_url = f"http://{_url_host(host)}:{args.port}"
         while stopping["signal"] is None and router.poll() is None:
             for index, process in enumerate(replicas):
                 if process.poll() is not None and time.monotonic() - restarted[index] > RESTART_SECONDS:

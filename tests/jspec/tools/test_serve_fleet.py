@@ -116,6 +116,7 @@ def test_a_restarted_replica_is_registered_with_the_router_again():
     base = f"http://127.0.0.1:{port}"
     try:
         serve_fleet._wait_healthy(base + "/health", [router], "the router", time.monotonic() + 60)
+        serve_fleet._wait_registered(base, urls, router, time.monotonic() + 60)
 
         def ids() -> dict[str, str]:
             return {w["url"]: w["id"] for w in serve_fleet._call("GET", base + "/workers")["workers"]}
