@@ -3,7 +3,8 @@
 
     python scripts/serve_load.py --num-requests 64 --json load.json
 
-Each server gets ``--warmup`` requests first, then ``--num-requests`` concurrent ``/v1/completions`` requests:
+Each server gets ``--warmup`` requests first, then ``--num-requests`` concurrent ``/v1/completions`` requests (at most
+``--max-concurrency`` in flight, the next sent as one ends, where given):
 HumanEval prompts (their last 400 characters), ``max_tokens`` drawn from {8, 32, 64, 128}, every second request
 sampled (temperature 0.8, its own seed). Prints tokens/s, latency p50/p90, and the server's counters (chunks,
 preemptions, KV usage) for each, then the ratios. Extra ``jspec serve`` flags for every server go after ``--``.
@@ -76,10 +77,11 @@ def counters(base: str, keys: tuple[str, ...] = COUNTERS) -> dict[str, float]:
     return out
 
 
-def fire(base: str, model: str, requests: list[dict], per_request: list[int] | None = None
-         ) -> tuple[float, list[float], int]:
-    """All requests at once -> (seconds, latency per request, completion tokens); per_request: filled with each
-    request's completion tokens."""
+def fire(base: str, model: str, requests: list[dict], per_request: list[int] | None = None,
+         max_concurrency: int | None = None) -> tuple[float, list[float], int]:
+    """All requests at once, or at most ``max_concurrency`` in flight (the next sent as one ends, in order: vLLM's
+    ``benchmark_serving --max-concurrency``) -> (seconds, latency per request, completion tokens); per_request:
+    filled with each request's completion tokens."""
     def one(body: dict) -> tuple[float, int]:
         start = time.perf_counter()
         reply = httpx.post(f"{base}/v1/completions", json=dict(model=model, **body), timeout=1200)
@@ -87,7 +89,7 @@ def fire(base: str, model: str, requests: list[dict], per_request: list[int] | N
         return time.perf_counter() - start, reply.json()["usage"]["completion_tokens"]
 
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(min(max_concurrency or len(requests), len(requests))) as pool:
         results = list(pool.map(one, requests))
     if per_request is not None:
         per_request[:] = [r[1] for r in results]
@@ -149,13 +151,16 @@ class Served:
             self.process.kill()
 
 
-def measure(servers: list[Served], requests: dict[str, list[dict]], rounds: int) -> list[dict]:
-    """``rounds`` measured rounds of each server's requests, the order alternating (A B, B A, ...: drift in the
-    machine's speed falls on both) -> per server its mean tokens/s, each round's, latencies and counters."""
+def measure(servers: list[Served], requests: dict[str, list[dict]], rounds: int,
+            max_concurrency: int | None = None) -> list[dict]:
+    """``rounds`` measured rounds of each server's requests (at most ``max_concurrency`` in flight: :func:`fire`),
+    the order alternating (A B, B A, ...: drift in the machine's speed falls on both) -> per server its mean
+    tokens/s, each round's, latencies and counters."""
     per = {s.name: dict(seconds=[], tokens=[], latencies=[], before=s.counters()) for s in servers}
     for round_ in range(rounds):
         for server in (servers if round_ % 2 == 0 else servers[::-1]):
-            seconds, latencies, tokens = fire(server.base, server.model, requests[server.name])
+            seconds, latencies, tokens = fire(server.base, server.model, requests[server.name],
+                                              max_concurrency=max_concurrency)
             record = per[server.name]
             record["seconds"].append(seconds)
             record["tokens"].append(tokens)
@@ -165,7 +170,7 @@ def measure(servers: list[Served], requests: dict[str, list[dict]], rounds: int)
         record, after = per[server.name], server.counters()
         rates = [t / s for t, s in zip(record["tokens"], record["seconds"])]
         results.append(dict(name=server.name, flags=server.flags, start_up_seconds=server.start_up_seconds,
-                            rounds=rounds, seconds=float(np.mean(record["seconds"])),
+                            rounds=rounds, max_concurrency=max_concurrency, seconds=float(np.mean(record["seconds"])),
                             tokens=int(np.mean(record["tokens"])), tokens_per_second=float(np.mean(rates)),
                             round_tokens_per_second=rates, p50=float(np.percentile(record["latencies"], 50)),
                             p90=float(np.percentile(record["latencies"], 90)),
@@ -217,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{' and '.join(repr(s) for s in DEFAULT_SERVERS)})")
     parser.add_argument("--request", action="append", default=[], metavar="NAME=JSON",
                         help="fields added to every request body sent to server NAME (repeatable)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="measured rounds keep at most this many requests in flight, the next sent as one ends "
+                             "(vLLM's benchmark_serving flag; default: all of a round's requests at once)")
     parser.add_argument("--lengths-from", default=None, metavar="NAME",
                         help="every other server's request i asks for at most the completion tokens server NAME's "
                              "request i got (measured once, unmeasured, before the rounds): the same output lengths "
@@ -226,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     servers = [s.partition("=") for s in args.server or DEFAULT_SERVERS]
     if len(servers) < 2 or any(not name or not sep for name, sep, _ in servers):
         parser.error(f"--server {args.server}: expected at least two NAME=FLAGS")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        parser.error(f"--max-concurrency {args.max_concurrency}: expected at least 1")
     if args.lengths_from is not None and args.lengths_from not in {name for name, _, _ in servers}:
         parser.error(f"--lengths-from {args.lengths_from!r}: expected one of the --server names")
     extras: dict[str, dict] = {}
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.settle:  # other lengths, other buckets: compiled before the rounds
                         server.settle(bodies[server.name])
             print(f"max_tokens of the others from {source.name}'s outputs: {sum(lengths)} tokens in all")
-        results = measure(running, bodies, args.rounds)
+        results = measure(running, bodies, args.rounds, args.max_concurrency)
     finally:
         for server in running:
             server.stop()
