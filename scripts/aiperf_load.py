@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from serve_load import MAX_TOKENS, Served, load  # noqa: E402
+from serve_load import MAX_TOKENS, Served, load, request_extras  # noqa: E402
 
 METRICS = {  # AIPerf's record name -> (this script's label, the statistic read)
     "output_token_throughput": ("output tokens/s", "avg"),
@@ -103,15 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.data_parallel_size:
             setups.append((f"{args.data_parallel_size} replicas + router",
                            ["--data-parallel-size", str(args.data_parallel_size), *common]))
-    extras: dict[str, dict] = {}
-    for item in args.request:
-        name, sep, text = item.partition("=")
-        try:
-            extras[name] = json.loads(text)
-        except ValueError:
-            extras[name] = None
-        if not sep or name not in {n for n, _ in setups} or not isinstance(extras[name], dict):
-            parser.error(f"--request {item!r}: expected NAME=JSON object for one of the servers")
+    try:
+        extras = request_extras(args.request, {name for name, _ in setups})
+    except ValueError as error:
+        parser.error(str(error))
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: expected at least 1")
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in setups}

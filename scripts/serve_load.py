@@ -77,6 +77,21 @@ def counters(base: str, keys: tuple[str, ...] = COUNTERS) -> dict[str, float]:
     return out
 
 
+def request_extras(items: list[str], names: set[str]) -> dict[str, dict]:
+    """``--request NAME=JSON`` items -> {NAME: the fields added to every request body sent to server NAME};
+    ValueError naming an item that is not NAME=JSON object for one of ``names``."""
+    extras: dict[str, dict] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        try:
+            extras[name] = json.loads(text)
+        except ValueError:
+            extras[name] = None
+        if not sep or name not in names or not isinstance(extras[name], dict):
+            raise ValueError(f"--request {item!r}: expected NAME=JSON object for one of the servers {sorted(names)}")
+    return extras
+
+
 def fire(base: str, model: str, requests: list[dict], per_request: list[int] | None = None,
          max_concurrency: int | None = None) -> tuple[float, list[float], int]:
     """All requests at once, or at most ``max_concurrency`` in flight (the next sent as one ends, in order: vLLM's
@@ -238,15 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-concurrency {args.max_concurrency}: expected at least 1")
     if args.lengths_from is not None and args.lengths_from not in {name for name, _, _ in servers}:
         parser.error(f"--lengths-from {args.lengths_from!r}: expected one of the --server names")
-    extras: dict[str, dict] = {}
-    for item in args.request:
-        name, sep, text = item.partition("=")
-        try:
-            extras[name] = json.loads(text)
-        except ValueError:
-            extras[name] = None
-        if not sep or name not in {n for n, _, _ in servers} or not isinstance(extras[name], dict):
-            parser.error(f"--request {item!r}: expected NAME=JSON object for one of the --server names")
+    try:
+        extras = request_extras(args.request, {name for name, _, _ in servers})
+    except ValueError as error:
+        parser.error(str(error))
     max_tokens = tuple(int(n) for n in args.max_tokens.split(","))
     requests = load(args.num_requests, args.seed, max_tokens)
     warmup = load(args.warmup, args.seed + 10_000, max_tokens)
