@@ -64,7 +64,8 @@ def load(num: int, seed: int, max_tokens: tuple[int, ...] = MAX_TOKENS) -> list[
 
 
 COUNTERS = ("chunks_total", "preemptions", "kv_cache_usage", "generation_tokens_total", "prompt_tokens_total",
-            "busy_seconds_total", "prefix_cache", "programs_compiled", "structured_ahead")
+            "busy_seconds_total", "prefix_cache", "programs_compiled", "structured_ahead", "step_seconds_sum",
+            "step_seconds_count")  # the step_seconds pair: seconds per step of each program, summed over its chunks
 
 
 def counters(base: str, keys: tuple[str, ...] = COUNTERS) -> dict[str, float]:
