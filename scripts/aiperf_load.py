@@ -9,8 +9,8 @@ prints what AIPerf measured of each: output tokens/s, requests/s, TTFT, inter-to
 AIPerf counts tokens with the bundled model's tokenizer (its directory, no download) and reads the server's usage
 (``--use-server-token-count``). Extra ``jspec serve`` flags for both go after ``--``.
 
-``--server NAME=FLAGS`` (repeatable) runs other servers instead, all up at once, ``--rounds`` AIPerf runs each in
-alternating order; ``--request NAME=JSON`` adds fields to every request sent to server NAME (AIPerf's
+Every server is up at once (started one at a time), and ``--rounds`` AIPerf runs each in alternating order (A B,
+B A, ...). ``--server NAME=FLAGS`` (repeatable) runs other servers instead of one server and the fleet; ``--request NAME=JSON`` adds fields to every request sent to server NAME (AIPerf's
 ``--extra-inputs``), for instance a JSON schema on every request against none:
 
     python scripts/aiperf_load.py --aiperf ... --rounds 4 --settle --server "default=" --server "grammar=" \
