@@ -10,8 +10,9 @@ AIPerf counts tokens with the bundled model's tokenizer (its directory, no downl
 (``--use-server-token-count``). Extra ``jspec serve`` flags for both go after ``--``.
 
 Every server is up at once (started one at a time), and ``--rounds`` AIPerf runs each in alternating order (A B,
-B A, ...). ``--server NAME=FLAGS`` (repeatable) runs other servers instead of one server and the fleet; ``--request NAME=JSON`` adds fields to every request sent to server NAME (AIPerf's
-``--extra-inputs``), for instance a JSON schema on every request against none:
+B A, ...). ``--server NAME=FLAGS`` (repeatable) runs other servers instead of one server and the fleet;
+``--request NAME=JSON`` adds fields to every request sent to server NAME (AIPerf's ``--extra-inputs``), for instance
+a JSON schema on every request against none:
 
     python scripts/aiperf_load.py --aiperf ... --rounds 4 --settle --server "default=" --server "grammar=" \
         --request 'grammar={"structured_outputs": {"json": {...}}}'
